@@ -1,0 +1,75 @@
+"""Time every perturbation subtype on a 16x448x448 clip against np.copy of the same clip.
+
+    python benchmarks/bench_perturb.py [--frames 16 --size 448 --repeats 7]
+
+Ratios to np.copy, measured in the same process, are what to compare across machines (these machines
+are noisy; absolute milliseconds are not). Each figure is the median of `repeats` timed runs after a
+warm-up run; np.copy is the minimum over many runs, as it sits in cache and wanders. Ends with the
+line `median_ratio_vs_copy=<x> max_ratio_vs_copy=<y>`. With a CUDA device, GPU figures follow.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import perturb  # noqa: E402
+import video  # noqa: E402
+
+
+def timed(fn, repeats, sync=lambda: None):
+    fn()
+    sync()
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        runs.append(time.perf_counter() - t0)
+    return runs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--size", type=int, default=448)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--eta", type=float, default=perturb.DEFAULT_ETA)
+    args = ap.parse_args()
+
+    clip, _ = video.sample_clip(args.frames, args.size, args.size)
+    copy_s = min(timed(lambda: np.copy(clip), 200))
+    print(f"clip {clip.shape} uint8, np.copy {copy_s * 1e3:.3f} ms (min of 200)")
+    seconds = {}
+    for i, sub in enumerate(perturb.SUBTYPES):
+        spec = perturb.PerturbSpec(sub, eta=args.eta, seed=i)
+        seconds[sub] = statistics.median(timed(lambda: perturb.apply(clip, spec), args.repeats))
+        copy_s = min(copy_s, min(timed(lambda: np.copy(clip), 20)))  # re-measured beside each subtype
+    print(f"np.copy floor over the run: {copy_s * 1e3:.3f} ms")
+    print(f"{'subtype':<14}{'ms/clip':>10}{'x copy':>10}")
+    for sub, s in seconds.items():
+        print(f"{sub:<14}{s * 1e3:>10.2f}{s / copy_s:>10.1f}")
+    vals = [s / copy_s for s in seconds.values()]
+    print(f"median_ratio_vs_copy={statistics.median(vals):.1f} max_ratio_vs_copy={max(vals):.1f}")
+
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        return
+    x = torch.from_numpy(clip).cuda()
+    sync = torch.cuda.synchronize
+    gcopy = statistics.median(timed(lambda: x.clone(), 50, sync))
+    print(f"GPU ({torch.cuda.get_device_name()}): clone {gcopy * 1e3:.3f} ms")
+    for i, sub in enumerate(perturb.SUBTYPES):
+        spec = perturb.PerturbSpec(sub, eta=args.eta, seed=i)
+        ms = statistics.median(timed(lambda: perturb.apply(x, spec), args.repeats, sync))
+        print(f"{sub:<14}{ms * 1e3:>10.2f} ms  {ms / gcopy:>8.1f} x clone")
+
+
+if __name__ == "__main__":
+    main()

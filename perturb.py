@@ -1,0 +1,1004 @@
+"""Structured spatio-temporal corruption: PVRBench's 12 perturbations (ROVA Sec. 3.1, App. B.2, Table 8).
+
+Four styles m in P = {lighting, camera, occlusion, weather} (Eq. 2), twelve subtypes (Table 8):
+
+    lighting   dusk, night, overexposure, shadow
+    camera     translation, zoom, rotation
+    occlusion  static, dynamic
+    weather    fog, rain, snow
+
+plus temporal shuffle (Eq. 1), which combines with any of them (Eq. 2: V' = {f_pi(t) (.) P_t}).
+
+Reading of Sec. 3.1 (see README, "Paper readings"): the paper's f' = f (.) P with P = B (.) C is read as
+compositing, f'_t = (1 - B_t C_t) f_t + B_t C_t E_t(f_t), where B_t in {0,1} is the layout (where),
+C_t in [0,1] the per-pixel strength (how much) and E_t the style's effect layer (fog airlight, rain
+radiance, a darkened shadow image, an occluder's texture...). Camera motion is a geometric warp:
+E_t = warp_t(f_t), C_t = 1, B_t = 1 wherever the warp moved content. `masks()` returns B and C;
+`apply()` returns f'. Where B is 0 a pixel is left exactly as it was.
+
+Every effect is animated coherently over the frames of the clip (one animation tick per frame of the
+array): rain and snow fall, fog drifts, shadows and occluders move on smooth paths, the camera
+shakes along a smooth random walk, light changes slowly. Nothing is re-drawn independently per frame
+(sensor noise at night excepted, as in a real camera). Effects are spatially aware through a depth
+map in [0, 1] (0 = near, 1 = far): the caller's true depth, or a ground-plane proxy with a sky cue.
+
+A `PerturbSpec` (the paper's V~, Eq. 4) is a few hundred bytes of JSON; the same spec on the same
+frames gives bit-identical output in any process and in any order of calls: all randomness comes
+from numpy Generators seeded by (spec.seed, subtype, purpose), never from global state.
+
+Frames are numpy uint8 [T,H,W,3] (OpenCV kernels) or torch uint8 tensors on any device (the same
+effect code drives torch kernels, so it runs on a GPU when the frames are there).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+
+import cv2
+import numpy as np
+
+CATEGORIES = {  # Table 8
+    "lighting": ("dusk", "night", "overexposure", "shadow"),
+    "camera": ("translation", "zoom", "rotation"),
+    "occlusion": ("static", "dynamic"),
+    "weather": ("fog", "rain", "snow"),
+}
+SUBTYPES = tuple(s for subs in CATEGORIES.values() for s in subs)
+CATEGORY_OF = {s: c for c, subs in CATEGORIES.items() for s in subs}
+DEFAULT_ETA = 0.7  # App. D: perturbation intensity eta = 0.7
+SPEC_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- randomness
+
+def _hash48(*parts) -> int:
+    """Stable 48-bit hash of strings (Python's hash() is salted per process; this is not)."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:6], "big")
+
+
+def _rng(seed: int, *tags) -> np.random.Generator:
+    """An independent stream per (seed, purpose): results never depend on the order of calls."""
+    return np.random.default_rng([int(seed), _hash48(*tags)])
+
+
+def _walk(rng, T: int, dims: int, fmin=0.02, fmax=0.08, k=3) -> np.ndarray:
+    """Smooth random walk in [-1, 1], shape [dims, T]: a sum of k sinusoids per dimension with random
+    frequencies in [fmin, fmax] cycles per frame, random phases and 1/f amplitudes. Band-limited, so
+    consecutive frames move little; a function of the frame index, so a longer clip extends it."""
+    freq = rng.uniform(fmin, fmax, (dims, k))
+    phase = rng.uniform(0, 2 * np.pi, (dims, k))
+    amp = 1.0 / freq
+    amp /= amp.sum(1, keepdims=True)
+    t = np.arange(T)
+    return (amp[..., None] * np.sin(2 * np.pi * freq[..., None] * t + phase[..., None])).sum(1)
+
+
+def _noise_field(rng, h: int, w: int, cells=4, octaves=3) -> np.ndarray:
+    """Smooth value noise in [0, 1], [h, w] float32 (fog banks, shadow shapes, smudges)."""
+    acc = np.zeros((h, w), np.float32)
+    amp = 1.0
+    for o in range(octaves):
+        n = cells * 2 ** o + 1
+        grid = rng.random((n, n)).astype(np.float32)
+        acc += amp * cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC)
+        amp *= 0.5
+    acc -= acc.min()
+    return acc / max(float(acc.max()), 1e-6)
+
+
+# ----------------------------------------------------------------------------- the spec (V~, Eq. 4)
+
+def _draw_params(subtype: str, eta: float, seed: int) -> dict:
+    """Resolve the physical knobs of one subtype at intensity eta. The random factors are drawn in a
+    fixed order that does not depend on eta, so with one seed every knob is monotone in eta."""
+    r = _rng(seed, subtype, "params")
+    u = lambda lo, hi: float(r.uniform(lo, hi))  # noqa: E731
+    s = 1.0 - (1.0 - eta) ** 2  # perceptual strength curve for the lighting blends
+    table = {
+        # lighting: E is the full-strength look; C = strength (Sec. 3.1 "per-pixel effect intensity")
+        "dusk": lambda: dict(strength=s * u(0.85, 1.0), warmth=u(0.6, 1.0), sky_lift=u(0.2, 0.45)),
+        "night": lambda: dict(strength=s * u(0.9, 1.0), gain=u(0.14, 0.22), noise=u(3.0, 5.0),
+                              tint=["moon", "sodium"][int(r.integers(2))], lamps=int(r.integers(1, 4))),
+        "overexposure": lambda: dict(strength=s * u(0.85, 1.0), stops=u(0.9, 1.5), bloom=u(0.4, 0.8),
+                                     glare=u(0.0, 1.0)),
+        "shadow": lambda: dict(coverage=(0.15 + 0.35 * eta) * u(0.85, 1.15),
+                               darkness=(0.35 + 0.6 * eta) * u(0.9, 1.0), speed=u(0.3, 1.0)),
+        # camera: amplitudes of the shake (fractions of the frame side, degrees)
+        "translation": lambda: dict(amplitude=0.06 * eta * u(0.85, 1.15)),
+        "zoom": lambda: dict(amplitude=0.22 * eta * u(0.85, 1.15)),
+        "rotation": lambda: dict(degrees=7.0 * eta * u(0.85, 1.15)),
+        # occlusion: covered area (static), size by nearness (dynamic)
+        "static": lambda: dict(area=(0.06 + 0.3 * eta) * u(0.85, 1.15),
+                               style=["object", "smear"][int(r.integers(2))], opacity=0.55 + 0.43 * eta),
+        "dynamic": lambda: dict(nearness=0.45 + 0.55 * eta * u(0.85, 1.0),
+                                style=["pedestrian", "vehicle"][int(r.integers(2))],
+                                direction=[-1, 1][int(r.integers(2))]),
+        # weather
+        "fog": lambda: dict(beta=3.6 * eta * u(0.85, 1.15), airlight=u(0.75, 0.9), heterogeneity=u(0.3, 0.6)),
+        "rain": lambda: dict(density=eta * u(0.85, 1.15), angle=u(-22.0, 22.0), speed=u(0.85, 1.15),
+                             mist=0.3 * eta * u(0.85, 1.15)),
+        "snow": lambda: dict(density=eta * u(0.85, 1.15), wind=u(-1.0, 1.0), flake=u(0.85, 1.2),
+                             haze=0.4 * eta * u(0.85, 1.15)),
+    }
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in table[subtype]().items()}
+
+
+def _check_subtype(subtype):
+    if subtype is not None and subtype not in SUBTYPES:
+        raise ValueError(f"unknown perturbation subtype {subtype!r}; valid subtypes: {', '.join(SUBTYPES)}")
+
+
+@dataclass
+class PerturbSpec:
+    """The paper's V~ (Eq. 4): everything needed to regenerate one corrupted video exactly.
+
+    subtype None means no spatial corruption (with shuffle=True: temporal corruption only, Eq. 1).
+    `params` holds the resolved knobs; keys left out are drawn from (subtype, eta, seed), keys given
+    override them (unknown keys are an error)."""
+
+    subtype: str | None
+    eta: float = DEFAULT_ETA
+    seed: int = 0
+    shuffle: bool = False
+    params: dict = field(default_factory=dict)
+    category: str | None = None
+
+    def __post_init__(self):
+        _check_subtype(self.subtype)
+        if isinstance(self.eta, bool) or not isinstance(self.eta, (int, float)) or not 0.0 <= self.eta <= 1.0:
+            raise ValueError(f"eta must be a number in [0, 1], got {self.eta!r}")
+        self.eta = float(self.eta)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        self.seed = int(self.seed)
+        self.shuffle = bool(self.shuffle)
+        expected = CATEGORY_OF.get(self.subtype)
+        if self.category is not None and self.category != expected:
+            raise ValueError(f"category {self.category!r} does not match subtype {self.subtype!r} "
+                             f"(expected {expected!r})")
+        self.category = expected
+        if self.subtype is None:
+            if self.params:
+                raise ValueError("params given for a spec without a subtype")
+            return
+        resolved = _draw_params(self.subtype, self.eta, self.seed)
+        unknown = set(self.params) - set(resolved)
+        if unknown:
+            raise ValueError(f"unknown params {sorted(unknown)} for subtype {self.subtype!r}; "
+                             f"valid: {sorted(resolved)}")
+        resolved.update(self.params)
+        self.params = resolved
+
+    def to_dict(self) -> dict:
+        return {"version": SPEC_VERSION, "category": self.category, "subtype": self.subtype,
+                "eta": self.eta, "seed": self.seed, "shuffle": self.shuffle, "params": dict(self.params)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PerturbSpec":
+        if not isinstance(d, dict):
+            raise ValueError(f"a PerturbSpec dict is expected, got {type(d).__name__}")
+        known = {"version", "category", "subtype", "eta", "seed", "shuffle", "params"}
+        if set(d) - known:
+            raise ValueError(f"unknown PerturbSpec fields {sorted(set(d) - known)}; valid: {sorted(known)}")
+        if "subtype" not in d:
+            raise ValueError("PerturbSpec dict has no 'subtype' field")
+        if d.get("version", SPEC_VERSION) != SPEC_VERSION:
+            raise ValueError(f"PerturbSpec version {d['version']} is not supported (this is {SPEC_VERSION})")
+        return cls(subtype=d["subtype"], eta=d.get("eta", DEFAULT_ETA), seed=d.get("seed", 0),
+                   shuffle=d.get("shuffle", False), params=dict(d.get("params") or {}),
+                   category=d.get("category"))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+
+def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
+    """Dynamic protocol (training, Sec. 4): a fresh spec per iteration. The style is uniform over the
+    four categories (Eq. 2, App. B.2.1), the subtype uniform within it, unless given."""
+    rng = seed_or_rng if isinstance(seed_or_rng, np.random.Generator) else np.random.default_rng(seed_or_rng)
+    _check_subtype(subtype)
+    if category is not None and category not in CATEGORIES:
+        raise ValueError(f"unknown category {category!r}; valid categories: {', '.join(CATEGORIES)}")
+    if subtype is None:
+        category = category or list(CATEGORIES)[int(rng.integers(len(CATEGORIES)))]
+        subtype = CATEGORIES[category][int(rng.integers(len(CATEGORIES[category])))]
+    return PerturbSpec(subtype=subtype, eta=eta, seed=int(rng.integers(2 ** 48)), shuffle=shuffle,
+                       category=category)
+
+
+def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
+    """Static protocol (PVRBench, Sec. 4): one fixed spec per (video, subtype), the same on every
+    machine and Python version (the seed is a SHA-256 of the ids, never Python's salted hash())."""
+    _check_subtype(subtype)
+    return PerturbSpec(subtype=subtype, eta=eta, seed=_hash48("pvrbench", video_id, subtype), shuffle=shuffle)
+
+
+def temporal_permutation(T: int, seed: int) -> np.ndarray:
+    """Eq. 1: pi, a uniformly random permutation of the T frames (never the identity when T > 1)."""
+    perm = _rng(seed, "shuffle", T).permutation(T)
+    if T > 1 and np.array_equal(perm, np.arange(T)):
+        perm = np.roll(perm, 1)
+    return perm
+
+
+# ----------------------------------------------------------------------------- kernels (numpy/OpenCV and torch)
+
+class _CV:
+    """Frame kernels for numpy uint8 frames [H,W,3], on OpenCV."""
+
+    def __init__(self):
+        self._const = {}
+
+    def asarray(self, a):
+        return a
+
+    def host(self, a):
+        return a
+
+    def empty_like(self, x):
+        return np.empty_like(x)
+
+    def take(self, x, idx):
+        return x[idx]
+
+    def const(self, color, shape):
+        key = (tuple(color), shape[:2])
+        if key not in self._const:
+            self._const[key] = np.empty((shape[0], shape[1], 3), np.uint8)
+            self._const[key][:] = np.asarray(color, np.uint8)
+        return self._const[key]
+
+    def blend(self, f, e, w):  # f + w (e - f)
+        if isinstance(e, tuple):
+            e = self.const(e, f.shape)
+        if isinstance(w, float):
+            return cv2.addWeighted(f, 1.0 - w, e, w, 0.0)
+        w = np.asarray(w, np.float32)
+        return cv2.blendLinear(f, e, 1.0 - w, w)
+
+    def lut(self, f, table):  # table uint8 [256, 3]
+        return cv2.LUT(f, table.reshape(256, 1, 3))
+
+    def color_matrix(self, f, m):  # m float32 [3, 4]: out = m[:, :3] @ rgb + m[:, 3]
+        return cv2.transform(f, m)
+
+    def warp(self, f, m):  # m [2, 3] maps output pixel -> source pixel
+        h, w = f.shape[:2]
+        return cv2.warpAffine(f, m, (w, h), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                              borderMode=cv2.BORDER_REFLECT_101)
+
+    def blur(self, f, sigma):
+        return cv2.GaussianBlur(f, (0, 0), sigma)
+
+    def resize(self, f, w, h):
+        shrink = w * h < f.shape[0] * f.shape[1]
+        return cv2.resize(f, (w, h), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+    def add(self, f, g):  # saturating
+        return cv2.add(f, g)
+
+    def add_signed(self, f, g128):  # f + (g - 128), saturating; g uint8 centred on 128
+        return cv2.addWeighted(f, 1.0, g128, 1.0, -128.0)
+
+
+_HOST = _CV()  # for host-side layers (particles), whatever the frames' backend
+
+
+class _Torch:
+    """The same kernels for torch uint8 tensors [H,W,3] on any device."""
+
+    def __init__(self, device):
+        import torch
+        import torch.nn.functional as F
+        self.torch, self.F, self.device = torch, F, device
+
+    def asarray(self, a):
+        if isinstance(a, np.ndarray):
+            return self.torch.from_numpy(np.ascontiguousarray(a)).to(self.device)
+        return a
+
+    def host(self, a):
+        return a.cpu().numpy()
+
+    def empty_like(self, x):
+        return self.torch.empty_like(x)
+
+    def take(self, x, idx):
+        return x[self.torch.as_tensor(idx, device=x.device)]
+
+    def _u8(self, x):
+        return x.round_().clamp_(0, 255).to(self.torch.uint8)
+
+    def blend(self, f, e, w):
+        f32 = f.float()
+        e = (self.torch.tensor(e, dtype=self.torch.float32, device=f.device) if isinstance(e, tuple)
+             else self.asarray(e).float())
+        if not isinstance(w, float):
+            w = self.asarray(np.asarray(w, np.float32))[..., None]
+        return self._u8(f32 + w * (e - f32))
+
+    def lut(self, f, table):
+        t = self.asarray(table)
+        return t.gather(0, f.reshape(-1, 3).long()).reshape(f.shape)
+
+    def color_matrix(self, f, m):
+        m = self.asarray(m)
+        return self._u8(f.float() @ m[:, :3].T + m[:, 3])
+
+    def warp(self, f, m):
+        torch = self.torch
+        h, w = f.shape[:2]
+        m = torch.as_tensor(m, dtype=torch.float32, device=f.device)
+        ys, xs = torch.meshgrid(torch.arange(h, device=f.device, dtype=torch.float32),
+                                torch.arange(w, device=f.device, dtype=torch.float32), indexing="ij")
+        sx = m[0, 0] * xs + m[0, 1] * ys + m[0, 2]
+        sy = m[1, 0] * xs + m[1, 1] * ys + m[1, 2]
+        grid = torch.stack([(2 * sx + 1) / w - 1, (2 * sy + 1) / h - 1], -1)[None]
+        img = f.permute(2, 0, 1)[None].float()
+        out = self.F.grid_sample(img, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+        return self._u8(out[0].permute(1, 2, 0))
+
+    def blur(self, f, sigma):
+        from torchvision.transforms.v2.functional import gaussian_blur
+        k = 2 * math.ceil(3 * sigma) + 1
+        return self._u8(gaussian_blur(f.permute(2, 0, 1).float(), [k, k], [sigma, sigma]).permute(1, 2, 0))
+
+    def resize(self, f, w, h):
+        mode = "area" if w * h < f.shape[0] * f.shape[1] else "bilinear"
+        kw = {} if mode == "area" else {"align_corners": False}
+        out = self.F.interpolate(f.permute(2, 0, 1)[None].float(), size=(h, w), mode=mode, **kw)
+        return self._u8(out[0].permute(1, 2, 0))
+
+    def add(self, f, g):
+        return (f.int() + self.asarray(g).int()).clamp_(0, 255).to(self.torch.uint8)
+
+    def add_signed(self, f, g128):
+        return (f.int() + self.asarray(g128).int() - 128).clamp_(0, 255).to(self.torch.uint8)
+
+
+def _check_frames(frames):
+    if isinstance(frames, np.ndarray):
+        kind, ops, dtype, shape = "numpy array", _CV(), frames.dtype, frames.shape
+    elif type(frames).__module__.startswith("torch"):
+        kind, ops, dtype, shape = "torch tensor", _Torch(frames.device), frames.dtype, tuple(frames.shape)
+        if str(dtype) != "torch.uint8":
+            raise ValueError(f"frames must be uint8 [T,H,W,3], got a {kind} of dtype {dtype}")
+        return frames.contiguous(), ops
+    else:
+        raise ValueError(f"frames must be a numpy uint8 array or a torch uint8 tensor [T,H,W,3], "
+                         f"got {type(frames).__name__}")
+    if dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [T,H,W,3], got a {kind} of dtype {dtype}")
+    if len(shape) != 4:
+        raise ValueError(f"frames must have shape [T,H,W,3], got {len(shape)} dims {shape}")
+    if shape[3] != 3:
+        raise ValueError(f"frames must have 3 (RGB) channels in the last dim, got shape {shape}")
+    if min(shape[:3]) < 1:
+        raise ValueError(f"frames must be non-empty, got shape {shape}")
+    return np.ascontiguousarray(frames), ops
+
+
+# ----------------------------------------------------------------------------- depth (spatial awareness)
+
+def depth_proxy(frame: np.ndarray) -> np.ndarray:
+    """Depth without a depth model, [h,w] float32 in [0,1] (0 near, 1 far), from one small RGB frame.
+
+    Ground-plane prior: below the horizon depth grows toward it as 1/(y - y_h), as for a camera over a
+    flat ground. Image cue: sky (bright, smooth, bluish or grey, connected to the top edge) is
+    infinitely far and fixes the horizon; other content above the horizon is upright structure at a
+    middle distance (0.6). With no sky the horizon sits at eye level, 0.45 H."""
+    f = frame.astype(np.float32) / 255.0
+    h, w = f.shape[:2]
+    lum = f.mean(-1)
+    grad = np.abs(cv2.Sobel(lum, cv2.CV_32F, 1, 0)) + np.abs(cv2.Sobel(lum, cv2.CV_32F, 0, 1))
+    grad = cv2.blur(grad, (3, 3))
+    sat = f.max(-1) - f.min(-1)
+    skylike = (lum > 0.35) & (grad < 1.0) & ((f[..., 2] > f[..., 0] + 0.03) | ((sat < 0.12) & (lum > 0.6)))
+    sky = np.logical_and.accumulate(skylike, axis=0)  # runs connected to the top edge
+    horizon = float(np.clip(np.median(sky.sum(0)) / h, 0.3, 0.6)) if sky.mean() > 0.03 else 0.45
+    y = ((np.arange(h) + 0.5) / h)[:, None]
+    ground = np.clip(0.12 * (1 - horizon) / np.maximum(y - horizon, 1e-3), 0, 1)
+    d = np.where(y > horizon, ground, 0.6) * np.ones((1, w), np.float32)
+    d[sky] = 1.0
+    return cv2.GaussianBlur(d.astype(np.float32), (0, 0), 0.8)
+
+
+def _normalise_depth(depth: np.ndarray) -> np.ndarray:
+    """A true depth map in any unit -> [0,1], d / (d + median d): unit-free, 0.5 at the median depth."""
+    d = np.maximum(np.asarray(depth, np.float32), 0)
+    return d / (d + max(float(np.median(d)), 1e-6))
+
+
+class _Context:
+    """What every effect needs: sizes, params, seeded streams, depth at frame and at working scale."""
+
+    def __init__(self, frames, spec, depth, ops):
+        self.spec, self.p, self.ops = spec, spec.params, ops
+        self.T, self.H, self.W = (int(s) for s in frames.shape[:3])
+        self.sh, self.sw = max(24, round(self.H / 8)), max(24, round(self.W / 8))  # grid of the smooth maps
+        if depth is None:
+            mid = ops.host(ops.resize(frames[self.T // 2], self.sw, self.sh))
+            self._small = [depth_proxy(mid)]
+        else:
+            d = _normalise_depth(depth)
+            self._small = [cv2.resize(d[t], (self.sw, self.sh), interpolation=cv2.INTER_AREA)
+                           for t in range(self.T)]
+            self._full_given = d
+        self._full = {}
+        rows = np.median(self._small[0], axis=1)
+        below = np.nonzero(rows < 0.9)[0]
+        self.horizon = float(np.clip((below[0] if len(below) else 0.45 * self.sh) / self.sh, 0.2, 0.7))
+
+    def rng(self, *tags):
+        return _rng(self.spec.seed, self.spec.subtype, *tags)
+
+    def depth_small(self, t):
+        return self._small[t if len(self._small) > 1 else 0]
+
+    def depth(self, t):
+        """Full-resolution depth of frame t in [0,1]."""
+        i = t if len(self._small) > 1 else 0
+        if i not in self._full:
+            self._full[i] = (self._full_given[i] if hasattr(self, "_full_given") else
+                             cv2.resize(self._small[i], (self.W, self.H), interpolation=cv2.INTER_LINEAR))
+        return self._full[i]
+
+    def upsample(self, m):
+        return cv2.resize(m, (self.W, self.H), interpolation=cv2.INTER_LINEAR)
+
+
+@dataclass
+class _Layer:
+    """One frame's corruption: f' = f + w (E - f) inside roi (Sec. 3.1, w = B (.) C), or a warp."""
+    weight: object = 1.0        # float (uniform) or float32 map [h, w] of the roi / frame
+    effect: object = None       # colour tuple, host uint8 image, or callable(frame_region) -> image
+    roi: tuple | None = None    # (y0, y1, x0, x1) or None for the whole frame
+    warp: np.ndarray | None = None  # [2,3] output->source map: E = warp(f), C = 1
+
+
+# ----------------------------------------------------------------------------- lighting
+
+def _tone_table(gains, gamma=1.0, knee=None) -> np.ndarray:
+    """Per-channel tone curve 255 * (g_c x)^gamma, with an optional soft shoulder above `knee`."""
+    x = np.arange(256, dtype=np.float64)[:, None] / 255.0
+    y = (np.asarray(gains)[None] * x) ** gamma
+    if knee is not None:  # highlights roll off smoothly into clipping (overexposure)
+        over = np.maximum(y - knee, 0)
+        y = np.where(y > knee, knee + (1 - knee) * (1 - np.exp(-over / (1 - knee))), y)
+    return np.clip(np.round(255 * y), 0, 255).astype(np.uint8)
+
+
+def _dusk(ctx):
+    """Warm, dim light from a low sun; the sky keeps more light than the ground; slowly darkening."""
+    p, ops = ctx.p, ctx.ops
+    warm = p["warmth"]
+    table = _tone_table((0.62, 0.46 - 0.1 * warm, 0.36 - 0.18 * warm), gamma=1.25)
+    y = (np.arange(ctx.H, dtype=np.float32) + 0.5) / ctx.H
+    grad = np.clip(1 - p["sky_lift"] * (1 - y / max(ctx.horizon, 0.05)), 0, 1)  # lighter toward the top
+    grad_map = np.repeat(grad[:, None], ctx.W, 1).astype(np.float32)
+    drift = 1 + 0.08 * _walk(ctx.rng("drift"), ctx.T, 1, 0.005, 0.02)[0]
+    for t in range(ctx.T):  # grad <= 1, so the weight stays in [0, 1]
+        yield _Layer(grad_map * np.float32(min(1.0, p["strength"] * drift[t])), lambda f: ops.lut(f, table))
+
+
+def _night(ctx):
+    """Low-light sensor model: ~6x less light with partial auto-gain, scotopic desaturation, a colour
+    cast (moonlight blue or sodium orange), crushed blacks, and read noise re-drawn each frame; a few
+    pools of artificial light (street lamps) where the scene keeps more of its colour."""
+    p, ops = ctx.p, ctx.ops
+    rng = ctx.rng("lamps")
+    yy, xx = np.mgrid[0:ctx.sh, 0:ctx.sw].astype(np.float32)
+    pools = np.zeros((ctx.sh, ctx.sw), np.float32)
+    for _ in range(p["lamps"]):  # a lamp lights a pool on the ground below the horizon
+        cx, cy = rng.uniform(0, ctx.sw), rng.uniform(ctx.horizon, 1.0) * ctx.sh
+        r = rng.uniform(0.12, 0.3) * max(ctx.sh, ctx.sw)
+        pools = np.maximum(pools, rng.uniform(0.35, 0.6) * np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r)))
+    dark = ctx.upsample(1 - pools)
+    tint = np.array((0.75, 0.9, 1.3) if p["tint"] == "moon" else (1.3, 0.95, 0.55), np.float32)
+    desat = 0.6
+    lum = np.array([0.299, 0.587, 0.114], np.float32)
+    m = np.zeros((3, 4), np.float32)
+    m[:, :3] = p["gain"] * tint[:, None] * ((1 - desat) * np.eye(3) + desat * lum[None])
+    m[:, 3] = 3.0  # black level lift of a boosted sensor
+    gamma = _tone_table((1.0, 1.0, 1.0), gamma=1.15)
+    noise = _noise_bank(ctx.H + 16, ctx.W + 16, p["noise"])
+    rng = ctx.rng("noise")
+    offs = rng.integers(0, 16, (ctx.T, 2))
+    drift = 1 + 0.05 * _walk(ctx.rng("drift"), ctx.T, 1, 0.01, 0.04)[0]
+    for t in range(ctx.T):
+        oy, ox = offs[t]
+        nz = noise[oy:oy + ctx.H, ox:ox + ctx.W]
+        yield _Layer(dark * np.float32(min(1.0, p["strength"] * drift[t])),
+                     lambda f, nz=nz: ops.add_signed(ops.lut(ops.color_matrix(f, m), gamma), nz))
+
+
+_NOISE_CACHE = {}
+
+
+def _noise_bank(h, w, sigma):
+    """Gaussian sensor noise (luminance + weaker chroma), uint8 centred on 128. A fixed seed: a pure
+    function of its arguments, cached because drawing normals is the slow part."""
+    key = (h, w, round(float(sigma), 4))
+    if key not in _NOISE_CACHE:
+        r = np.random.default_rng(_hash48("sensor-noise", h, w))
+        n = r.standard_normal((h, w, 1), np.float32) * sigma + r.standard_normal((h, w, 3), np.float32) * sigma * 0.4
+        if len(_NOISE_CACHE) > 8:
+            _NOISE_CACHE.clear()
+        _NOISE_CACHE[key] = np.clip(np.round(128 + n), 0, 255).astype(np.uint8)
+    return _NOISE_CACHE[key]
+
+
+def _overexposure(ctx):
+    """Exposure error: +0.9..1.5 stops with highlights rolling off into clipping, bloom around bright
+    regions, an optional drifting glare source, and auto-exposure hunting over time."""
+    p, ops = ctx.p, ctx.ops
+    table = _tone_table((2 ** p["stops"],) * 3, knee=0.75)
+    bright = np.clip((np.arange(256) - 190) * 3.0, 0, 255).astype(np.uint8)
+    bw, bh = max(4, ctx.W // 8), max(4, ctx.H // 8)
+    rng = ctx.rng("glare")
+    gx, gy = rng.uniform(0.15, 0.85) * bw, rng.uniform(0.0, 0.35) * ctx.horizon * bh
+    path = _walk(rng, ctx.T, 2, 0.01, 0.03) * 0.08 * bw
+    yy, xx = np.mgrid[0:bh, 0:bw].astype(np.float32)
+    hunt = 1 + 0.12 * _walk(ctx.rng("hunt"), ctx.T, 1, 0.02, 0.06)[0]
+
+    def effect(f, t):
+        e = ops.lut(f, table)
+        small = ops.host(ops.resize(e, bw, bh))
+        halo = cv2.GaussianBlur(cv2.LUT(small, bright).astype(np.float32), (0, 0), max(1.0, bw / 24)) * p["bloom"]
+        if p["glare"] > 0.4:  # a low sun just inside the frame
+            r2 = (xx - gx - path[0, t]) ** 2 + (yy - gy - path[1, t]) ** 2
+            halo += (255 * (p["glare"] - 0.2) * np.exp(-r2 / (2 * (0.12 * bw) ** 2)))[..., None] * \
+                np.array((1.0, 0.95, 0.8), np.float32)
+        return ops.add(e, ops.resize(ops.asarray(np.clip(halo, 0, 255).astype(np.uint8)), ctx.W, ctx.H))
+
+    for t in range(ctx.T):
+        yield _Layer(float(min(1.0, p["strength"] * hunt[t])), lambda f, t=t: effect(f, t))
+
+
+def _shadow(ctx):
+    """Cast shadows of out-of-view objects (clouds, trees, buildings): coherent dark regions with soft
+    penumbrae, lit only by bluish skylight, drifting slowly; never on the sky."""
+    p, ops = ctx.p, ctx.ops
+    rng = ctx.rng("shape")
+    pad = 2 * max(ctx.sh, ctx.sw)
+    field_ = _noise_field(rng, ctx.sh + pad, ctx.sw + pad, cells=3, octaves=3)
+    angle = rng.uniform(0, 2 * np.pi)
+    v = p["speed"] * np.array([np.cos(angle), np.sin(angle)]) * max(ctx.sh, ctx.sw) / 48  # small px / frame
+    start = np.array([pad / 2, pad / 2]) - v * ctx.T / 2
+    crop0 = field_[pad // 2:pad // 2 + ctx.sh, pad // 2:pad // 2 + ctx.sw]
+    thr = float(np.quantile(crop0, 1 - min(max(p["coverage"], 0.01), 0.95)))
+    table = _tone_table((0.3, 0.34, 0.44))
+    for t in range(ctx.T):
+        ox, oy = start + v * t
+        m = np.float32([[1, 0, ox], [0, 1, oy]])
+        crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+        alpha = np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * (ctx.depth_small(t) < 0.97)
+        yield _Layer(ctx.upsample(alpha * np.float32(p["darkness"])), lambda f: ops.lut(f, table))
+
+
+# ----------------------------------------------------------------------------- camera motion
+
+def _camera(ctx):
+    """Shake: a smooth random walk of translation, zoom or roll (never independent per-frame jitter),
+    with the crop-in of electronic stabilisation so that no border is ever revealed."""
+    p, sub, H, W = ctx.p, ctx.spec.subtype, ctx.H, ctx.W
+    walk = _walk(ctx.rng("walk"), ctx.T, 3, 0.015, 0.06)
+    c = np.array([(W - 1) / 2, (H - 1) / 2])
+    for t in range(ctx.T):
+        shift = np.zeros(2)
+        angle = 0.0
+        if sub == "translation":
+            a = p["amplitude"]
+            scale = 1 + 2 * a
+            shift = a * np.array([W * walk[0, t], 0.8 * H * walk[1, t]])
+        elif sub == "zoom":
+            scale = 1 + p["amplitude"] * (0.5 + 0.5 * walk[0, t])
+            shift = 0.4 * (1 - 1 / scale) * np.array([W, H]) * walk[1:, t]  # the centre wanders, inside the crop
+        else:
+            max_rad = math.radians(p["degrees"])
+            scale = math.cos(max_rad) + math.sin(max_rad) * max(W / H, H / W)  # covers the frame at any roll
+            angle = max_rad * walk[0, t]
+        ca, sa = math.cos(angle) / scale, math.sin(angle) / scale
+        a2 = np.array([[ca, -sa], [sa, ca]])  # output -> source: rotate and shrink about the centre
+        m = np.hstack([a2, (c + shift - a2 @ c)[:, None]])
+        yield _Layer(warp=m.astype(np.float32))
+
+
+def _moved(m, H, W):
+    """B for a warp: every pixel whose source is not itself (what the warp moved)."""
+    m = np.asarray(m, np.float64)
+    ys, xs = np.mgrid[0:H, 0:W].astype(np.float64)
+    dx = m[0, 0] * xs + m[0, 1] * ys + m[0, 2] - xs
+    dy = m[1, 0] * xs + m[1, 1] * ys + m[1, 2] - ys
+    return dx * dx + dy * dy > 1e-10
+
+
+# ----------------------------------------------------------------------------- occlusion
+
+def _blob(rng, n=72, wobble=0.45) -> np.ndarray:
+    """An organic closed outline around the origin, radius 1 + sum_k a_k cos(k phi + phi_k)."""
+    phi = np.linspace(0, 2 * np.pi, n, endpoint=False)
+    k = np.arange(2, 6)[:, None]
+    r = 1 + (rng.uniform(0, wobble, (4, 1)) / k * np.cos(k * phi + rng.uniform(0, 2 * np.pi, (4, 1)))).sum(0)
+    return np.stack([r * np.cos(phi), r * np.sin(phi)], 1)
+
+
+def _fill(shape, polys) -> np.ndarray:
+    m = np.zeros(shape, np.uint8)
+    cv2.fillPoly(m, [np.round(q * 4).astype(np.int32) for q in polys], 255, cv2.LINE_AA, shift=2)
+    return m
+
+
+def _roi_of(alpha):
+    ys, xs = np.nonzero(alpha > 0)
+    return (int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1) if len(ys) else None
+
+
+def _static(ctx):
+    """Lens obstruction, fixed for the whole clip: an out-of-focus foreground object (a finger, a leaf,
+    a strap) entering from the lower border, or a lens smear that blurs and veils what is behind it."""
+    p, ops, H, W = ctx.p, ctx.ops, ctx.H, ctx.W
+    rng = ctx.rng("layout")
+    outline = _blob(rng) * np.array([rng.uniform(0.7, 1.4), 1.0])
+    if p["style"] == "object":  # attached to the lens: anchored on the lower or side borders
+        side = rng.integers(3)
+        u = rng.uniform(0.1, 0.9)
+        anchor = [(u * W, H), (0.0, (0.4 + 0.6 * u) * H), (W, (0.4 + 0.6 * u) * H)][side]
+    else:
+        anchor = (rng.uniform(0.2, 0.8) * W, rng.uniform(0.25, 0.75) * H)
+    sh, sw = ctx.sh * 2, ctx.sw * 2  # find the size that covers `area` of the frame, at low resolution
+    radius = math.sqrt(p["area"] * H * W / np.pi)
+    for _ in range(3):
+        cover = _fill((sh, sw), [(outline * radius + anchor) * (sw / W)]).mean() / 255
+        radius *= math.sqrt(p["area"] / max(cover, 1e-3))
+    defocus = max(0.8, 0.035 * radius if p["style"] == "object" else 0.12 * radius)
+    alpha = cv2.GaussianBlur(_fill((H, W), [outline * radius + anchor]).astype(np.float32) / 255, (0, 0), defocus)
+    alpha[alpha < 1 / 255] = 0
+    roi = _roi_of(alpha)
+    if roi is None:
+        yield from (_Layer(0.0, (0, 0, 0)) for _ in range(ctx.T))
+        return
+    y0, y1, x0, x1 = roi
+    a = alpha[y0:y1, x0:x1]
+    if p["style"] == "object":
+        base = np.array([(70, 52, 40), (38, 52, 30), (46, 46, 50), (90, 66, 52)][int(rng.integers(4))], np.float32)
+        yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
+        shade = 0.7 + 0.5 * np.clip(1 - np.hypot(yy - anchor[1], xx - anchor[0]) / (1.5 * radius), 0, 1)
+        tex = 0.9 + 0.2 * cv2.resize(_noise_field(rng, 16, 16), (x1 - x0, y1 - y0))
+        img = np.clip(base * (shade * tex)[..., None], 0, 255).astype(np.uint8)
+        img = cv2.GaussianBlur(img, (0, 0), defocus)
+        w = a * np.float32(min(1.0, p["opacity"] + 0.45))  # an object on the lens is (almost) opaque
+        yield from (_Layer(w, img, roi) for _ in range(ctx.T))
+    else:
+        smudge = 0.55 + 0.45 * cv2.resize(_noise_field(rng, 24, 24, cells=3), (x1 - x0, y1 - y0))
+        w = a * smudge * np.float32(p["opacity"])
+        haze = tuple(int(v) for v in rng.integers(200, 236, 3))
+        sigma = max(1.0, 0.08 * radius)
+        for _ in range(ctx.T):
+            yield _Layer(w, lambda f: ops.blend(_wide_blur(ops, f, sigma), haze, 0.3), roi)
+
+
+def _wide_blur(ops, f, sigma):
+    """A wide Gaussian blur at a fraction of the cost: blur a downscaled copy, then upscale it."""
+    h, w = f.shape[:2]
+    k = max(1, math.ceil(sigma / 2))  # an integer factor keeps INTER_AREA on its fast path
+    small = ops.resize(f, max(1, w // k), max(1, h // k))
+    return ops.resize(ops.blur(small, sigma / k), w, h)
+
+
+def _limb(img, a, b, thick, color):
+    cv2.line(img, tuple(int(v) for v in np.round(a)), tuple(int(v) for v in np.round(b)), color,
+             max(1, int(round(thick))), cv2.LINE_AA)
+
+
+def _sprite(style, height, phase, rng_colors) -> tuple[np.ndarray, np.ndarray]:
+    """A foreground object at `height` px: (colour uint8 [h,w,3], alpha float32 [h,w]). Pedestrians
+    swing their limbs with the walking phase; vehicles are a body, a cabin, windows and wheels."""
+    hgt = max(8, int(round(height)))
+    c1, c2, c3 = rng_colors
+    if style == "pedestrian":
+        wid = max(4, int(round(0.5 * hgt)))
+        img, m = np.zeros((hgt, wid, 3), np.uint8), np.zeros((hgt, wid), np.uint8)
+        cx, s = wid / 2, math.sin(phase)
+        torso = np.array([[-0.13, 0.17], [0.13, 0.17], [0.11, 0.52], [-0.11, 0.52]]) * hgt + [cx, 0]
+        for canvas, col in ((img, None), (m, 255)):
+            for side in (-1, 1):  # legs and arms swing in opposition
+                _limb(canvas, (cx + side * 0.05 * hgt, 0.5 * hgt),
+                      (cx + side * (0.04 + 0.12 * s) * hgt, 0.97 * hgt), 0.085 * hgt, col or c2)
+                _limb(canvas, (cx + side * 0.12 * hgt, 0.2 * hgt),
+                      (cx + side * (0.15 * hgt) - side * 0.1 * s * hgt, 0.5 * hgt), 0.065 * hgt, col or c1)
+            cv2.fillPoly(canvas, [np.round(torso * 4).astype(np.int32)], col or c1, cv2.LINE_AA, shift=2)
+            cv2.ellipse(canvas, (int(cx), int(0.085 * hgt)), (max(1, int(0.06 * hgt)), max(1, int(0.075 * hgt))),
+                        0, 0, 360, col or c3, -1, cv2.LINE_AA)
+    else:
+        wid = max(8, int(round(2.2 * hgt)))
+        img, m = np.zeros((hgt, wid, 3), np.uint8), np.zeros((hgt, wid), np.uint8)
+        body = np.array([[0.02, 0.45], [0.2, 0.4], [0.3, 0.08], [0.75, 0.08], [0.88, 0.4], [0.98, 0.48],
+                         [0.98, 0.8], [0.02, 0.8]]) * [wid, hgt]
+        glass = np.array([[0.34, 0.14], [0.7, 0.14], [0.8, 0.4], [0.27, 0.4]]) * [wid, hgt]
+        for canvas, col, g in ((img, c1, (45, 55, 65)), (m, 255, 255)):
+            cv2.fillPoly(canvas, [np.round(body).astype(np.int32)], col, cv2.LINE_AA)
+            cv2.fillPoly(canvas, [np.round(glass).astype(np.int32)], g, cv2.LINE_AA)
+            if canvas is img:  # the pillar between the doors
+                cv2.line(canvas, (int(0.53 * wid), int(0.14 * hgt)), (int(0.53 * wid), int(0.4 * hgt)), col,
+                         max(1, int(0.03 * wid)))
+            for x in (0.22, 0.8):
+                cv2.circle(canvas, (int(x * wid), int(0.8 * hgt)), max(1, int(0.17 * hgt)),
+                           col if canvas is m else (20, 20, 22), -1, cv2.LINE_AA)
+    shade = np.linspace(1.15, 0.75, hgt, dtype=np.float32)[:, None, None]  # lit from above
+    return np.clip(img * shade, 0, 255).astype(np.uint8), m.astype(np.float32) / 255
+
+
+def _dynamic(ctx):
+    """A pedestrian or a vehicle close to the camera crossing the view along a smooth path. Placed on
+    the ground plane: its feet/wheels stand on the row of its distance, its size follows from it."""
+    p, H, W = ctx.p, ctx.H, ctx.W
+    rng = ctx.rng("actor")
+    pick = lambda options: tuple(int(v) for v in options[int(rng.integers(len(options)))])  # noqa: E731
+    clothes = [(38, 44, 70), (70, 72, 50), (90, 90, 92), (150, 130, 100), (110, 35, 40), (28, 28, 30)]
+    colors = [pick(clothes), pick([(35, 45, 70), (25, 25, 28), (120, 105, 80)]),
+              pick([(225, 185, 160), (180, 130, 100), (110, 75, 55)])]
+    if p["style"] == "vehicle":
+        colors[0] = pick([(150, 20, 25), (25, 45, 120), (200, 200, 205), (30, 30, 32), (120, 120, 125)])
+    hor = ctx.horizon * H
+    walker = p["style"] == "pedestrian"
+    base = hor + (H - hor) * ((0.55 if walker else 0.35) + 0.6 * p["nearness"])  # ground contact row
+    height = max(0.25 * H, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5))  # camera 1.5 m high
+    bob = 0.012 * H * walker
+    strides = rng.uniform(0.5, 0.8)  # walking phase per frame
+    lane = rng.uniform(-0.05, 0.05) * H
+    for t in range(ctx.T):
+        phase = strides * 2 * np.pi * t / 2
+        img, alpha = _sprite(p["style"], height, phase, colors)
+        sigma = max(0.6, 0.01 * height)  # near the lens: out of focus
+        img, alpha = cv2.GaussianBlur(img, (0, 0), sigma), cv2.GaussianBlur(alpha, (0, 0), sigma)
+        frac = (t + 0.5) / ctx.T
+        cx = (-0.1 + 1.2 * (frac if p["direction"] > 0 else 1 - frac)) * W
+        top = int(round(base - img.shape[0] + lane - bob * abs(math.sin(phase))))
+        left = int(round(cx - img.shape[1] / 2))
+        y0, y1, x0, x1 = max(top, 0), min(top + img.shape[0], H), max(left, 0), min(left + img.shape[1], W)
+        if y0 >= y1 or x0 >= x1:
+            yield _Layer(0.0, (0, 0, 0))
+            continue
+        sl = (slice(y0 - top, y1 - top), slice(x0 - left, x1 - left))
+        yield _Layer(np.ascontiguousarray(alpha[sl]), np.ascontiguousarray(img[sl]), (y0, y1, x0, x1))
+
+
+# ----------------------------------------------------------------------------- weather
+
+def _fog(ctx):
+    """Koschmieder's law I = J t + A (1 - t), t = exp(-beta d): depth-graded haze, thick toward the
+    horizon and on the sky, with fog banks (heterogeneous density) drifting on the wind."""
+    p = ctx.p
+    rng = ctx.rng("banks")
+    pad = max(ctx.sh, ctx.sw)
+    banks = _noise_field(rng, ctx.sh + pad, ctx.sw + pad, cells=3, octaves=2)
+    wind = rng.uniform(-1, 1, 2) * pad / 64
+    start = pad / 2 - wind * ctx.T / 2
+    cast = rng.uniform(-0.03, 0.03, 3)
+    airlight = tuple(int(round(255 * min(1.0, p["airlight"] * (1 + c)))) for c in cast)
+    breathe = 1 + 0.1 * _walk(ctx.rng("breathe"), ctx.T, 1, 0.01, 0.04)[0]
+    for t in range(ctx.T):
+        m = np.float32([[1, 0, start[0] + wind[0] * t], [0, 1, start[1] + wind[1] * t]])
+        bank = cv2.warpAffine(banks, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
+        beta = p["beta"] * breathe[t] * (1 + p["heterogeneity"] * 2 * (bank - 0.5))  # smooth: low resolution
+        trans = cv2.exp(-ctx.upsample(beta.astype(np.float32)) * ctx.depth(t))  # depth edges: full resolution
+        yield _Layer(1 - trans, airlight)  # C = 1 - t
+
+
+# (depth z of the layer, drops per 448x448 at density 1, fall speed and streak length in frame heights
+#  per frame, line thickness, opacity): far layers are dense, thin and slow on screen, near ones sparse.
+_RAIN_LAYERS = ((0.75, 700, 0.030, 0.050, 1, 0.35), (0.45, 260, 0.050, 0.085, 1, 0.55),
+                (0.15, 60, 0.085, 0.140, 2, 0.45))
+# (depth z, flakes per 448x448 at density 1, fall speed in frame heights per frame, radius px at 448, opacity)
+_SNOW_LAYERS = ((0.75, 900, 0.006, 0.8, 0.75), (0.45, 350, 0.012, 1.6, 0.9), (0.15, 70, 0.022, 3.2, 0.8))
+
+
+def _particles(ctx, layers, draw, veil, color):
+    """Shared by rain and snow: depth layers of particles that persist between frames; a layer at depth
+    z is hidden where the scene is nearer than z; a veil (mist, haze) grows with scene depth."""
+    H, W = ctx.H, ctx.W
+    scale, area = H / 448, H * W / 448 ** 2
+    rng = ctx.rng("particles")
+    states = []
+    for i, layer in enumerate(layers):  # the full, density-1.15 population; density picks a prefix
+        n_max = int(math.ceil(layer[1] * 1.15 * area))
+        states.append((rng.random((n_max, 6)), int(round(layer[1] * min(ctx.p["density"], 1.15) * area))))
+    vis = {}
+    for t in range(ctx.T):
+        d = ctx.depth(t)
+        key = t if ctx.depth_small(t) is not ctx.depth_small(0) else 0
+        if key not in vis:
+            veil_map = (veil * (1 - np.exp(-2.5 * d))).astype(np.float32)
+            vis[key] = ([np.where(d > layer[0], 255, 0).astype(np.uint8) for layer in layers],
+                        veil_map, (1 - veil_map) * np.float32(1 / 255))
+        masks_, veil_map, clear_map = vis[key]
+        acc = np.zeros((H, W), np.uint8)
+        for i, layer in enumerate(layers):
+            u, n = states[i]
+            buf = draw(i, layer, u[:n], t, scale)
+            acc = cv2.max(acc, cv2.min(buf, masks_[i]))
+        yield _Layer(veil_map + acc * clear_map, color)  # P = 1 - (1 - veil)(1 - particles)
+
+
+def _rain(ctx):
+    """Slanted, motion-blurred rain streaks in three depth layers, falling between frames, with mist."""
+    H, W = ctx.H, ctx.W
+    theta = math.radians(ctx.p["angle"])
+    direction = np.array([math.sin(theta), math.cos(theta)])
+
+    def draw(i, layer, u, t, scale):
+        z, _, speed, length, thick, opacity = layer
+        v = speed * H * ctx.p["speed"] * (0.9 + 0.2 * u[:, 2])
+        ln = length * H * (0.7 + 0.6 * u[:, 3])
+        ext = np.array([W + 2 * length * H, H + length * H])  # wrap-around extent: rain never stops
+        head = np.mod(u[:, :2] * ext + (v * t)[:, None] * direction, ext) - [length * H, 0]
+        tail = head - ln[:, None] * direction
+        buf = np.zeros((H, W), np.uint8)
+        pts = np.round(np.stack([tail, head], 1) * 4).astype(np.int32)
+        faint = u[:, 4] < 0.5  # drops differ in brightness: two groups, one draw call each
+        for group, level in ((faint, 0.55 * opacity), (~faint, opacity)):
+            cv2.polylines(buf, pts[group], False, int(255 * level), max(1, int(round(thick * scale))),
+                          cv2.LINE_AA, shift=2)
+        if z < 0.3:  # the nearest drops are out of focus
+            buf = cv2.GaussianBlur(buf, (0, 0), 0.8 * scale)
+        return buf
+
+    yield from _particles(ctx, _RAIN_LAYERS, draw, ctx.p["mist"], (200, 205, 214))
+
+
+def _snow(ctx):
+    """Snow flakes of varying size in three depth layers, falling and drifting side to side, near
+    flakes large and out of focus, with a whitening haze."""
+    H, W = ctx.H, ctx.W
+    wind = ctx.p["wind"] * 0.004 * W
+
+    def draw(i, layer, u, t, scale):
+        z, _, speed, radius, opacity = layer
+        fall = speed * H * (0.8 + 0.4 * u[:, 2])
+        sway = (0.5 + u[:, 3]) * radius * scale * 4 * np.sin((0.15 + 0.25 * u[:, 4]) * t + 2 * np.pi * u[:, 5])
+        ext = np.array([W + 20 * scale, H + 20 * scale])
+        pos = np.mod(u[:, :2] * ext + np.stack([wind * (1 - z) * t + sway, fall * t], 1), ext) - 10 * scale
+        diam = 2 * radius * scale * ctx.p["flake"]
+        size = np.clip(np.round(diam * (0.6 + 0.8 * u[:, 2])), 1, None).astype(int)
+        buf = np.zeros((H, W), np.uint8)
+        for d in np.unique(size):  # one call per flake size: a zero-length thick line is a flake
+            q = np.round(pos[size == d] * 4).astype(np.int32)
+            cv2.polylines(buf, np.stack([q, q], 1), False, int(255 * opacity), int(d), cv2.LINE_AA, shift=2)
+        # soften into round flakes; the nearest layer is also out of focus
+        return _wide_blur(_HOST, buf, radius * scale) if z < 0.3 else cv2.GaussianBlur(buf, (0, 0), 0.3 * diam)
+
+    yield from _particles(ctx, _SNOW_LAYERS, draw, ctx.p["haze"], (238, 241, 246))
+
+
+_EFFECTS = {"dusk": _dusk, "night": _night, "overexposure": _overexposure, "shadow": _shadow,
+            "translation": _camera, "zoom": _camera, "rotation": _camera,
+            "static": _static, "dynamic": _dynamic, "fog": _fog, "rain": _rain, "snow": _snow}
+
+
+# ----------------------------------------------------------------------------- public API
+
+def _prepare(frames, spec, depth):
+    if isinstance(spec, dict):
+        spec = PerturbSpec.from_dict(spec)
+    if not isinstance(spec, PerturbSpec):
+        raise ValueError(f"spec must be a PerturbSpec or its dict, got {type(spec).__name__}")
+    x, ops = _check_frames(frames)
+    T, H, W = (int(s) for s in x.shape[:3])
+    if depth is not None:
+        depth = depth.detach().cpu().numpy() if hasattr(depth, "detach") else np.asarray(depth)
+        if depth.shape == (H, W):
+            depth = np.broadcast_to(depth, (T, H, W))
+        if depth.shape != (T, H, W):
+            raise ValueError(f"depth must have shape [T,H,W] = {(T, H, W)} or [H,W], got {depth.shape}")
+    if spec.shuffle:  # Eq. 1 / Eq. 2: frames are re-ordered first, the spatial masks follow output time
+        perm = temporal_permutation(T, spec.seed)
+        x = ops.take(x, perm)
+        depth = None if depth is None else depth[perm]
+    return x, spec, depth, ops
+
+
+def apply(frames, spec, depth=None):
+    """Corrupt a clip: V' = {f_pi(t) (.) P_t} (Eq. 2), read as f' = f + B C (E - f) (Sec. 3.1).
+
+    frames: uint8 [T,H,W,3] numpy array or torch tensor (any device); spec: PerturbSpec or its dict;
+    depth: optional true depth [T,H,W] or [H,W] in any unit (else a ground-plane proxy is used).
+    Returns a new clip of the same shape, dtype, type and device. Deterministic in (frames, spec)."""
+    x, spec, depth, ops = _prepare(frames, spec, depth)
+    if spec.subtype is None:
+        return x.clone() if hasattr(x, "clone") else x.copy()
+    out = ops.empty_like(x)
+    for t, layer in enumerate(_EFFECTS[spec.subtype](_Context(x, spec, depth, ops))):
+        f = x[t]
+        if layer.warp is not None:
+            out[t] = ops.warp(f, layer.warp)
+            continue
+        if layer.roi is None:
+            region = f
+        else:
+            out[t] = f
+            y0, y1, x0, x1 = layer.roi
+            region = f[y0:y1, x0:x1]
+        effect = layer.effect(region) if callable(layer.effect) else layer.effect
+        if layer.roi is None:
+            out[t] = ops.blend(region, effect, layer.weight)
+        else:
+            out[t, y0:y1, x0:x1] = ops.blend(region, effect, layer.weight)
+    return out
+
+
+def masks(frames, spec, depth=None):
+    """The layout B [T,H,W] (bool: True = corrupted) and strength C [T,H,W] (float32 in [0,1]) of
+    Sec. 3.1, as numpy arrays, or torch tensors on the frames' device. P = B (.) C is the weight of the
+    effect layer in `apply`; where B is False `apply` leaves the pixel unchanged. Temporal shuffle
+    alone (no subtype) corrupts no pixel, so B is all False."""
+    x, spec, depth, ops = _prepare(frames, spec, depth)
+    T, H, W = (int(s) for s in x.shape[:3])
+    C = np.zeros((T, H, W), np.float32)
+    if spec.subtype is not None:
+        for t, layer in enumerate(_EFFECTS[spec.subtype](_Context(x, spec, depth, ops))):
+            if layer.warp is not None:
+                C[t] = _moved(layer.warp, H, W)
+            elif layer.roi is None:
+                C[t] = layer.weight
+            else:
+                y0, y1, x0, x1 = layer.roi
+                C[t, y0:y1, x0:x1] = layer.weight
+    B = C > 0
+    if isinstance(x, np.ndarray):
+        return B, C
+    return ops.asarray(B), ops.asarray(C)
+
+
+# ----------------------------------------------------------------------------- command line
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8), or render the "
+                    "contact sheet of all of them. With no INPUT, a procedural street clip (with its true "
+                    "depth) generated by the project is used.")
+    ap.add_argument("input", nargs="?", help="input video (mp4, ...); default: the built-in sample clip")
+    ap.add_argument("--subtype", choices=SUBTYPES, help="perturbation subtype (Table 8)")
+    ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
+    ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
+    ap.add_argument("--out", help="output mp4 for --subtype")
+    ap.add_argument("--grid", help="output PNG: the contact sheet of clean + all 12 subtypes")
+    ap.add_argument("--frames", type=int, default=16, help="frames sampled uniformly from INPUT")
+    ap.add_argument("--max-pixels", type=int, default=256 * 28 * 28, help="pixel budget per frame")
+    ap.add_argument("--size", type=int, default=448, help="side of the built-in sample clip")
+    args = ap.parse_args(argv)
+    if not args.grid and not (args.subtype and args.out):
+        ap.error("give --grid OUT.png, or --subtype NAME --out OUT.mp4")
+
+    import video
+    if args.input:
+        try:
+            frames, _, fps = video.read_frames(args.input, num_frames=args.frames, max_pixels=args.max_pixels)
+        except ValueError as e:  # VideoError names the file and what is wrong with it
+            ap.exit(2, f"error: {e}\n")
+        depth = None
+    else:
+        frames, depth = video.sample_clip(args.frames, args.size, args.size)
+        fps = 8.0
+    if args.subtype and args.out:
+        spec = PerturbSpec(args.subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+        video.write_video(args.out, apply(frames, spec, depth), fps=fps)
+        print(f"wrote {args.out}  spec={spec.to_json()}")
+    if args.grid:
+        rows, labels = [frames], ["clean"]
+        for sub in SUBTYPES:
+            spec = PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+            rows.append(apply(frames, spec, depth))
+            labels.append(f"{CATEGORY_OF[sub]}/{sub}")
+        video.contact_sheet(rows, labels, args.grid)
+        print(f"wrote {args.grid}  (eta={args.eta}, seed={args.seed})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

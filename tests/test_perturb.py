@@ -1,0 +1,315 @@
+"""perturb.py: the 12 perturbations of Table 8, the spec (Eq. 4), B/C maps (Sec. 3.1), shuffle (Eq. 1-2)."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import perturb
+import video
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def clip():
+    frames, depth = video.sample_clip(8, 72, 96, seed=1)
+    return frames, depth
+
+
+@pytest.fixture(scope="module")
+def still():
+    """One frame held for 16 frames: any change between frames comes from the perturbation itself."""
+    frames, _ = video.sample_clip(16, 96, 96, seed=2)
+    return np.repeat(frames[:1], 16, axis=0)
+
+
+def mad(a, b):
+    return float(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean())
+
+
+# ----------------------------------------------------------------------------- taxonomy and spec
+
+def test_taxonomy_is_table_8():
+    assert perturb.CATEGORIES == {
+        "lighting": ("dusk", "night", "overexposure", "shadow"),
+        "camera": ("translation", "zoom", "rotation"),
+        "occlusion": ("static", "dynamic"),
+        "weather": ("fog", "rain", "snow"),
+    }
+    assert len(perturb.SUBTYPES) == 12
+    assert perturb.DEFAULT_ETA == 0.7
+
+
+@pytest.mark.parametrize("sub", perturb.SUBTYPES)
+def test_spec_json_round_trip_is_small_and_regenerates(sub, clip):
+    frames, _ = clip
+    spec = perturb.PerturbSpec(sub, eta=0.55, seed=123456789, shuffle=True)
+    text = spec.to_json()
+    assert len(text.encode()) < 400
+    back = perturb.PerturbSpec.from_dict(json.loads(text))
+    assert back == spec and back.category == perturb.CATEGORY_OF[sub]
+    assert np.array_equal(perturb.apply(frames, back), perturb.apply(frames, spec))
+
+
+def test_params_override_and_validation():
+    spec = perturb.PerturbSpec("fog", params={"beta": 1.25})
+    assert spec.params["beta"] == 1.25 and "airlight" in spec.params
+    with pytest.raises(ValueError, match="unknown params"):
+        perturb.PerturbSpec("fog", params={"density": 1.0})
+    with pytest.raises(ValueError, match="does not match"):
+        perturb.PerturbSpec("fog", category="lighting")
+    with pytest.raises(ValueError, match="unknown PerturbSpec fields"):
+        perturb.PerturbSpec.from_dict({"subtype": "fog", "colour": 1})
+    with pytest.raises(ValueError, match="no 'subtype'"):
+        perturb.PerturbSpec.from_dict({"eta": 0.5})
+
+
+@pytest.mark.parametrize("sub", perturb.SUBTYPES)
+def test_deterministic_in_any_call_order(sub, clip):
+    frames, _ = clip
+    a, b = perturb.PerturbSpec(sub, seed=1), perturb.PerturbSpec(sub, seed=2)
+    first = perturb.apply(frames, a)
+    perturb.apply(frames, b)  # another spec in between changes nothing: no global RNG
+    perturb.apply(frames[:, ::-1].copy(), a)
+    assert np.array_equal(perturb.apply(frames, a), first)
+    assert not np.array_equal(perturb.apply(frames, b), first), "different seeds must differ"
+
+
+def test_static_spec_is_stable_across_processes():
+    code = ("import json, perturb; print(json.dumps([perturb.static_spec(v, s).to_dict() "
+            "for v in ('scene0001', 'urban/42.mp4') for s in perturb.SUBTYPES]))")
+    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": str(h)}).stdout for h in (1, 2)]
+    assert outs[0] == outs[1]
+    specs = json.loads(outs[0])
+    # independent computation of the seed: SHA-256 of the ids, first 48 bits
+    want = int.from_bytes(hashlib.sha256("pvrbench\x1fscene0001\x1ffog".encode()).digest()[:6], "big")
+    fog = next(s for s in specs if s["subtype"] == "fog")
+    assert fog["seed"] == want == perturb.static_spec("scene0001", "fog").seed
+    assert len({s["seed"] for s in specs}) == len(specs)
+
+
+def test_apply_is_bit_identical_across_processes(tmp_path):
+    code = ("import hashlib, perturb, video; f, d = video.sample_clip(6, 48, 64); "
+            "print(''.join(hashlib.sha256(perturb.apply(f, perturb.static_spec('v1', s), d).tobytes()).hexdigest()[:12] "
+            "for s in perturb.SUBTYPES))")
+    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+            for _ in range(2)]
+    assert outs[0] == outs[1] and len(outs[0].strip()) == 12 * 12
+
+
+def test_sample_spec_dynamic_protocol():
+    rng = np.random.default_rng(0)
+    specs = [perturb.sample_spec(rng) for _ in range(800)]
+    counts = {c: sum(s.category == c for s in specs) for c in perturb.CATEGORIES}
+    assert all(150 < n < 250 for n in counts.values()), counts  # Eq. 2: style uniform over 4
+    assert len({s.subtype for s in specs}) == 12 and len({s.seed for s in specs}) == 800
+    assert all(s.subtype in perturb.CATEGORIES["weather"] for s in
+               (perturb.sample_spec(i, category="weather") for i in range(20)))
+    assert perturb.sample_spec(7) == perturb.sample_spec(7)
+    assert perturb.sample_spec(7, subtype="rain", eta=0.3).eta == 0.3
+
+
+# ----------------------------------------------------------------------------- effects
+
+@pytest.mark.parametrize("sub", perturb.SUBTYPES)
+def test_every_subtype_changes_the_clip_and_grows_with_eta(sub, clip):
+    frames, _ = clip
+    for seed in (0, 1):
+        changes = [mad(perturb.apply(frames, perturb.PerturbSpec(sub, eta=e, seed=seed)), frames)
+                   for e in (0.3, 0.7, 1.0)]
+        assert changes[0] > 0.2, (sub, changes)
+        assert changes[0] < changes[1] < changes[2], (sub, seed, changes)
+    assert mad(perturb.apply(frames, perturb.PerturbSpec(sub, eta=0.0)), frames) < changes[0]
+
+
+@pytest.mark.parametrize("sub", perturb.SUBTYPES)
+def test_temporal_coherence(sub, still):
+    """The perturbation layer (f' - f) changes much less between consecutive frames than between two
+    seeds: effects are animated, never re-drawn independently per frame."""
+    ratios = []
+    for seed in (0, 1, 2):
+        la, lb = (perturb.apply(still, perturb.PerturbSpec(sub, seed=s)).astype(np.int16) - still
+                  for s in (seed, seed + 100))
+        consecutive = np.abs(np.diff(la, axis=0)).mean()
+        across_seeds = np.abs(la - lb).mean()
+        ratios.append(consecutive / across_seeds)
+    assert np.mean(ratios) < 0.5, (sub, ratios)
+
+
+def test_static_occluder_is_static_and_dynamic_one_moves(still):
+    s = perturb.apply(still, perturb.PerturbSpec("static", seed=3))
+    assert all(np.array_equal(s[0], s[t]) for t in range(1, 16))
+    for style in ("pedestrian", "vehicle"):
+        B, _ = perturb.masks(still, perturb.PerturbSpec("dynamic", seed=3, params={"style": style}))
+        edges = [np.nonzero(B[t].any(0))[0] for t in range(16) if B[t].any()]
+        assert len(edges) >= 8, style
+        for side in (0, -1):  # the leading and trailing edges, where inside the frame, move one way
+            xs = np.array([e[side] for e in edges])
+            steps = np.diff(xs[(xs > 0) & (xs < still.shape[2] - 1)])
+            assert len(steps) >= 3 and ((steps >= 0).all() or (steps <= 0).all()), (style, xs)
+
+
+# ----------------------------------------------------------------------------- B and C (Sec. 3.1)
+
+@pytest.mark.parametrize("sub", perturb.SUBTYPES)
+def test_masks_semantics(sub, clip):
+    frames, depth = clip
+    spec = perturb.PerturbSpec(sub, seed=4)
+    out = perturb.apply(frames, spec, depth)
+    B, C = perturb.masks(frames, spec, depth)
+    assert B.shape == C.shape == frames.shape[:3] and B.dtype == bool and C.dtype == np.float32
+    assert C.min() >= 0 and C.max() <= 1 and np.array_equal(B, C > 0)
+    assert B.any()
+    assert np.array_equal(out[~B], frames[~B]), "where B is 0 the pixel is unchanged"
+    if perturb.CATEGORY_OF[sub] == "camera":
+        assert B.mean() > 0.99 and np.all(C[B] == 1)
+    if sub in ("shadow", "static", "dynamic"):
+        assert 0.02 < B.mean() < 0.9, "a localised perturbation has a localised layout"
+    if sub in ("fog", "rain", "snow", "shadow", "static"):  # more weight, more change
+        change = np.abs(out.astype(np.int16) - frames).mean(-1)[B]
+        assert np.corrcoef(C[B], change)[0, 1] > 0.3
+
+
+def test_fog_follows_depth(clip):
+    """Koschmieder: C = 1 - exp(-beta d), so with a true depth map, far pixels get more haze."""
+    frames, _ = clip
+    T, H, W = frames.shape[:3]
+    depth = np.broadcast_to(np.linspace(50, 1, H, dtype=np.float32)[:, None], (T, H, W))  # far at the top
+    spec = perturb.PerturbSpec("fog", params={"heterogeneity": 0.0})
+    _, C = perturb.masks(frames, spec, depth)
+    rows = C.mean((0, 2))
+    assert (np.diff(rows) <= 1e-6).all() and rows[0] > rows[-1] + 0.3
+    d = depth[0, :, 0] / (depth[0, :, 0] + np.median(depth))  # hand-worked: t = exp(-beta d), static fog
+    expected = 1 - np.exp(-spec.params["beta"] * d)
+    assert np.allclose(rows, expected, atol=0.05), np.abs(rows - expected).max()
+
+
+@pytest.mark.parametrize("sub", ["fog", "rain", "snow"])
+def test_compositing_equation(sub, clip):
+    """Sec. 3.1 read as f' = (1 - B C) f + B C E with E a constant colour (airlight, rain, snow):
+    solving for E pixel by pixel gives the same colour everywhere, up to uint8 rounding."""
+    frames, depth = clip
+    spec = perturb.PerturbSpec(sub, seed=9)
+    out = perturb.apply(frames, spec, depth).astype(np.float64)
+    _, C = perturb.masks(frames, spec, depth)
+    sel = C > 0.1
+    E = np.median((out[sel] - (1 - C[sel, None]) * frames[sel]) / C[sel, None], 0)
+    model = (1 - C[..., None]) * frames + C[..., None] * E
+    assert sel.sum() > 200 and np.abs(out - model).max() <= 1.0  # uint8 rounding + the estimate of E
+
+
+def test_depth_proxy_puts_sky_far_and_ground_near():
+    frames, depth = video.sample_clip(1, 224, 224, seed=3)
+    small = cv2.resize(frames[0], (56, 56), interpolation=cv2.INTER_AREA)  # as the engine calls it
+    d = perturb.depth_proxy(small)
+    assert d.shape == (56, 56) and d.min() >= 0 and d.max() <= 1
+    true = cv2.resize(depth[0], (56, 56), interpolation=cv2.INTER_NEAREST)
+    assert d[true >= 999].mean() > 0.8 and d[-4:].mean() < 0.3
+    assert np.corrcoef(d.ravel(), np.log(true).ravel())[0, 1] > 0.6  # agrees with the true depth
+
+
+# ----------------------------------------------------------------------------- temporal shuffle (Eq. 1-2)
+
+def test_shuffle_is_a_permutation_that_keeps_every_frame(clip):
+    frames, _ = clip
+    out = perturb.apply(frames, perturb.PerturbSpec(None, seed=5, shuffle=True))
+    perm = perturb.temporal_permutation(len(frames), 5)
+    assert sorted(perm) == list(range(len(frames))) and not np.array_equal(perm, np.arange(len(frames)))
+    assert np.array_equal(out, frames[perm])
+    B, C = perturb.masks(frames, perturb.PerturbSpec(None, seed=5, shuffle=True))
+    assert not B.any() and not C.any()
+    for T in (2, 3, 16):
+        assert sorted(perturb.temporal_permutation(T, 0)) == list(range(T))
+
+
+def test_shuffle_then_spatial_is_eq_2(clip):
+    """V' = {f_pi(t) (.) P_t}: shuffle first; the masks stay on output time."""
+    frames, _ = clip
+    spec = perturb.PerturbSpec("rain", seed=6, shuffle=True)
+    perm = perturb.temporal_permutation(len(frames), 6)
+    plain = perturb.PerturbSpec("rain", seed=6)
+    assert np.array_equal(perturb.apply(frames, spec), perturb.apply(frames[perm], plain))
+
+
+# ----------------------------------------------------------------------------- torch
+
+@pytest.mark.parametrize("sub", perturb.SUBTYPES)
+def test_torch_tensors_match_numpy(sub, clip):
+    torch = pytest.importorskip("torch")
+    frames, depth = clip
+    spec = perturb.PerturbSpec(sub, seed=8)
+    x = torch.from_numpy(frames)
+    out = perturb.apply(x, spec, torch.from_numpy(depth))
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.uint8 and out.shape == x.shape
+    assert torch.equal(out, perturb.apply(x, spec, torch.from_numpy(depth)))
+    diff = np.abs(out.numpy().astype(np.int16) - perturb.apply(frames, spec, depth))
+    assert diff.mean() < 0.2 and diff.max() <= 2, (diff.mean(), diff.max())
+    B, C = perturb.masks(x, spec)
+    assert isinstance(B, torch.Tensor) and B.dtype == torch.bool and C.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_bad_inputs(clip):
+    frames, _ = clip
+    spec = perturb.PerturbSpec("fog")
+    with pytest.raises(ValueError, match="uint8"):
+        perturb.apply(frames.astype(np.float32), spec)
+    with pytest.raises(ValueError, match=r"\[T,H,W,3\]"):
+        perturb.apply(frames[0], spec)
+    with pytest.raises(ValueError, match="3 \\(RGB\\) channels"):
+        perturb.apply(np.zeros((2, 8, 8, 4), np.uint8), spec)
+    with pytest.raises(ValueError, match="numpy uint8 array or a torch"):
+        perturb.apply(frames.tolist(), spec)
+    with pytest.raises(ValueError, match="valid subtypes: dusk, night"):
+        perturb.PerturbSpec("hail")
+    with pytest.raises(ValueError, match="valid subtypes"):
+        perturb.static_spec("v", "blur")
+    for eta in (-0.1, 1.5, float("nan"), "0.5"):
+        with pytest.raises(ValueError, match="eta"):
+            perturb.PerturbSpec("fog", eta=eta)
+    with pytest.raises(ValueError, match="seed"):
+        perturb.PerturbSpec("fog", seed=-1)
+    with pytest.raises(ValueError, match="depth must have shape"):
+        perturb.apply(frames, spec, depth=np.ones((3, 3)))
+    with pytest.raises(ValueError, match="valid categories"):
+        perturb.sample_spec(0, category="sky")
+
+
+def test_tiny_and_odd_sizes_work():
+    rng = np.random.default_rng(0)
+    for shape in ((1, 9, 13, 3), (3, 31, 17, 3), (2, 64, 200, 3)):
+        frames = rng.integers(0, 256, shape, dtype=np.uint8)
+        for sub in perturb.SUBTYPES:
+            out = perturb.apply(frames, perturb.PerturbSpec(sub, seed=1, shuffle=True))
+            assert out.shape == frames.shape and out.dtype == np.uint8
+
+
+# ----------------------------------------------------------------------------- command line
+
+def test_cli_writes_a_corrupted_video_and_the_contact_sheet(tmp_path):
+    src = video.write_sample_video(tmp_path / "in.mp4", num_frames=12, height=96, width=96)
+    out = tmp_path / "fog.mp4"
+    run = subprocess.run([sys.executable, "perturb.py", str(src), "--subtype", "fog", "--eta", "0.7",
+                          "--seed", "0", "--out", str(out), "--frames", "8"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert '"subtype":"fog"' in run.stdout
+    frames, _, _ = video.read_frames(out, num_frames=8)
+    clean, _, _ = video.read_frames(src, num_frames=8)
+    assert frames.shape == clean.shape and mad(frames, clean) > 5
+    grid = tmp_path / "grid.png"
+    run = subprocess.run([sys.executable, "perturb.py", "--grid", str(grid), "--frames", "4", "--size", "64"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert grid.stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "perturb.py", str(tmp_path / "missing.mp4"), "--grid", str(grid)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0 and "missing.mp4" in bad.stderr

@@ -1,0 +1,210 @@
+"""Tests for video.py: resizing maths, decoding, writers, contact sheets and the sample clip."""
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+import video
+from video import (VideoError, contact_sheet, read_frames, sample_clip, smart_resize, uniform_indices,
+                   write_gif, write_sample_video, write_video)
+
+MAX_PIXELS, MIN_PIXELS = 128 * 28 * 28, 4 * 28 * 28
+
+
+@pytest.fixture(scope="module")
+def street():
+    """40 frames of the sample street at 144x192 (no supersampling, for speed)."""
+    return sample_clip(40, 144, 192, seed=1, supersample=1)
+
+
+@pytest.fixture(scope="module")
+def street_mp4(street, tmp_path_factory):
+    return write_video(tmp_path_factory.mktemp("mp4") / "street.mp4", street[0], fps=10.0)
+
+
+def _resized(frames, h, w):
+    """Reference resize of source frames, the way read_frames resizes decoded ones."""
+    interp = cv2.INTER_AREA if h * w < frames.shape[1] * frames.shape[2] else cv2.INTER_CUBIC
+    return np.stack([cv2.resize(f, (w, h), interpolation=interp) for f in frames])
+
+
+# ----------------------------------------------------------------------------- smart_resize
+@pytest.mark.parametrize("hw, expected", [
+    ((480, 640), (252, 364)),    # 476x644 is over budget: beta=sqrt(307200/100352), floor to 28
+    ((1080, 1920), (224, 420)),  # beta=4.546: 237.6 -> 224, 422.4 -> 420
+    ((224, 448), (224, 448)),    # exactly max_pixels: kept
+    ((144, 192), (140, 196)),    # only rounded to multiples of 28
+    ((10, 10), (56, 56)),        # 28x28 < min_pixels: beta=5.6, ceil(56/28)*28
+])
+def test_smart_resize_hand_worked(hw, expected):
+    h, w = smart_resize(*hw, factor=28, min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS)
+    assert (h, w) == expected
+    assert h % 28 == 0 and w % 28 == 0 and h >= 28 and w >= 28
+    assert MIN_PIXELS <= h * w <= MAX_PIXELS
+    # aspect ratio kept up to the rounding of each side to the factor
+    assert abs(math.log((h / w) / (hw[0] / hw[1]))) < math.log((h + 28) / h) + math.log((w + 28) / w)
+
+
+def test_smart_resize_rejects_extreme_aspect_ratio():
+    with pytest.raises(ValueError):
+        smart_resize(1, 500)
+
+
+def test_uniform_indices_match_linspace_round():
+    idx = uniform_indices(40, 16)
+    assert idx.dtype == np.int64 and len(idx) == 16
+    assert idx[0] == 0 and idx[-1] == 39 and np.all(np.diff(idx) > 0)
+    assert np.array_equal(idx, np.linspace(0, 39, 16).round())
+    assert uniform_indices(4, 3).tolist() == [0, 2, 3]  # 1.5 rounds half to even
+    short = uniform_indices(5, 16)  # fewer frames than requested: repeats
+    assert len(short) == 16 and short[0] == 0 and short[-1] == 4 and np.all(np.diff(short) >= 0)
+
+
+# ----------------------------------------------------------------------------- read_frames
+def test_read_frames_shape_indices_fps_and_content(street, street_mp4):
+    frames, indices, fps = read_frames(street_mp4, num_frames=16)
+    assert frames.dtype == np.uint8 and frames.flags.c_contiguous
+    assert frames.shape == (16, 140, 196, 3)
+    assert isinstance(fps, float) and fps == pytest.approx(10.0, rel=1e-3)
+    assert indices.dtype == np.int64
+    assert indices[0] == 0 and indices[-1] == 39 and np.all(np.diff(indices) > 0)
+    assert np.array_equal(indices, np.linspace(0, 39, 16).round())
+    expected = _resized(street[0][indices], 140, 196)
+    assert np.abs(frames.astype(float) - expected).mean() < 12
+
+
+def test_read_frames_downscales_to_pixel_budget(street, street_mp4):
+    frames, indices, _ = read_frames(street_mp4, num_frames=8, max_pixels=16 * 28 * 28)
+    assert frames.shape == (8, 84, 112, 3)
+    assert frames.shape[1] * frames.shape[2] <= 16 * 28 * 28
+    expected = _resized(street[0][indices], 84, 112)
+    assert np.abs(frames.astype(float) - expected).mean() < 12
+
+
+def test_write_read_round_trip_all_frames(tmp_path):
+    # odd sides are padded to even for yuv420p; torch tensors are accepted
+    torch = pytest.importorskip("torch")
+    src, _ = sample_clip(6, 55, 83, seed=2, supersample=1)
+    path = write_video(tmp_path / "deep" / "dir" / "odd.mp4", torch.from_numpy(src), fps=8.0)
+    frames, indices, fps = read_frames(path, num_frames=6, min_pixels=28 * 28)
+    assert indices.tolist() == list(range(6)) and fps == pytest.approx(8.0)
+    assert frames.shape == (6, *smart_resize(56, 84, min_pixels=28 * 28), 3)
+    padded = np.pad(src, ((0, 0), (0, 1), (0, 1), (0, 0)), mode="edge")
+    assert np.abs(frames.astype(float) - _resized(padded, 56, 84)).mean() < 12
+
+
+def test_read_frames_short_clip_repeats_indices(tmp_path):
+    src, _ = sample_clip(5, 64, 64, supersample=1)
+    frames, indices, _ = read_frames(write_video(tmp_path / "short.mp4", src), num_frames=16)
+    assert frames.shape[0] == 16
+    assert indices.tolist() == np.linspace(0, 4, 16).round().astype(int).tolist()
+
+
+def test_read_frames_argument_checks(street_mp4):
+    with pytest.raises(ValueError):
+        read_frames(street_mp4, num_frames=0)
+    with pytest.raises(ValueError):
+        read_frames(street_mp4, max_pixels=0)
+
+
+def _bad_file(kind, tmp_path, good_mp4):
+    path = tmp_path / f"{kind}.mp4"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        data = Path(good_mp4).read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "text":
+        path.write_text("this is not a video\n" * 20)
+    return path
+
+
+@pytest.mark.parametrize("kind, phrase", [
+    ("missing", "does not exist"),
+    ("directory", "is a directory"),
+    ("empty", "is empty"),
+    ("truncated", "cannot be decoded as a video"),
+    ("text", "cannot be decoded as a video"),
+])
+def test_read_frames_bad_files_raise_video_error(kind, phrase, tmp_path, street_mp4):
+    path = _bad_file(kind, tmp_path, street_mp4)
+    with pytest.raises(VideoError) as info:
+        read_frames(path)
+    assert str(path) in str(info.value) and phrase in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+# ----------------------------------------------------------------------------- writers
+def test_write_gif_is_multi_frame_and_loops(street, tmp_path):
+    frames = street[0][:6]
+    path = write_gif(tmp_path / "gif" / "clip.gif", frames, fps=5)
+    with Image.open(path) as im:
+        assert im.format == "GIF" and im.n_frames == 6 and im.info.get("loop") == 0
+        assert im.size == (192, 144) and im.info["duration"] == 200
+
+
+def test_writers_validate_input(tmp_path):
+    with pytest.raises(ValueError):
+        write_video(tmp_path / "a.mp4", np.zeros((4, 8, 8, 3), np.float32))
+    with pytest.raises(ValueError):
+        write_gif(tmp_path / "a.gif", np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(ValueError):
+        write_video(tmp_path / "a.mp4", np.zeros((4, 8, 8, 3), np.uint8), fps=0)
+
+
+def test_contact_sheet_layout(street, tmp_path):
+    clean = street[0][:10]
+    other = np.ascontiguousarray(255 - clean[:, ::2, ::2])  # different size: resized to the first
+    path = contact_sheet([clean, other, clean], ["clean", "inverted, half size", "again"],
+                         tmp_path / "sheets" / "s.png", num_cols=4)
+    with Image.open(path) as im:
+        assert im.format == "PNG" and im.size == (140 + 4 * 192, 3 * 144)
+        sheet = np.asarray(im.convert("RGB"))
+    label = sheet[:, :140]
+    assert (label < 100).any() and (label == 255).mean() > 0.8  # dark text on white
+    assert np.array_equal(sheet[:144, 140:140 + 192], clean[0])  # first cell is frame 0
+    assert np.array_equal(sheet[:144, -192:], clean[9])  # last cell is the last frame
+    path = contact_sheet([clean], ["small"], tmp_path / "small.png", num_cols=3, cell_width=96)
+    with Image.open(path) as im:
+        assert im.size == (140 + 3 * 96, 72)
+
+
+def test_contact_sheet_validates(street, tmp_path):
+    with pytest.raises(ValueError):
+        contact_sheet([street[0]], ["a", "b"], tmp_path / "x.png")
+    with pytest.raises(ValueError):
+        contact_sheet([], [], tmp_path / "x.png")
+
+
+# ----------------------------------------------------------------------------- sample clip
+def test_sample_clip_shape_and_determinism():
+    frames, depth = sample_clip(4, 48, 64, seed=3)
+    assert frames.shape == (4, 48, 64, 3) and frames.dtype == np.uint8
+    assert depth.shape == (4, 48, 64) and depth.dtype == np.float32
+    again, depth_again = sample_clip(4, 48, 64, seed=3)
+    assert np.array_equal(frames, again) and np.array_equal(depth, depth_again)
+    assert not np.array_equal(frames, sample_clip(4, 48, 64, seed=4)[0])
+
+
+def test_sample_clip_depth_and_motion(street):
+    frames, depth = street
+    assert np.all(depth > 0) and np.all(np.isfinite(depth))
+    assert depth.max() == video.SKY_DEPTH
+    top, bottom = depth[:, :10].mean(), depth[:, -10:].mean()
+    assert top > 20 * bottom and bottom < 10  # sky above, nearby road below
+    assert frames.std() > 30  # textured, not flat
+    step = np.abs(np.diff(frames.astype(float), axis=0)).mean(axis=(1, 2, 3))
+    noise = np.random.default_rng(0).integers(0, 256, frames[0].shape)
+    assert np.all(step > 0.5)  # the camera moves ...
+    assert step.max() < 0.3 * np.abs(frames[0] - noise.astype(float)).mean()  # ... smoothly
+
+
+def test_write_sample_video(tmp_path):
+    path = write_sample_video(tmp_path / "sample.mp4", fps=4.0, num_frames=3, height=56, width=56)
+    frames, indices, fps = read_frames(path, num_frames=3)
+    assert frames.shape == (3, 56, 56, 3) and fps == pytest.approx(4.0) and indices.tolist() == [0, 1, 2]
