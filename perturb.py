@@ -253,16 +253,16 @@ class _CV:
             self._const[key][:] = np.asarray(color, np.uint8)
         return self._const[key]
 
-    def blend(self, f, e, w):  # f + w (e - f)
+    def blend(self, f, e, w, out=None):  # f + w (e - f), written into `out` if given
         if isinstance(e, tuple):
             e = self.const(e, f.shape)
         if isinstance(w, float):
-            return cv2.addWeighted(f, 1.0 - w, e, w, 0.0)
+            return cv2.addWeighted(f, 1.0 - w, e, w, 0.0, dst=out)
         w = np.asarray(w, np.float32)
-        return cv2.blendLinear(f, e, 1.0 - w, w)
+        return cv2.blendLinear(f, e, 1.0 - w, w, dst=out)
 
-    def lut(self, f, table):  # table uint8 [256, 3]
-        return cv2.LUT(f, table.reshape(256, 1, 3))
+    def lut(self, f, table):  # table uint8 [256, 3]; frames or a whole clip
+        return cv2.LUT(f.reshape(-1, *f.shape[-2:]), table.reshape(256, 1, 3)).reshape(f.shape)
 
     def color_matrix(self, f, m):  # m float32 [3, 4]: out = m[:, :3] @ rgb + m[:, 3]
         return cv2.transform(f, m)
@@ -314,13 +314,14 @@ class _Torch:
     def _u8(self, x):
         return x.round_().clamp_(0, 255).to(self.torch.uint8)
 
-    def blend(self, f, e, w):
+    def blend(self, f, e, w, out=None):
         f32 = f.float()
         e = (self.torch.tensor(e, dtype=self.torch.float32, device=f.device) if isinstance(e, tuple)
              else self.asarray(e).float())
         if not isinstance(w, float):
             w = self.asarray(np.asarray(w, np.float32))[..., None]
-        return self._u8(f32 + w * (e - f32))
+        res = self._u8(f32 + w * (e - f32))
+        return res if out is None else out.copy_(res)
 
     def lut(self, f, table):
         t = self.asarray(table)
@@ -418,7 +419,8 @@ class _Context:
     """What every effect needs: sizes, params, seeded streams, depth at frame and at working scale."""
 
     def __init__(self, frames, spec, depth, ops):
-        self.spec, self.p, self.ops = spec, spec.params, ops
+        self.spec, self.p, self.ops, self.frames = spec, spec.params, ops, frames
+        self._luts = {}
         self.T, self.H, self.W = (int(s) for s in frames.shape[:3])
         self.sh, self.sw = max(24, round(self.H / 8)), max(24, round(self.W / 8))  # grid of the smooth maps
         if depth is None:
@@ -436,6 +438,14 @@ class _Context:
 
     def rng(self, *tags):
         return _rng(self.spec.seed, self.spec.subtype, *tags)
+
+    def clip_lut(self, table, t):
+        """Frame t of the whole clip through a tone table (one call for the clip: faster than per frame,
+        and only computed when an effect image is needed, never for `masks`)."""
+        key = table.tobytes()
+        if key not in self._luts:
+            self._luts[key] = self.ops.lut(self.frames, table)
+        return self._luts[key][t]
 
     def depth_small(self, t):
         return self._small[t if len(self._small) > 1 else 0]
@@ -475,7 +485,7 @@ def _tone_table(gains, gamma=1.0, knee=None) -> np.ndarray:
 
 def _dusk(ctx):
     """Warm, dim light from a low sun; the sky keeps more light than the ground; slowly darkening."""
-    p, ops = ctx.p, ctx.ops
+    p = ctx.p
     warm = p["warmth"]
     table = _tone_table((0.62, 0.46 - 0.1 * warm, 0.36 - 0.18 * warm), gamma=1.25)
     y = (np.arange(ctx.H, dtype=np.float32) + 0.5) / ctx.H
@@ -483,7 +493,7 @@ def _dusk(ctx):
     grad_map = np.repeat(grad[:, None], ctx.W, 1).astype(np.float32)
     drift = 1 + 0.08 * _walk(ctx.rng("drift"), ctx.T, 1, 0.005, 0.02)[0]
     for t in range(ctx.T):  # grad <= 1, so the weight stays in [0, 1]
-        yield _Layer(grad_map * np.float32(min(1.0, p["strength"] * drift[t])), lambda f: ops.lut(f, table))
+        yield _Layer(grad_map * np.float32(min(1.0, p["strength"] * drift[t])), lambda f, t=t: ctx.clip_lut(table, t))
 
 
 def _night(ctx):
@@ -547,7 +557,7 @@ def _overexposure(ctx):
     hunt = 1 + 0.12 * _walk(ctx.rng("hunt"), ctx.T, 1, 0.02, 0.06)[0]
 
     def effect(f, t):
-        e = ops.lut(f, table)
+        e = ctx.clip_lut(table, t)
         small = ops.host(ops.resize(e, bw, bh))
         halo = cv2.GaussianBlur(cv2.LUT(small, bright).astype(np.float32), (0, 0), max(1.0, bw / 24)) * p["bloom"]
         if p["glare"] > 0.4:  # a low sun just inside the frame
@@ -563,7 +573,7 @@ def _overexposure(ctx):
 def _shadow(ctx):
     """Cast shadows of out-of-view objects (clouds, trees, buildings): coherent dark regions with soft
     penumbrae, lit only by bluish skylight, drifting slowly; never on the sky."""
-    p, ops = ctx.p, ctx.ops
+    p = ctx.p
     rng = ctx.rng("shape")
     pad = 2 * max(ctx.sh, ctx.sw)
     field_ = _noise_field(rng, ctx.sh + pad, ctx.sw + pad, cells=3, octaves=3)
@@ -578,7 +588,7 @@ def _shadow(ctx):
         m = np.float32([[1, 0, ox], [0, 1, oy]])
         crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
         alpha = np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * (ctx.depth_small(t) < 0.97)
-        yield _Layer(ctx.upsample(alpha * np.float32(p["darkness"])), lambda f: ops.lut(f, table))
+        yield _Layer(ctx.upsample(alpha * np.float32(p["darkness"])), lambda f, t=t: ctx.clip_lut(table, t))
 
 
 # ----------------------------------------------------------------------------- camera motion
@@ -657,7 +667,7 @@ def _static(ctx):
         cover = _fill((sh, sw), [(outline * radius + anchor) * (sw / W)]).mean() / 255
         radius *= math.sqrt(p["area"] / max(cover, 1e-3))
     defocus = max(0.8, 0.035 * radius if p["style"] == "object" else 0.12 * radius)
-    alpha = cv2.GaussianBlur(_fill((H, W), [outline * radius + anchor]).astype(np.float32) / 255, (0, 0), defocus)
+    alpha = _wide_blur(_HOST, _fill((H, W), [outline * radius + anchor]).astype(np.float32) / 255, defocus)
     alpha[alpha < 1 / 255] = 0
     roi = _roi_of(alpha)
     if roi is None:
@@ -730,8 +740,8 @@ def _sprite(style, height, phase, rng_colors) -> tuple[np.ndarray, np.ndarray]:
             for x in (0.22, 0.8):
                 cv2.circle(canvas, (int(x * wid), int(0.8 * hgt)), max(1, int(0.17 * hgt)),
                            col if canvas is m else (20, 20, 22), -1, cv2.LINE_AA)
-    shade = np.linspace(1.15, 0.75, hgt, dtype=np.float32)[:, None, None]  # lit from above
-    return np.clip(img * shade, 0, 255).astype(np.uint8), m.astype(np.float32) / 255
+    shade = np.repeat(np.linspace(147, 96, hgt).astype(np.uint8)[:, None, None], 3, 2)  # lit from above
+    return cv2.multiply(img, np.broadcast_to(shade, img.shape), scale=1 / 128), m.astype(np.float32) / 255
 
 
 def _dynamic(ctx):
@@ -754,9 +764,13 @@ def _dynamic(ctx):
     lane = rng.uniform(-0.05, 0.05) * H
     for t in range(ctx.T):
         phase = strides * 2 * np.pi * t / 2
-        img, alpha = _sprite(p["style"], height, phase, colors)
-        sigma = max(0.6, 0.01 * height)  # near the lens: out of focus
+        k = 2 if height > 120 else 1  # out of focus anyway: draw and blur at half size, then upscale
+        img, alpha = _sprite(p["style"], height / k, phase, colors)
+        sigma = max(0.6, 0.01 * height / k)  # near the lens: out of focus
         img, alpha = cv2.GaussianBlur(img, (0, 0), sigma), cv2.GaussianBlur(alpha, (0, 0), sigma)
+        if k > 1:
+            size = (img.shape[1] * k, img.shape[0] * k)
+            img, alpha = cv2.resize(img, size), cv2.resize(alpha, size)
         frac = (t + 0.5) / ctx.T
         cx = (-0.1 + 1.2 * (frac if p["direction"] > 0 else 1 - frac)) * W
         top = int(round(base - img.shape[0] + lane - bob * abs(math.sin(phase))))
@@ -799,81 +813,90 @@ _RAIN_LAYERS = ((0.75, 700, 0.030, 0.050, 1, 0.35), (0.45, 260, 0.050, 0.085, 1,
 _SNOW_LAYERS = ((0.75, 900, 0.006, 0.8, 0.75), (0.45, 350, 0.012, 1.6, 0.9), (0.15, 70, 0.022, 3.2, 0.8))
 
 
-def _particles(ctx, layers, draw, veil, color):
-    """Shared by rain and snow: depth layers of particles that persist between frames; a layer at depth
-    z is hidden where the scene is nearer than z; a veil (mist, haze) grows with scene depth."""
-    H, W = ctx.H, ctx.W
-    scale, area = H / 448, H * W / 448 ** 2
+def _particles(ctx, layers, tracks, draw, veil, color):
+    """Shared by rain and snow: depth layers of particles that persist between frames. `tracks(i, u)`
+    gives layer i's particle positions for all frames at once; `draw(t, i, track)` rasterises frame
+    t of layer i. A layer at depth z is hidden where the scene is nearer than z; a veil (mist, haze)
+    grows with scene depth: P = 1 - (1 - veil)(1 - particles)."""
+    area = ctx.H * ctx.W / 448 ** 2
     rng = ctx.rng("particles")
-    states = []
-    for i, layer in enumerate(layers):  # the full, density-1.15 population; density picks a prefix
-        n_max = int(math.ceil(layer[1] * 1.15 * area))
-        states.append((rng.random((n_max, 6)), int(round(layer[1] * min(ctx.p["density"], 1.15) * area))))
-    vis = {}
+    paths = []
+    for i, layer in enumerate(layers):  # the full density-1.15 population; lower densities take a prefix
+        u = rng.random((int(math.ceil(layer[1] * 1.15 * area)), 6))
+        paths.append(tracks(i, u[:int(round(layer[1] * min(ctx.p["density"], 1.15) * area))]))
+    seen = {}
     for t in range(ctx.T):
-        d = ctx.depth(t)
-        key = t if ctx.depth_small(t) is not ctx.depth_small(0) else 0
-        if key not in vis:
+        key = 0 if ctx.depth_small(t) is ctx.depth_small(0) else t
+        if key not in seen:
+            d = ctx.depth(t)
             veil_map = (veil * (1 - np.exp(-2.5 * d))).astype(np.float32)
-            vis[key] = ([np.where(d > layer[0], 255, 0).astype(np.uint8) for layer in layers],
-                        veil_map, (1 - veil_map) * np.float32(1 / 255))
-        masks_, veil_map, clear_map = vis[key]
-        acc = np.zeros((H, W), np.uint8)
-        for i, layer in enumerate(layers):
-            u, n = states[i]
-            buf = draw(i, layer, u[:n], t, scale)
-            acc = cv2.max(acc, cv2.min(buf, masks_[i]))
-        yield _Layer(veil_map + acc * clear_map, color)  # P = 1 - (1 - veil)(1 - particles)
+            seen[key] = ([np.where(d > layer[0], 255, 0).astype(np.uint8) for layer in layers],
+                         veil_map, (1 - veil_map) * np.float32(1 / 255))
+        hidden, veil_map, clear_map = seen[key]
+        acc = None
+        for i in range(len(layers)):
+            buf = cv2.min(draw(t, i, paths[i]), hidden[i])
+            acc = buf if acc is None else cv2.max(acc, buf)
+        yield _Layer(veil_map + acc * clear_map, color)
 
 
 def _rain(ctx):
     """Slanted, motion-blurred rain streaks in three depth layers, falling between frames, with mist."""
-    H, W = ctx.H, ctx.W
+    H, W, T = ctx.H, ctx.W, ctx.T
     theta = math.radians(ctx.p["angle"])
     direction = np.array([math.sin(theta), math.cos(theta)])
+    scale = H / 448
 
-    def draw(i, layer, u, t, scale):
-        z, _, speed, length, thick, opacity = layer
+    def tracks(i, u):  # streak end points for all frames, fixed-point (2 fractional bits)
+        z, _, speed, length, thick, opacity = _RAIN_LAYERS[i]
         v = speed * H * ctx.p["speed"] * (0.9 + 0.2 * u[:, 2])
         ln = length * H * (0.7 + 0.6 * u[:, 3])
         ext = np.array([W + 2 * length * H, H + length * H])  # wrap-around extent: rain never stops
-        head = np.mod(u[:, :2] * ext + (v * t)[:, None] * direction, ext) - [length * H, 0]
-        tail = head - ln[:, None] * direction
-        buf = np.zeros((H, W), np.uint8)
-        pts = np.round(np.stack([tail, head], 1) * 4).astype(np.int32)
+        head = np.mod(u[:, :2] * ext + (np.arange(T)[:, None, None] * v[:, None]) * direction, ext)
+        head = head - [length * H, 0]
+        pts = np.round(np.stack([head - ln[:, None] * direction, head], 2) * 4).astype(np.int32)
         faint = u[:, 4] < 0.5  # drops differ in brightness: two groups, one draw call each
-        for group, level in ((faint, 0.55 * opacity), (~faint, opacity)):
-            cv2.polylines(buf, pts[group], False, int(255 * level), max(1, int(round(thick * scale))),
-                          cv2.LINE_AA, shift=2)
-        if z < 0.3:  # the nearest drops are out of focus
-            buf = cv2.GaussianBlur(buf, (0, 0), 0.8 * scale)
-        return buf
+        return pts[:, faint], pts[:, ~faint]
 
-    yield from _particles(ctx, _RAIN_LAYERS, draw, ctx.p["mist"], (200, 205, 214))
+    def draw(t, i, track):
+        z, _, speed, length, thick, opacity = _RAIN_LAYERS[i]
+        buf = np.zeros((H, W), np.uint8)
+        for pts, level in zip(track, (0.55 * opacity, opacity)):
+            cv2.polylines(buf, pts[t], False, int(255 * level), max(1, int(round(thick * scale))),
+                          cv2.LINE_AA, shift=2)
+        return cv2.GaussianBlur(buf, (0, 0), 0.8 * scale) if z < 0.3 else buf  # near drops: out of focus
+
+    yield from _particles(ctx, _RAIN_LAYERS, tracks, draw, ctx.p["mist"], (200, 205, 214))
 
 
 def _snow(ctx):
     """Snow flakes of varying size in three depth layers, falling and drifting side to side, near
     flakes large and out of focus, with a whitening haze."""
-    H, W = ctx.H, ctx.W
+    H, W, T = ctx.H, ctx.W, ctx.T
     wind = ctx.p["wind"] * 0.004 * W
+    scale = H / 448
+    t = np.arange(T)[:, None]
 
-    def draw(i, layer, u, t, scale):
-        z, _, speed, radius, opacity = layer
+    def tracks(i, u):  # flake centres for all frames, grouped by flake size (one draw call per size)
+        z, _, speed, radius, opacity = _SNOW_LAYERS[i]
         fall = speed * H * (0.8 + 0.4 * u[:, 2])
         sway = (0.5 + u[:, 3]) * radius * scale * 4 * np.sin((0.15 + 0.25 * u[:, 4]) * t + 2 * np.pi * u[:, 5])
         ext = np.array([W + 20 * scale, H + 20 * scale])
-        pos = np.mod(u[:, :2] * ext + np.stack([wind * (1 - z) * t + sway, fall * t], 1), ext) - 10 * scale
-        diam = 2 * radius * scale * ctx.p["flake"]
-        size = np.clip(np.round(diam * (0.6 + 0.8 * u[:, 2])), 1, None).astype(int)
+        pos = np.mod(u[:, :2] * ext + np.stack([wind * (1 - z) * t + sway, fall * t], 2), ext) - 10 * scale
+        q = np.round(pos * 4).astype(np.int32)
+        size = np.clip(np.round(2 * radius * scale * ctx.p["flake"] * (0.6 + 0.8 * u[:, 2])), 1, None).astype(int)
+        return [(int(d), np.stack([q[:, size == d]] * 2, 2)) for d in np.unique(size)]
+
+    def draw(t_, i, track):
+        z, _, speed, radius, opacity = _SNOW_LAYERS[i]
         buf = np.zeros((H, W), np.uint8)
-        for d in np.unique(size):  # one call per flake size: a zero-length thick line is a flake
-            q = np.round(pos[size == d] * 4).astype(np.int32)
-            cv2.polylines(buf, np.stack([q, q], 1), False, int(255 * opacity), int(d), cv2.LINE_AA, shift=2)
+        for d, pts in track:  # a zero-length thick line is a flake
+            cv2.polylines(buf, pts[t_], False, int(255 * opacity), d, cv2.LINE_AA, shift=2)
         # soften into round flakes; the nearest layer is also out of focus
+        diam = 2 * radius * scale * ctx.p["flake"]
         return _wide_blur(_HOST, buf, radius * scale) if z < 0.3 else cv2.GaussianBlur(buf, (0, 0), 0.3 * diam)
 
-    yield from _particles(ctx, _SNOW_LAYERS, draw, ctx.p["haze"], (238, 241, 246))
+    yield from _particles(ctx, _SNOW_LAYERS, tracks, draw, ctx.p["haze"], (238, 241, 246))
 
 
 _EFFECTS = {"dusk": _dusk, "night": _night, "overexposure": _overexposure, "shadow": _shadow,
@@ -926,7 +949,7 @@ def apply(frames, spec, depth=None):
             region = f[y0:y1, x0:x1]
         effect = layer.effect(region) if callable(layer.effect) else layer.effect
         if layer.roi is None:
-            out[t] = ops.blend(region, effect, layer.weight)
+            ops.blend(region, effect, layer.weight, out=out[t])
         else:
             out[t, y0:y1, x0:x1] = ops.blend(region, effect, layer.weight)
     return out

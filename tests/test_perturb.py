@@ -97,8 +97,8 @@ def test_static_spec_is_stable_across_processes():
 
 def test_apply_is_bit_identical_across_processes(tmp_path):
     code = ("import hashlib, perturb, video; f, d = video.sample_clip(6, 48, 64); "
-            "print(''.join(hashlib.sha256(perturb.apply(f, perturb.static_spec('v1', s), d).tobytes()).hexdigest()[:12] "
-            "for s in perturb.SUBTYPES))")
+            "h = lambda a: hashlib.sha256(a.tobytes()).hexdigest()[:12]; "
+            "print(''.join(h(perturb.apply(f, perturb.static_spec('v1', s), d)) for s in perturb.SUBTYPES))")
     outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
             for _ in range(2)]
     assert outs[0] == outs[1] and len(outs[0].strip()) == 12 * 12
