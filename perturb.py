@@ -261,8 +261,9 @@ class _CV:
         w = np.asarray(w, np.float32)
         return cv2.blendLinear(f, e, 1.0 - w, w, dst=out)
 
-    def lut(self, f, table):  # table uint8 [256, 3]; frames or a whole clip
-        return cv2.LUT(f.reshape(-1, *f.shape[-2:]), table.reshape(256, 1, 3)).reshape(f.shape)
+    def lut(self, f, table, out=None):  # table uint8 [256, 3]; frames or a whole clip
+        dst = None if out is None else out.reshape(-1, *f.shape[-2:])
+        return cv2.LUT(f.reshape(-1, *f.shape[-2:]), table.reshape(256, 1, 3), dst=dst).reshape(f.shape)
 
     def color_matrix(self, f, m):  # m float32 [3, 4]: out = m[:, :3] @ rgb + m[:, 3]
         return cv2.transform(f, m)
@@ -323,9 +324,9 @@ class _Torch:
         res = self._u8(f32 + w * (e - f32))
         return res if out is None else out.copy_(res)
 
-    def lut(self, f, table):
-        t = self.asarray(table)
-        return t.gather(0, f.reshape(-1, 3).long()).reshape(f.shape)
+    def lut(self, f, table, out=None):
+        res = self.asarray(table).gather(0, f.reshape(-1, 3).long()).reshape(f.shape)
+        return res if out is None else out.copy_(res)
 
     def color_matrix(self, f, m):
         m = self.asarray(m)
@@ -418,8 +419,8 @@ def _normalise_depth(depth: np.ndarray) -> np.ndarray:
 class _Context:
     """What every effect needs: sizes, params, seeded streams, depth at frame and at working scale."""
 
-    def __init__(self, frames, spec, depth, ops):
-        self.spec, self.p, self.ops, self.frames = spec, spec.params, ops, frames
+    def __init__(self, frames, spec, depth, ops, out=None):
+        self.spec, self.p, self.ops, self.frames, self.out = spec, spec.params, ops, frames, out
         self._luts = {}
         self.T, self.H, self.W = (int(s) for s in frames.shape[:3])
         self.sh, self.sw = max(24, round(self.H / 8)), max(24, round(self.W / 8))  # grid of the smooth maps
@@ -440,11 +441,12 @@ class _Context:
         return _rng(self.spec.seed, self.spec.subtype, *tags)
 
     def clip_lut(self, table, t):
-        """Frame t of the whole clip through a tone table (one call for the clip: faster than per frame,
-        and only computed when an effect image is needed, never for `masks`)."""
+        """Frame t of the whole clip through a tone table. One call for the clip (faster than per frame),
+        written into `apply`'s output buffer: frame t of it is read as E_t, then overwritten by the
+        composite of frame t (a fresh 10 MB buffer per call costs page faults, measured up to +50%)."""
         key = table.tobytes()
         if key not in self._luts:
-            self._luts[key] = self.ops.lut(self.frames, table)
+            self._luts[key] = self.ops.lut(self.frames, table, out=None if self._luts else self.out)
         return self._luts[key][t]
 
     def depth_small(self, t):
@@ -548,7 +550,7 @@ def _overexposure(ctx):
     regions, an optional drifting glare source, and auto-exposure hunting over time."""
     p, ops = ctx.p, ctx.ops
     table = _tone_table((2 ** p["stops"],) * 3, knee=0.75)
-    bright = np.clip((np.arange(256) - 190) * 3.0, 0, 255).astype(np.uint8)
+    bright = np.clip((np.arange(256) - 215) * 2.5, 0, 255).astype(np.uint8)  # bright pass of the bloom
     bw, bh = max(4, ctx.W // 8), max(4, ctx.H // 8)
     rng = ctx.rng("glare")
     gx, gy = rng.uniform(0.15, 0.85) * bw, rng.uniform(0.0, 0.35) * ctx.horizon * bh
@@ -559,10 +561,11 @@ def _overexposure(ctx):
     def effect(f, t):
         e = ctx.clip_lut(table, t)
         small = ops.host(ops.resize(e, bw, bh))
-        halo = cv2.GaussianBlur(cv2.LUT(small, bright).astype(np.float32), (0, 0), max(1.0, bw / 24)) * p["bloom"]
+        halo = cv2.GaussianBlur(cv2.LUT(small, bright).astype(np.float32), (0, 0), max(1.0, bw / 24)) * \
+            (0.5 * p["bloom"])
         if p["glare"] > 0.4:  # a low sun just inside the frame
             r2 = (xx - gx - path[0, t]) ** 2 + (yy - gy - path[1, t]) ** 2
-            halo += (255 * (p["glare"] - 0.2) * np.exp(-r2 / (2 * (0.12 * bw) ** 2)))[..., None] * \
+            halo += (200 * (p["glare"] - 0.2) * np.exp(-r2 / (2 * (0.1 * bw) ** 2)))[..., None] * \
                 np.array((1.0, 0.95, 0.8), np.float32)
         return ops.add(e, ops.resize(ops.asarray(np.clip(halo, 0, 255).astype(np.uint8)), ctx.W, ctx.H))
 
@@ -936,7 +939,7 @@ def apply(frames, spec, depth=None):
     if spec.subtype is None:
         return x.clone() if hasattr(x, "clone") else x.copy()
     out = ops.empty_like(x)
-    for t, layer in enumerate(_EFFECTS[spec.subtype](_Context(x, spec, depth, ops))):
+    for t, layer in enumerate(_EFFECTS[spec.subtype](_Context(x, spec, depth, ops, out))):
         f = x[t]
         if layer.warp is not None:
             out[t] = ops.warp(f, layer.warp)
