@@ -1001,6 +1001,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if not args.grid and not (args.subtype and args.out):
         ap.error("give --grid OUT.png, or --subtype NAME --out OUT.mp4")
+    try:
+        PerturbSpec(args.subtype, eta=args.eta, seed=args.seed)
+    except ValueError as e:
+        ap.error(str(e))
 
     import video
     if args.input:

@@ -313,3 +313,6 @@ def test_cli_writes_a_corrupted_video_and_the_contact_sheet(tmp_path):
     bad = subprocess.run([sys.executable, "perturb.py", str(tmp_path / "missing.mp4"), "--grid", str(grid)],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode != 0 and "missing.mp4" in bad.stderr
+    bad = subprocess.run([sys.executable, "perturb.py", "--subtype", "fog", "--eta", "1.5", "--out", str(out)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "eta must be a number in [0, 1]" in bad.stderr
