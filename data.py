@@ -1,0 +1,1125 @@
+"""Samples, prompts, loaders and answer scoring for ROVA and PVRBench.
+
+One record type, :class:`Sample`, for every source the paper uses:
+
+* the Video-R1 training JSON (ROVA trains on an outdoor subset of Video-R1-260k, Sec. 5.1);
+* VSI-Bench and UrbanVideo-Bench, the two benchmarks PVRBench is built from (App. B.1);
+* the synthetic embodied benchmark of this project (section at the end of the file).
+
+Loaders return ``(samples, missing)``: rows whose video file is absent are reported in
+``missing`` (and logged), never dropped silently; a malformed row raises :class:`DataError`
+naming the file, the row and the field.
+
+Prompts follow the official code of each source exactly (verified against Video-R1's
+``src/r1-v/src/open_r1/grpo.py`` / ``sft_video.py``, lmms-eval's ``tasks/vsibench/utils.py`` and
+UrbanVideo-Bench's ``run.py``): style ``"reason"`` is Video-R1's think/answer template (the one ROVA
+trains and evaluates with), style ``"official"`` the benchmark's own direct-answer prompt.
+
+Scoring follows the official evaluations: Video-R1 (exact-match MC, 2-decimal numerical, 1 - WER
+for OCR, ROUGE for free-form, mean relative accuracy for regression), lmms-eval's VSI-Bench
+(``fuzzy_matching`` + case-insensitive exact match, MRA with ``<=``) and UrbanVideo-Bench's
+``eval.py`` (the ``Option:`` regex, first-character fallback). Every place where we depart from,
+or had to fill a gap in, the official code is marked "our addition" / "our reading".
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PROBLEM_TYPES = ("multiple choice", "numerical", "regression", "OCR", "free-form")
+SOURCES = ("video-r1", "vsibench", "urbanvideo", "synthetic")
+TEXT_TYPES = ("OCR", "free-form")
+VIDEO_EXTS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
+
+
+class DataError(ValueError):
+    """A data file or one of its rows is malformed (message names file, row, id and field)."""
+
+
+# --------------------------------------------------------------------------- the sample
+@dataclass
+class Sample:
+    """One video question with its ground truth, in Video-R1's vocabulary."""
+
+    id: str                 # problem_id / VSI id / UrbanVideo Question_id, as a string
+    video: str              # path to the video (or image) file
+    question: str           # the question text without the options
+    options: list[str]      # ["A. ...", "B. ..."]; [] when there are none
+    answer: str             # option letter (MC), a number as a string, or text
+    problem_type: str       # "multiple choice" | "numerical" | "regression" | "OCR" | "free-form"
+    task: str               # VSI question_type / UrbanVideo question_category / Video-R1 data_source
+    source: str             # "video-r1" | "vsibench" | "urbanvideo" | "synthetic"
+    process: str = ""       # chain of thought for SFT (Video-R1-COT: "<think>...</think>")
+    data_type: str = "video"
+    meta: dict = field(default_factory=dict)  # file, row, dataset, scene_name, raw_question, ...
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sample:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"Sample.from_dict: unknown keys {unknown}")
+        d = dict(d)
+        d["options"] = list(d.get("options") or [])
+        d["meta"] = dict(d.get("meta") or {})
+        return cls(**d)
+
+
+# --------------------------------------------------------------------------- reading files
+def _read_records(path) -> list[dict]:
+    """Rows of a JSON list, JSONL or parquet file as plain Python dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if path.suffix.lower() == ".parquet" or head == b"PAR1":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:  # pragma: no cover - pyarrow is a requirement
+            raise DataError(f"{path}: reading parquet needs pyarrow ({e})") from e
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:
+            raise DataError(f"{path}: not a readable parquet file ({e})") from e
+    else:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not JSON/JSONL/parquet (not UTF-8 text)") from e
+        rows = _parse_json_text(path, text)
+    if not isinstance(rows, list):
+        raise DataError(f"{path}: expected a list of records, got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: row {i}: expected a JSON object, got {type(row).__name__}")
+    return rows
+
+
+def _parse_json_text(path: Path, text: str):
+    if path.suffix.lower() != ".jsonl":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            if text.lstrip().startswith("["):   # a broken JSON list, not JSONL
+                raise DataError(f"{path}: invalid JSON ({e})") from e
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: not JSON/JSONL/parquet (line {n}: {e})") from e
+    if not rows:
+        raise DataError(f"{path}: empty file, no records")
+    return rows
+
+
+class _Row:
+    """Typed field access for one record; every error names file, row, id and field."""
+
+    def __init__(self, path, index: int, row: dict, id_key: str):
+        self.path, self.index, self.row = path, index, row
+        rid = row.get(id_key)
+        self.where = f"{path}: row {index}" + (f" (id {rid!r})" if rid is not None else "")
+
+    def error(self, name: str, msg: str) -> DataError:
+        return DataError(f"{self.where}: field {name!r}: {msg}")
+
+    def text(self, name: str) -> str:
+        """A required, non-empty string."""
+        v = self.row.get(name)
+        if v is None:
+            raise self.error(name, "missing")
+        if not isinstance(v, str):
+            raise self.error(name, f"expected a string, got {type(v).__name__}")
+        if not v.strip():
+            raise self.error(name, "empty")
+        return v
+
+    def opt_str(self, name: str) -> str:
+        """An optional string ("" when absent or null)."""
+        v = self.row.get(name)
+        if v is None:
+            return ""
+        if not isinstance(v, str):
+            raise self.error(name, f"expected a string, got {type(v).__name__}")
+        return v
+
+    def ident(self, name: str) -> str:
+        """A required id: an int or a non-empty string, returned as a string."""
+        v = self.row.get(name)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise self.error(name, "missing" if v is None else f"expected an int or string, got {type(v).__name__}")
+        if isinstance(v, str) and not v.strip():
+            raise self.error(name, "empty")
+        return str(v)
+
+    def choice(self, name: str, allowed) -> str:
+        v = self.text(name)
+        if v not in allowed:
+            raise self.error(name, f"unknown value {v!r} (expected one of {list(allowed)})")
+        return v
+
+    def options(self, name: str, mc: bool) -> list[str]:
+        """A list of option strings; for MC required, each with a distinct letter label."""
+        v = self.row.get(name)
+        if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+            if mc:
+                raise self.error(name, "missing or empty, but the question is multiple choice")
+            return []
+        if not isinstance(v, (list, tuple)) or not all(isinstance(o, str) for o in v):
+            raise self.error(name, f"expected a list of strings, got {v!r}")
+        if mc:
+            letters = [option_letter(o) for o in v]
+            if None in letters:
+                raise self.error(name, f"cannot parse option {v[letters.index(None)]!r} (expected 'A. ...')")
+            if len(set(letters)) != len(letters):
+                raise self.error(name, f"repeated option letters {letters}")
+        return list(v)
+
+    def mc_answer(self, name: str, answer: str, options: list[str]) -> str:
+        letters = [option_letter(o) for o in options]
+        if answer not in letters:
+            raise self.error(name, f"answer {answer!r} is not one of the option letters {letters}")
+        return answer
+
+
+_OPTION_LABEL = re.compile(r"^\s*\(?([A-Z])[.):\uff0e\uff1a]")   # "A." "A)" "(A)" "A:" (also full-width)
+
+
+def option_letter(option: str) -> str | None:
+    """'A. sofa' / 'A) sofa' / '(A) sofa' / 'A: sofa' -> 'A'; None without a letter label."""
+    m = _OPTION_LABEL.match(option) if isinstance(option, str) else None
+    return m.group(1) if m else None
+
+
+def _report_missing(what: str, missing: list) -> None:
+    if missing:
+        first = ", ".join(p for _, p in missing[:3])
+        log.warning("%s: %d video file(s) missing, e.g. %s", what, len(missing), first)
+
+
+def _finish(path, samples_all: list, require_videos: bool):
+    """Split rows into present and missing videos, log the missing ones."""
+    missing = [(s.meta["row"], s.video) for s in samples_all if not os.path.exists(s.video)]
+    _report_missing(str(path), missing)
+    if require_videos:
+        gone = {row for row, _ in missing}
+        samples_all = [s for s in samples_all if s.meta["row"] not in gone]
+    return samples_all, missing
+
+
+# --------------------------------------------------------------------------- Video-R1 (Sec. 5.1)
+_ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)   # Video-R1's pattern
+
+
+def load_video_r1(json_path, video_root=None, require_videos: bool = True,
+                  include_images: bool = False):
+    """Load a Video-R1 JSON/JSONL (Video-R1-260k, Video-R1-COT-165k or a subset of them).
+
+    ROVA trains on an outdoor subset of the *video* split of Video-R1-260k (Sec. 5.1), so image
+    records are skipped (their number is logged) unless ``include_images=True``, which keeps
+    them with ``data_type="image"``. Skipped image rows are only checked for ``data_type``.
+    ``path`` ("./LLaVA-Video-178K/x.mp4") is resolved against ``video_root``, by default the
+    JSON's folder (Video-R1 keeps its JSON in ``Video-R1-data/`` next to the media folders).
+    ``answer`` is the content of ``solution``'s ``<answer>`` tag; ``process`` is kept verbatim.
+    Returns ``(samples, missing)``, ``missing`` = [(row index, video path)].
+    """
+    json_path = Path(json_path)
+    root = Path(video_root) if video_root is not None else json_path.parent
+    rows = _read_records(json_path)
+    samples, images = [], 0
+    for i, row in enumerate(rows):
+        r = _Row(json_path, i, row, "problem_id")
+        data_type = r.choice("data_type", ("video", "image"))
+        if data_type == "image" and not include_images:
+            images += 1
+            continue
+        pid = r.ident("problem_id")
+        problem = r.text("problem")
+        ptype = r.choice("problem_type", PROBLEM_TYPES)
+        options = r.options("options", mc=ptype == "multiple choice")
+        solution = r.text("solution")
+        m = _ANSWER_TAG.search(solution)
+        if not m:
+            raise r.error("solution", f"no <answer>...</answer> tag in {solution!r}")
+        answer = m.group(1).strip()
+        if not answer:
+            raise r.error("solution", "empty answer")
+        if ptype == "multiple choice":
+            r.mc_answer("solution", answer, options)
+        rel = r.text("path")
+        video = os.path.normpath(rel if os.path.isabs(rel) else str(root / rel))
+        process = r.opt_str("process")
+        source_name = r.opt_str("data_source")
+        samples.append(Sample(
+            id=pid, video=video, question=problem, options=options, answer=answer,
+            problem_type=ptype, task=source_name, source="video-r1", process=process,
+            data_type=data_type, meta={"file": str(json_path), "row": i, "path": rel}))
+    samples, missing = _finish(json_path, samples, require_videos)
+    log.info("%s: %d samples, %d image records skipped, %d missing videos",
+             json_path, len(samples), images, len(missing))
+    return samples, missing
+
+
+# --------------------------------------------------------------------------- VSI-Bench (App. B.1.2)
+# lmms-eval tasks/vsibench/utils.py: MCA_QUESTION_TYPES / NA_QUESTION_TYPES
+VSI_MC_TYPES = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard",
+                "object_rel_distance", "route_planning", "obj_appearance_order")
+VSI_NUMERIC_TYPES = ("object_abs_distance", "object_counting", "object_size_estimation",
+                     "room_size_estimation")
+VSI_DATASETS = ("arkitscenes", "scannet", "scannetpp")   # VSI-Bench's; not enforced (the synthetic
+                                                         # benchmark writes the same layout)
+
+
+def load_vsibench(path, video_root, require_videos: bool = True):
+    """Load VSI-Bench (``nyu-visionx/VSI-Bench`` parquet, or its JSONL).
+
+    Columns: id, dataset, scene_name, question_type, question, options (["A. sofa", ...], null for
+    numeric), ground_truth (the letter, or a number as a string). The video is
+    ``<video_root>/<dataset>/<scene_name>.mp4`` (lmms-eval's doc_to_visual). MC question types get
+    problem_type "multiple choice", numeric ones "regression" (scored by MRA).
+    """
+    path = Path(path)
+    samples = []
+    for i, row in enumerate(_read_records(path)):
+        r = _Row(path, i, row, "id")
+        rid = r.ident("id")
+        dataset = r.text("dataset")
+        scene = r.text("scene_name")
+        qtype = r.choice("question_type", VSI_MC_TYPES + VSI_NUMERIC_TYPES)
+        question = r.text("question")
+        mc = qtype in VSI_MC_TYPES
+        options = r.options("options", mc=mc)
+        gt = row.get("ground_truth")
+        if isinstance(gt, (int, float)) and not isinstance(gt, bool):   # JSONL may hold numbers
+            gt = str(gt)
+        elif gt is None or not isinstance(gt, str) or not gt.strip():
+            r.text("ground_truth")    # raises with the right message
+        gt = gt.strip()
+        if mc:
+            r.mc_answer("ground_truth", gt, options)
+        elif _to_float(gt) is None or not math.isfinite(_to_float(gt)):
+            raise r.error("ground_truth", f"numeric question type {qtype!r} needs a number, got {gt!r}")
+        video = os.path.normpath(str(Path(video_root) / dataset / f"{scene}.mp4"))
+        samples.append(Sample(
+            id=rid, video=video, question=question, options=options, answer=gt,
+            problem_type="multiple choice" if mc else "regression", task=qtype, source="vsibench",
+            meta={"file": str(path), "row": i, "dataset": dataset, "scene_name": scene}))
+    return _finish(path, samples, require_videos)
+
+
+# --------------------------------------------------------------------------- UrbanVideo-Bench (App. B.1.1)
+# Option-list markers seen in MCQ.parquet's `question` (the split words of the UrbanVideo-to-tsv
+# converter): "... choose: A. x B. y", "...?\nChoices:\nA. x\nB. y", also Choice:/Options:/Option:.
+_URBAN_MARKER = re.compile(r"(?:choices?|choose|options?)\s*:", re.IGNORECASE)
+
+
+def _label_at(text: str, letter: str, start: int):
+    """Position of the option label `letter` ("B." / "B)" / "(B)") at or after `start`,
+    at the start of the text or after whitespace."""
+    pat = re.compile(r"(?:(?<=\s)|^)\(?" + letter + r"[.):\uff0e\uff1a]")
+    m = pat.search(text, start)
+    return (m.start(), m.end()) if m else None
+
+
+def parse_inline_options(question: str):
+    """Split an UrbanVideo question into (stem, ["A. x", "B. y", ...]); options=[] if none parse.
+
+    Our reading of the format: the options follow a marker ("choose:", "Choices:", ...) as
+    sequential labels A., B., C., ... separated by newlines or spaces. Labels are searched in
+    order (B only after A, ...), so a stray "B." inside an option text rarely splits it.
+    """
+    for marker in _URBAN_MARKER.finditer(question):
+        tail = question[marker.end():]
+        first = _label_at(tail, "A", 0)
+        if first is None or tail[:first[0]].strip():
+            continue
+        spans, pos, letter = [], 0, "A"
+        while True:
+            hit = _label_at(tail, letter, pos)
+            if hit is None:
+                break
+            spans.append(hit)
+            pos, letter = hit[1], chr(ord(letter) + 1)
+        if len(spans) < 2:
+            continue
+        options = []
+        for k, (s, e) in enumerate(spans):
+            end = spans[k + 1][0] if k + 1 < len(spans) else len(tail)
+            body = " ".join(tail[e:end].split())
+            if not body:
+                return question.strip(), []
+            options.append(f"{chr(ord('A') + k)}. {body}")
+        return question[:marker.start()].strip(), options
+    return question.strip(), []
+
+
+def _urban_video(root: Path, video_id: str) -> str:
+    """Videos lie flat in <root>; video_id usually carries ".mp4" already (run.py joins them)."""
+    p = root / video_id
+    if p.suffix.lower() in VIDEO_EXTS or p.exists():
+        return os.path.normpath(str(p))
+    return os.path.normpath(str(root / (video_id + ".mp4")))
+
+
+def load_urbanvideo(path, video_root, require_videos: bool = True, skip_unparsable: bool = False):
+    """Load UrbanVideo-Bench ``MCQ.parquet`` (or JSON/JSONL with the same columns).
+
+    Columns: Question_id, video_id, question_category, question (options inline), answer (a
+    letter). The options are parsed out of ``question`` (:func:`parse_inline_options`);
+    the verbatim question is kept in ``meta["raw_question"]`` for the official prompt.
+    A row whose options do not parse raises :class:`DataError`; with ``skip_unparsable=True`` it
+    is skipped and logged instead (the public UrbanVideo-to-tsv converter skips 19 such rows).
+    """
+    path, root = Path(path), Path(video_root)
+    samples, skipped = [], []
+    for i, row in enumerate(_read_records(path)):
+        r = _Row(path, i, row, "Question_id")
+        qid = r.ident("Question_id")
+        video_id = r.text("video_id").strip()
+        category = r.text("question_category")
+        raw = r.text("question")
+        answer = r.text("answer").strip()
+        stem, options = parse_inline_options(raw)
+        if not options:
+            if skip_unparsable:
+                skipped.append(i)
+                continue
+            raise r.error("question", "cannot parse inline options (expected '... choose: A. x B. y' "
+                                      "or 'Choices:\\nA. x\\nB. y'; pass skip_unparsable=True to skip)")
+        r.mc_answer("answer", answer, options)
+        samples.append(Sample(
+            id=qid, video=_urban_video(root, video_id), question=stem, options=options,
+            answer=answer, problem_type="multiple choice", task=category, source="urbanvideo",
+            meta={"file": str(path), "row": i, "video_id": video_id, "raw_question": raw}))
+    if skipped:
+        log.warning("%s: skipped %d row(s) whose options do not parse: rows %s",
+                    path, len(skipped), skipped[:10])
+    return _finish(path, samples, require_videos)
+
+
+# --------------------------------------------------------------------------- prompts
+# Video-R1 src/r1-v/src/open_r1/grpo.py (and sft_video.py), verbatim. Note the missing period after
+# "thought expressions": it is in the original.
+QUESTION_TEMPLATE = (
+    "{Question}\n"
+    "Please think about this question as if you were a human pondering deeply. "
+    "Engage in an internal dialogue using expressions such as 'let me think', 'wait', 'Hmm', "
+    "'oh, I see', 'let's break it down', etc, or other natural language thought expressions "
+    "It's encouraged to include self-reflection or verification in the reasoning process. "
+    "Provide your detailed reasoning between the <think> </think> tags, and then give your final "
+    "answer between the <answer> </answer> tags."
+)
+TYPE_TEMPLATE = {
+    "multiple choice": " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the <answer> </answer> tags.",
+    "numerical": " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
+    "OCR": " Please transcribe text from the image/video clearly and provide your text answer within the <answer> </answer> tags.",
+    "free-form": " Please provide your text answer within the <answer> </answer> tags.",
+    "regression": " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
+}
+
+# lmms-eval tasks/vsibench (utils.py + vsibench.yaml, default kwargs; greedy, 16 new tokens)
+VSI_PRE_PROMPT = "These are frames of a video."
+VSI_MC_POST_PROMPT = "Answer with the option's letter from the given choices directly."
+VSI_NA_POST_PROMPT = "Please answer the question using a single word or phrase."
+
+# UrbanVideo-Bench.code run.py. The backslash-continued literal keeps the 24 spaces of
+# indentation of its continuation lines; they are part of the official prompt.
+URBAN_PRE_PROMPT = (
+    "This video (captured into multiple frames of images as follows) presents the perception data "
+    "of an agent moving in the environment from a first person perspective. Please answer the "
+    "following questions: \n"
+    "The template for the answer is: \n"
+    + " " * 24 + "Option: []; Reason: []\n"
+    + " " * 24 + "where the Option only outputs one option from 'A' to 'E' here, do not output "
+    "redundant content. Reason explains why you choose this option."
+)
+
+STYLES = ("reason", "official")
+
+
+def _check_sample(sample: Sample) -> None:
+    if sample.problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"sample {sample.id!r}: unknown problem_type {sample.problem_type!r}")
+
+
+def build_prompt(sample: Sample, style: str = "reason") -> str:
+    """The user text of the prompt.
+
+    ``"reason"``: Video-R1's template (grpo.py ``make_conversation_image_and_video``): for MC the
+    question becomes ``problem + "Options:\\n" + "".join(op + "\\n")`` (no separator before
+    "Options:", a newline after every option, as in the original), then QUESTION_TEMPLATE and the
+    type suffix. ``"official"``: VSI-Bench -> lmms-eval's doc_to_text; UrbanVideo -> run.py's prompt
+    + "\\n" + the verbatim question; Video-R1 and synthetic samples have no official direct prompt,
+    so they get the lmms-eval VSI-Bench wording (our choice).
+    """
+    _check_sample(sample)
+    if style == "reason":
+        question = sample.question
+        if sample.problem_type == "multiple choice":
+            question = question + "Options:\n" + "".join(op + "\n" for op in sample.options)
+        return QUESTION_TEMPLATE.format(Question=question) + TYPE_TEMPLATE[sample.problem_type]
+    if style != "official":
+        raise ValueError(f"unknown prompt style {style!r} (expected one of {STYLES})")
+    if sample.source == "urbanvideo":
+        raw = sample.meta.get("raw_question") or (
+            sample.question + "\n" + "\n".join(sample.options))
+        return URBAN_PRE_PROMPT + "\n" + raw
+    if sample.problem_type == "multiple choice":
+        options = "Options:\n" + "\n".join(sample.options)
+        return f"{VSI_PRE_PROMPT}\n{sample.question}\n{options}\n{VSI_MC_POST_PROMPT}"
+    return VSI_PRE_PROMPT + "\n" + sample.question + "\n" + VSI_NA_POST_PROMPT
+
+
+def build_messages(sample: Sample, style: str = "reason") -> list[dict]:
+    """Chat messages for ``processor.apply_chat_template``: the video, then the prompt.
+
+    (UrbanVideo's run.py puts the text before the frames; we keep one layout for all sources.)
+    """
+    return [{"role": "user", "content": [{"type": sample.data_type},
+                                         {"type": "text", "text": build_prompt(sample, style)}]}]
+
+
+def sft_target(sample: Sample) -> str:
+    """Assistant text for SFT, Video-R1's format: ``"<think>...</think>\\n<answer>X</answer>"``.
+
+    Video-R1 (sft_video.py) writes ``process + "\\n" + solution`` with process already in
+    ``<think>`` tags (Video-R1-COT-165k); a bare chain of thought is wrapped in them here.
+    """
+    process = sample.process
+    if not process.lstrip().startswith("<think>"):
+        process = f"<think>{process}</think>"
+    return f"{process}\n<answer>{sample.answer}</answer>"
+
+
+_NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                 "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
+                 "eighteen", "nineteen"]
+_TENS_WORDS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def tokenizer_corpus() -> list[str]:
+    """Every fixed string the project prompts with, for policy.py's tiny offline tokenizer."""
+    letters = [chr(c) for c in range(ord("A"), ord("I"))]
+    texts = [
+        QUESTION_TEMPLATE.replace("{Question}\n", ""), "Options:\n", *TYPE_TEMPLATE.values(),
+        VSI_PRE_PROMPT, VSI_MC_POST_PROMPT, VSI_NA_POST_PROMPT, URBAN_PRE_PROMPT,
+        "<think>", "</think>", "<answer>", "</answer>", "<think> </think>", "<answer> </answer>",
+        "Option: []; Reason: []", "Option: ", "Reason: ", "choose:", "Choices:",
+        *letters, *(f"{c}. " for c in letters), *(f"<answer>{c}</answer>" for c in letters),
+        *(str(d) for d in range(10)), "0.5", "3.14", "42", "100", ".", ",", "-",
+        *_NUMBER_WORDS, *_TENS_WORDS, "hundred", "and",
+        "yes", "no", "Yes", "No", "YES", "NO", "left", "right", "straight", "forward", "backward",
+        "up", "down", "turn left", "turn right", "go straight", "meters", "centimeters",
+        "square meters", "let me think", "wait", "Hmm", "oh, I see", "let's break it down",
+    ]
+    out, seen = [], set()
+    for t in texts + list(_synthetic_corpus()):
+        if t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out
+
+
+# --------------------------------------------------------------------------- answer extraction
+_URBAN_OPTION = re.compile(r"Option:\s*[\[\s]*(\w)")   # UrbanVideo-Bench eval.py
+
+
+def _fuzzy_matching(pred: str) -> str:
+    """lmms-eval vsibench: the first space-separated token, trailing '.' removed."""
+    return pred.split(" ")[0].rstrip(".").strip()
+
+
+def _urban_letter(text: str) -> str:
+    """UrbanVideo-Bench eval.py extract_option_letter: the regex, else the first character."""
+    m = _URBAN_OPTION.search(text)
+    if m:
+        return m.group(1)
+    return text[0].upper() if text else ""
+
+
+def _answer_span(text: str) -> tuple[str, bool]:
+    """(answer text, whether a complete <answer>...</answer> pair was found).
+
+    The first complete pair wins (Video-R1 uses re.search). Without one, an unclosed
+    ``<answer>`` gives the text after the last opening tag (our addition); otherwise the whole text.
+    """
+    m = _ANSWER_TAG.search(text)
+    if m:
+        return m.group(1).strip(), True
+    k = text.rfind("<answer>")
+    if k >= 0:   # "<answer> B" or "<answer> B </answ": up to any closing-tag start
+        text = text[k + len("<answer>"):].split("</", 1)[0]
+    return text.strip(), False
+
+
+def extract_answer(text, source: str | None = None, *, problem_type: str | None = None,
+                   strict: bool = False) -> str:
+    """The answer in a model output; never raises (None/empty -> "").
+
+    1. The content of the first complete ``<answer>...</answer>`` (Video-R1's regex); else the text
+       after an unclosed ``<answer>``; else the whole (stripped) output.
+       ``strict=True`` is Video-R1's training reward: "" unless a complete tag pair exists.
+    2. The source's official post-processing of that text:
+       ``"vsibench"``: lmms-eval ``fuzzy_matching`` (first space-separated token, trailing '.'
+       stripped); ``"urbanvideo"``: ``Option:\\s*[\\[\\s]*(\\w)`` else the first character upper-cased;
+       ``"video-r1"``/``"synthetic"``: the text itself (Video-R1's eval_bench falls back to the
+       whole output); ``None``: the tag content as is, a bare output through the "Option:" regex
+       and then the VSI first-token rule.
+    For OCR/free-form ``problem_type`` step 2 is skipped (the text is the answer).
+    We strip the output before step 2; the official code applies it to the raw output.
+    """
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        text = str(text)
+    span, tagged = _answer_span(text)
+    if strict and not tagged:
+        return ""
+    if problem_type in TEXT_TYPES or not span:
+        return span
+    if source == "vsibench":
+        return _fuzzy_matching(span)
+    if source == "urbanvideo":
+        return _urban_letter(span)
+    if source in ("video-r1", "synthetic") or tagged:
+        return span
+    m = _URBAN_OPTION.search(span)
+    return m.group(1) if m else _fuzzy_matching(span)
+
+
+# --------------------------------------------------------------------------- numbers
+def words_to_number(text: str) -> int | None:
+    """English number words 0..999 -> int ("three", "twenty-one", "one hundred and five");
+    None if the whole text is not a number phrase. Our addition: no official scorer does this."""
+    if not isinstance(text, str):
+        return None
+    toks = text.strip().lower().rstrip(".").replace("-", " ").split()
+    small = {w: i for i, w in enumerate(_NUMBER_WORDS)}
+    tens = {w: 20 + 10 * i for i, w in enumerate(_TENS_WORDS)}
+    if toks == ["zero"]:
+        return 0
+    n, i = 0, 0
+    if len(toks) >= 2 and toks[1] == "hundred" and 1 <= small.get(toks[0], 0) <= 9:
+        n, i = 100 * small[toks[0]], 2
+        if i < len(toks) and toks[i] == "and":
+            i += 1
+    rest = toks[i:]
+    if not rest:
+        return n if i and toks[-1] != "and" else None
+    if len(rest) == 1 and 1 <= small.get(rest[0], 0) <= 19:
+        return n + small[rest[0]]
+    if rest[0] in tens:
+        if len(rest) == 1:
+            return n + tens[rest[0]]
+        if len(rest) == 2 and 1 <= small.get(rest[1], 0) <= 9:
+            return n + tens[rest[0]] + small[rest[1]]
+    return None
+
+
+def _numberize(s: str) -> str:
+    v = words_to_number(s)
+    return str(v) if v is not None else s.strip()
+
+
+def _to_float(s) -> float | None:
+    """lmms-eval to_float: float(s), None on failure."""
+    try:
+        return float(s)
+    except (TypeError, ValueError):
+        return None
+
+
+def _normalize_number(s: str) -> float | None:
+    """Video-R1 normalize_number: commas removed, then float()."""
+    try:
+        return float(s.replace(",", ""))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- metrics
+_MRA_START, _MRA_END, _MRA_INTERVAL = 0.5, 0.95, 0.05
+
+
+def mean_relative_accuracy(pred: float, gt: float, strict: bool = False) -> float:
+    """Mean relative accuracy over confidence thresholds theta in {0.50, 0.55, ..., 0.95}.
+
+    ``strict=False``: lmms-eval VSI-Bench, float64,
+    ``linspace(.5, .95, int((.95 - .5) / .05 + 2))`` (10 points; the int() of 10.999... is 10) and
+    ``|pred - gt| / gt <= 1 - theta``.
+    ``strict=True``: Video-R1 eval_bench, torch float32: thresholds
+    ``arange(.5, .95 + .025, .05)``, ``|pred - gt| / (|gt| + 1e-8) < 1 - theta``, float32 mean;
+    emulated with numpy float32 (tests check it against torch).
+    gt == 0 (undefined in lmms-eval, where it raises ZeroDivisionError): our limit, 1.0 if
+    pred == 0 else 0.0, for both variants. A negative gt uses |gt| (never happens in VSI-Bench).
+    Non-finite inputs score 0.0.
+    """
+    try:
+        pred, gt = float(pred), float(gt)
+    except (TypeError, ValueError):
+        return 0.0
+    if not (math.isfinite(pred) and math.isfinite(gt)):
+        return 0.0
+    if gt == 0:
+        return 1.0 if pred == 0 else 0.0
+    if strict:
+        p32, g32 = np.float32(pred), np.float32(gt)
+        rel = np.abs(p32 - g32) / (np.abs(g32) + np.float32(1e-8))
+        n = math.ceil((_MRA_END + _MRA_INTERVAL / 2 - _MRA_START) / _MRA_INTERVAL)
+        thresholds = (_MRA_START + _MRA_INTERVAL * np.arange(n, dtype=np.float64)).astype(np.float32)
+        hits = int(np.count_nonzero(rel < (np.float32(1) - thresholds)))
+        return float(np.float32(hits) / np.float32(n))
+    conf = np.linspace(_MRA_START, _MRA_END, int((_MRA_END - _MRA_START) / _MRA_INTERVAL + 2))
+    return float((abs(pred - gt) / abs(gt) <= 1 - conf).mean())
+
+
+def relative_error_reward(pred: float, gt: float) -> float:
+    """Video-R1 grpo.py training reward for regression: 1 - clip((|p - g| + 1e-9) / (|g| + 1e-9), 0, 1).
+
+    (The evaluation script uses MRA instead, see :func:`mean_relative_accuracy`.) gt == 0: our
+    limit as for MRA (the literal formula gives 0.0 even for pred == 0).
+    """
+    try:
+        pred, gt = float(pred), float(gt)
+    except (TypeError, ValueError):
+        return 0.0
+    if not (math.isfinite(pred) and math.isfinite(gt)):
+        return 0.0
+    if gt == 0:
+        return 1.0 if pred == 0 else 0.0
+    rel = (abs(pred - gt) + 1e-9) / (abs(gt) + 1e-9)
+    return 1.0 - min(1.0, max(0.0, rel))
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Video-R1's wer: word-level Levenshtein distance / max(1, number of reference words)."""
+    ref, hyp = reference.split(), hypothesis.split()
+    prev = list(range(len(hyp) + 1))
+    for i in range(1, len(ref) + 1):
+        cur = [i] + [0] * len(hyp)
+        for j in range(1, len(hyp) + 1):
+            cur[j] = prev[j - 1] if ref[i - 1] == hyp[j - 1] else 1 + min(prev[j], cur[j - 1], prev[j - 1])
+        prev = cur
+    return prev[len(hyp)] / max(1, len(ref))
+
+
+_ROUGE = None
+
+
+def rouge_score(reference: str, hypothesis: str) -> float:
+    """Video-R1's compute_rouge_score: mean F of ROUGE-1/2/L with the Porter stemmer."""
+    global _ROUGE
+    if _ROUGE is None:
+        from rouge_score import rouge_scorer
+        _ROUGE = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    s = _ROUGE.score(reference, hypothesis)
+    return (s["rouge1"].fmeasure + s["rouge2"].fmeasure + s["rougeL"].fmeasure) / 3
+
+
+def score(pred, gt, problem_type: str, source: str | None = None, *,
+          train_reward: bool = False) -> float:
+    """Accuracy of an *extracted* answer (see :func:`extract_answer`) in [0, 1]; never raises on
+    a garbage prediction (0.0), raises ValueError on an unknown problem_type.
+
+    multiple choice: exact match after strip (Video-R1; UrbanVideo eval.py compares with ``==``
+      too); ``source="vsibench"``: case-insensitive (lmms-eval exact_match). A prediction such as
+      "B. sofa" is not reduced to its letter here (no official scorer does); the VSI/UrbanVideo
+      extraction rules do that before scoring.
+    numerical: Video-R1: 0 unless both or neither contain '.' or ','; then float (commas removed)
+      and equality after round(x, 2).
+    regression: ``source="vsibench"``: lmms-eval MRA (``<=``, float64; unparsable -> 0.0);
+      otherwise Video-R1's eval MRA (``<``, float32), or with ``train_reward=True`` Video-R1's
+      grpo.py reward 1 - clipped relative error.
+    OCR: 1 - WER clipped to [0, 1]; free-form: mean ROUGE-1/2/L F, clipped (Video-R1).
+    Number words ("three", "twenty-one") count as numbers for numerical/regression (our addition).
+    """
+    if problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"unknown problem_type {problem_type!r} (expected one of {PROBLEM_TYPES})")
+    try:
+        pred = "" if pred is None else str(pred)
+        gt = "" if gt is None else str(gt)
+        if problem_type == "multiple choice":
+            p, g = pred.strip(), gt.strip()
+            if source == "vsibench":
+                return 1.0 if p.lower() == g.lower() else 0.0
+            return 1.0 if p == g else 0.0
+        if problem_type == "numerical":
+            p, g = _numberize(pred), _numberize(gt)
+            if (("." in g) or ("," in g)) != (("." in p) or ("," in p)):
+                return 0.0
+            pn, gn = _normalize_number(p), _normalize_number(g)
+            if pn is None or gn is None:
+                return 0.0
+            return 1.0 if round(gn, 2) == round(pn, 2) else 0.0
+        if problem_type == "regression":
+            if source == "vsibench":
+                pn, gn = _to_float(_numberize(pred)), _to_float(_numberize(gt))
+            else:
+                pn, gn = _normalize_number(_numberize(pred)), _normalize_number(_numberize(gt))
+            if pn is None or gn is None:
+                return 0.0
+            if source == "vsibench":
+                return mean_relative_accuracy(pn, gn, strict=False)
+            if train_reward:
+                return relative_error_reward(pn, gn)
+            return mean_relative_accuracy(pn, gn, strict=True)
+        if problem_type == "OCR":
+            return max(0.0, min(1.0, 1.0 - word_error_rate(gt, pred)))
+        return max(0.0, min(1.0, rouge_score(gt, pred)))   # free-form
+    except Exception:
+        log.debug("score: unscorable prediction %r for %r", pred, gt, exc_info=True)
+        return 0.0
+
+
+def score_sample(output, sample: Sample, *, strict: bool = False, train_reward: bool = False) -> float:
+    """Score a raw model output against a sample: extract with the sample's source, then score."""
+    pred = extract_answer(output, sample.source, problem_type=sample.problem_type, strict=strict)
+    return score(pred, sample.answer, sample.problem_type, sample.source, train_reward=train_reward)
+
+
+# ---- synthetic embodied benchmark (below) ----
+#
+# A small, real task on which the whole pipeline can run and learn on a CPU: egocentric clips of a
+# camera moving over a textured ground among coloured objects, with their true depth, and questions
+# of PVRBench's task families (App. B.1): the next action of Fig. 1 (turn left / turn right / go
+# ahead), first-appearance order, object counting (numeric, MRA) and relative distance. Written as a
+# Video-R1 training file (with a `process` chain of thought for SFT) and a VSI-Bench evaluation file,
+# so that the real loaders read it. Same seed, same bytes.
+
+SYNTH_COLOURS = {"red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200),
+                 "yellow": (220, 200, 40), "purple": (140, 60, 170), "orange": (235, 130, 30)}
+SYNTH_SHAPES = {"cube": (0.8, 0.8, 0.8), "pillar": (0.5, 1.8, 0.5), "block": (1.4, 0.6, 0.9),
+                "slab": (1.2, 0.3, 1.2)}  # width, height, depth in metres
+SYNTH_ACTIONS = ("Turn left", "Turn right", "Go ahead")
+SYNTH_FAMILIES = {  # family -> VSI-Bench question_type it is filed under
+    "next_action": "route_planning", "appearance_order": "obj_appearance_order",
+    "counting": "object_counting", "relative_distance": "object_rel_distance"}
+_CAM_HEIGHT, _FOV = 1.5, 70.0
+_Q_ACTION = ("The video is what an agent sees while it moves through a scene. "
+             "Which action is the agent taking?")
+_Q_ORDER = "What is the first-time appearance order of the following objects in the video: {}?"
+_Q_COUNT = "How many {} objects appear in the video?"
+_Q_DIST = "Which of these objects is the closest to the {}?"
+
+
+def _synthetic_corpus() -> list[str]:
+    names = [f"{c} {s}" for c in SYNTH_COLOURS for s in SYNTH_SHAPES]
+    return ([_Q_ACTION, _Q_ORDER.format(", ".join(names[:3])), _Q_DIST.format(names[0])] + list(SYNTH_ACTIONS)
+            + [_Q_COUNT.format(c) for c in SYNTH_COLOURS] + names + _SYNTH_PROCESS_WORDS)
+
+
+def _camera_matrix(yaw, pitch=np.radians(12)):
+    """Camera -> world rotation: looking down by `pitch`, turned by `yaw` (positive = to the left,
+    toward -x; x is right, y up, z forward)."""
+    c, s = np.cos(yaw), np.sin(yaw)
+    cp, sp = np.cos(pitch), np.sin(pitch)
+    return np.array([[c, 0, -s], [0, 1, 0], [s, 0, c]]) @ np.array([[1, 0, 0], [0, cp, -sp], [0, sp, cp]])
+
+
+def render_synthetic(objects, yaw_rate, speed, num_frames=16, size=112, supersample=2):
+    """Render one egocentric clip: a pinhole camera 1.5 m above a checkered ground plane, moving
+    forward `speed` m/frame and turning `yaw_rate` rad/frame (positive = left), among box objects
+    drawn in painter's order (far to near). Returns (frames uint8 [T,S,S,3], depth float32 [T,S,S]
+    in metres, visible_px int [T, n_objects] at output resolution)."""
+    S = size * supersample
+    f = (S / 2) / np.tan(np.radians(_FOV) / 2)
+    px = (np.arange(S) + 0.5 - S / 2) / f
+    rx, ry = np.meshgrid(px, -px)  # camera rays (x right, y up, z forward)
+    rays = np.stack([rx, ry, np.ones_like(rx)], -1)
+    sky = np.array((150, 190, 235), np.float32) * (0.8 + 0.2 * np.clip(ry, 0, 1))[..., None] ** 0.5
+    frames = np.zeros((num_frames, size, size, 3), np.uint8)
+    depth = np.zeros((num_frames, size, size), np.float32)
+    visible = np.zeros((num_frames, len(objects)), np.int64)
+    for t in range(num_frames):
+        yaw = yaw_rate * t
+        R = _camera_matrix(yaw)
+        heading = np.array([-np.sin(yaw), 0.0, np.cos(yaw)])
+        cam = np.array([0.0, _CAM_HEIGHT, 0.0]) + speed * t * heading  # moves along its heading
+        d = rays @ R.T
+        down = d[..., 1] < -1e-6
+        tt = np.where(down, _CAM_HEIGHT / np.maximum(-d[..., 1], 1e-6), 1e3)
+        hx, hz = cam[0] + tt * d[..., 0], cam[2] + tt * d[..., 2]
+        checker = (np.floor(hx) + np.floor(hz)) % 2
+        fade = np.exp(-tt / 25.0)[..., None]  # far texture fades into haze (no moire at the horizon)
+        ground = np.where(checker[..., None] > 0, (120, 128, 96), (84, 92, 70)).astype(np.float32)
+        haze = np.array((170, 180, 185), np.float32)
+        img = np.where(down[..., None], ground * fade + haze * (1 - fade), sky)
+        zbuf = np.where(down, tt, 1e3).astype(np.float32)  # z-depth: rays have unit forward component
+        ids = np.full((S, S), -1, np.int32)
+        order = sorted(range(len(objects)), key=lambda i: -np.linalg.norm(np.array(objects[i]["pos"]) - cam[[0, 2]]))
+        for i in order:  # painter's order: far to near
+            _draw_box(img, zbuf, ids, i, objects[i], cam, R, f, S)
+        frames[t] = cv2.resize(np.clip(img, 0, 255).astype(np.uint8), (size, size), interpolation=cv2.INTER_AREA)
+        depth[t] = cv2.resize(zbuf, (size, size), interpolation=cv2.INTER_AREA)
+        counts = np.bincount(ids[ids >= 0].ravel(), minlength=len(objects))
+        visible[t] = counts // (supersample * supersample)
+    return frames, depth, visible
+
+
+def _draw_box(img, zbuf, ids, index, obj, cam, R, f, S):
+    w, h, dd = SYNTH_SHAPES[obj["shape"]]
+    x, z = obj["pos"]
+    xs, ys, zs = np.array([-w, w]) / 2 + x, np.array([0.0, h]), np.array([-dd, dd]) / 2 + z
+    corners = np.array([[a, b, c] for a in xs for b in ys for c in zs])  # index = 4i + 2j + k
+    faces = [((0, 1, 3, 2), (-1, 0, 0)), ((4, 5, 7, 6), (1, 0, 0)), ((2, 3, 7, 6), (0, 1, 0)),
+             ((0, 2, 6, 4), (0, 0, -1)), ((1, 3, 7, 5), (0, 0, 1))]  # sides, top, front, back
+    local = (corners - cam) @ R  # world -> camera
+    if (local[:, 2] < 0.2).any():  # partly behind the camera: not drawn (it is leaving the view)
+        return
+    uv = np.stack([S / 2 + f * local[:, 0] / local[:, 2], S / 2 - f * local[:, 1] / local[:, 2]], 1)
+    base = np.array(SYNTH_COLOURS[obj["colour"]], np.float32)
+    light = np.array([0.4, 0.8, -0.45]) / np.linalg.norm([0.4, 0.8, -0.45])
+    for idx, normal in faces:
+        fc = corners[list(idx)].mean(0)
+        if np.dot(np.array(normal), cam - fc) <= 0:  # back face
+            continue
+        shade = 0.55 + 0.45 * max(0.0, float(np.dot(normal, light)))
+        poly = np.round(uv[list(idx)] * 16).astype(np.int32)
+        cv2.fillConvexPoly(img, poly, tuple(float(v) for v in base * shade), cv2.LINE_AA, shift=4)
+        cv2.fillConvexPoly(zbuf, poly, float(local[list(idx)].mean(0)[2]), shift=4)
+        cv2.fillConvexPoly(ids, poly, int(index), shift=4)
+
+
+_SYNTH_PROCESS_WORDS = [
+    "Let me look at how the view changes from frame to frame.",
+    "The ground pattern and the objects slide to the right, so the camera is rotating to the left.",
+    "The ground pattern and the objects slide to the left, so the camera is rotating to the right.",
+    "The objects grow and move outward from the centre without sliding sideways, so the camera moves straight ahead.",
+    "I note the frame in which each object first becomes visible.",
+    "I count the objects of that colour across all frames, each one once.",
+    "I compare the distances between the objects on the ground.",
+]
+
+
+def _synthetic_scene(rng, action, count_colour, count):
+    """Objects for one clip: `count` objects of `count_colour` in the forward view, 3-5 distractors of
+    other colours; unique (colour, shape) names. Positions (x, z) in metres, camera at the origin."""
+    names, objects = set(), []
+
+    def add(colour, x, z):
+        for shape in rng.permutation(list(SYNTH_SHAPES)):
+            if (colour, shape) not in names:
+                names.add((colour, shape))
+                objects.append({"colour": colour, "shape": str(shape), "pos": (float(x), float(z))})
+                return True
+        return False
+
+    lanes = rng.permutation(np.linspace(-2.4, 2.4, 5))[:count]
+    for lane in lanes:  # the counted objects: spread across the forward view, never hidden
+        add(count_colour, lane + rng.uniform(-0.25, 0.25), rng.uniform(5.0, 8.0))
+    others = [c for c in SYNTH_COLOURS if c != count_colour]
+    turn = {"Turn left": -1, "Turn right": 1, "Go ahead": 0}[action]  # the side the turn reveals
+    for _ in range(int(rng.integers(3, 6))):  # distractors; while turning, most enter from that side
+        if turn and rng.random() < 0.8:
+            angle = np.radians(rng.uniform(38, 75))  # outside the first frame's view, inside the last's
+            r = rng.uniform(4.0, 10.0)
+            x, z = turn * r * np.sin(angle), r * np.cos(angle) + 1.0
+        else:
+            x, z = rng.uniform(-4.0, 4.0), rng.uniform(9.0, 14.0)
+        add(str(rng.choice(others)), x, z)
+    return objects
+
+
+def _obj_name(o):
+    return f"{o['colour']} {o['shape']}"
+
+
+def _centre_distance(a, b):
+    """Ground distance between object centres (VSI-Bench measures from the closest points; centres
+    keep the object's size from giving the answer away)."""
+    return float(np.hypot(a["pos"][0] - b["pos"][0], a["pos"][1] - b["pos"][1]))
+
+
+def _place(rng, correct, distractors, slot):
+    """MC options with the correct one at letter `slot` (answers balanced by construction)."""
+    rest = [distractors[i] for i in rng.permutation(len(distractors))]
+    opts = rest[:slot] + [correct] + rest[slot:]
+    return [f"{'ABCD'[i]}. {o}" for i, o in enumerate(opts)], "ABCD"[slot]
+
+
+def synthetic_questions(rng, objects, visible, action, count_colour, slots):
+    """The questions one clip supports, as dicts (family, question, options, answer, process)."""
+    seen = visible.max(0) >= 12  # an object "appears" once it covers a dozen pixels
+    qs = [{"family": "next_action", "question": _Q_ACTION,
+           "options": [f"{'ABC'[i]}. {a}" for i, a in enumerate(SYNTH_ACTIONS)],
+           "answer": "ABC"[SYNTH_ACTIONS.index(action)],
+           "process": _SYNTH_PROCESS_WORDS[0] + " " + _SYNTH_PROCESS_WORDS[1 + SYNTH_ACTIONS.index(action)]
+           + f" The agent's action is: {action}."}]
+    n = int(sum(seen[i] for i, o in enumerate(objects) if o["colour"] == count_colour))
+    qs.append({"family": "counting", "question": _Q_COUNT.format(count_colour), "options": [], "answer": str(n),
+               "process": f"{_SYNTH_PROCESS_WORDS[5]} There are {n} {count_colour} objects."})
+    first = {i: int(np.argmax(visible[:, i] >= 12)) for i in range(len(objects)) if seen[i]}
+    by_frame = {}
+    for i, t in first.items():
+        by_frame.setdefault(t, []).append(i)
+    singles = [v[0] for t, v in sorted(by_frame.items()) if len(v) == 1]  # unambiguous first frames
+    if len(singles) >= 3:
+        pick = sorted(rng.choice(singles, 3, replace=False).tolist(), key=lambda i: first[i])
+        names = [_obj_name(objects[i]) for i in pick]
+        wrong = [p for p in (", ".join(names[j] for j in perm) for perm in
+                             ([0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]))]
+        wrong = [wrong[j] for j in rng.permutation(5)[:3]]
+        options, answer = _place(rng, ", ".join(names), wrong, slots["appearance_order"])
+        shown = options[int(rng.integers(4))][3:]  # the question lists them in the order of a random option
+        qs.append({"family": "appearance_order", "question": _Q_ORDER.format(shown), "options": options,
+                   "answer": answer, "process": f"{_SYNTH_PROCESS_WORDS[4]} The order is {', '.join(names)}."})
+    vis = [i for i in range(len(objects)) if seen[i]]
+    ref = int(rng.choice(vis)) if vis else -1
+    cands = [i for i in vis if objects[i]["colour"] != objects[ref]["colour"]]  # colour tells nothing
+    if len(cands) >= 4:
+        gaps = sorted((_centre_distance(objects[ref], objects[i]), i) for i in cands)
+        if gaps[1][0] > 1.2 * gaps[0][0] + 0.2:  # the closest one is clearly the closest
+            pool = [i for _, i in gaps[1:]]
+            distract = [_obj_name(objects[i]) for i in rng.permutation(pool)[:3]]
+            options, answer = _place(rng, _obj_name(objects[gaps[0][1]]), distract, slots["relative_distance"])
+            qs.append({"family": "relative_distance", "question": _Q_DIST.format(_obj_name(objects[ref])),
+                       "options": options, "answer": answer,
+                       "process": f"{_SYNTH_PROCESS_WORDS[6]} The closest is the {_obj_name(objects[gaps[0][1]])}."})
+    return qs
+
+
+def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fraction=0.25):
+    """Render `n` clips with their depth and write the benchmark (see the section comment):
+    videos/synthetic/<id>.mp4, depth/<id>.npy (float16 metres), train.json (Video-R1 format) and
+    eval.jsonl (VSI-Bench format, dataset "synthetic"). Returns a summary dict (also summary.json)."""
+    import video
+    out = Path(out_dir)
+    (out / "videos" / "synthetic").mkdir(parents=True, exist_ok=True)
+    (out / "depth").mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng([seed, 0x5EED])
+    n_eval = int(round(n * eval_fraction))
+    actions, counts = [], []
+    for size_ in (n_eval, n - n_eval):  # balanced within each split: cycles, shuffled
+        actions += [SYNTH_ACTIONS[i % 3] for i in rng.permutation(size_)]
+        counts += [1 + i % 4 for i in rng.permutation(size_)]
+    train, evaluation, balance = [], [], {}
+    slot_counter = {}
+    for k in range(n):
+        vid = f"synth_{seed}_{k:05d}"
+        crng = np.random.default_rng([seed, k])
+        action, colour = actions[k], str(crng.choice(list(SYNTH_COLOURS)))
+        for _ in range(20):  # resample until the counted objects are all visible
+            objects = _synthetic_scene(crng, action, colour, counts[k])
+            yaw = {"Turn left": 1, "Turn right": -1, "Go ahead": 0}[action] * crng.uniform(0.035, 0.05)
+            frames, depth, visible = render_synthetic(objects, yaw, crng.uniform(0.15, 0.25), num_frames, size)
+            seen = visible.max(0) >= 12
+            if sum(seen[i] for i, o in enumerate(objects) if o["colour"] == colour) == counts[k]:
+                break
+        split = "eval" if k < n_eval else "train"
+        slots = {fam: slot_counter.get((split, fam), 0) % 4 for fam in ("appearance_order", "relative_distance")}
+        qs = synthetic_questions(crng, objects, visible, action, colour, slots)
+        for q in qs:  # the correct letter cycles A-D within each split and family
+            slot_counter[(split, q["family"])] = slot_counter.get((split, q["family"]), 0) + 1
+        video.write_video(out / "videos" / "synthetic" / f"{vid}.mp4", frames, fps=8.0)
+        np.save(out / "depth" / f"{vid}.npy", depth.astype(np.float16))
+        for q in qs:
+            balance.setdefault(split, {}).setdefault(q["family"], {}).setdefault(q["answer"], 0)
+            balance[split][q["family"]][q["answer"]] += 1
+            qid = f"{vid}_{q['family']}"
+            ptype = "regression" if q["family"] == "counting" else "multiple choice"
+            if split == "eval":
+                evaluation.append({"id": qid, "dataset": "synthetic", "scene_name": vid,
+                                   "question_type": SYNTH_FAMILIES[q["family"]], "question": q["question"],
+                                   "options": q["options"] or None, "ground_truth": q["answer"]})
+            else:
+                train.append({"problem_id": qid, "problem": q["question"], "data_type": "video",
+                              "problem_type": ptype, "options": q["options"], "process": q["process"],
+                              "solution": f"<answer>{q['answer']}</answer>",
+                              "path": f"./videos/synthetic/{vid}.mp4", "data_source": f"synthetic/{q['family']}"})
+    (out / "train.json").write_text(json.dumps(train, indent=1))
+    (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evaluation))
+    summary = {"n_clips": n, "seed": seed, "frames": num_frames, "size": size, "n_train": len(train),
+               "n_eval": len(evaluation), "answer_balance": balance}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    return summary
+
+
+def _option_features(sample, option):
+    """What a text-only model can see about one option: its letter, whether it repeats a colour or a
+    shape named in the question, whether it repeats the question's own listing."""
+    text = option[3:]
+    q = sample.question
+    return (option[0], any(c in q and c in text for c in SYNTH_COLOURS),
+            any(s in q and s in text for s in SYNTH_SHAPES), text in q)
+
+
+def _family(sample):
+    """The synthetic family of a sample, from the training file's data_source or the VSI question_type."""
+    if sample.task.startswith("synthetic/"):
+        return sample.task.split("/", 1)[1]
+    return {v: k for k, v in SYNTH_FAMILIES.items()}.get(sample.task, sample.task)
+
+
+def text_only_baseline(train, evaluation):
+    """A blind baseline: it sees the question and options, never the video. Multiple choice: naive
+    Bayes over `_option_features`, learnt from the training answers of the same family; numeric: the
+    training median. Returns {family: (score, chance)}, chance being 1/k for k options and, for
+    numeric answers, the score of the best constant answer on the evaluation set (an oracle)."""
+    from collections import Counter, defaultdict
+    stats = defaultdict(lambda: defaultdict(Counter))  # family -> feature index -> (value, correct) -> n
+    numeric = defaultdict(list)
+    for s in train:
+        for opt in s.options:
+            for j, v in enumerate(_option_features(s, opt)):
+                stats[_family(s)][j][(v, opt[0] == s.answer)] += 1
+        if not s.options:
+            numeric[_family(s)].append(float(s.answer))
+
+    def loglik(s, opt):
+        c = stats[_family(s)]
+        return sum(np.log((c[j][(v, True)] + 1) / (c[j][(v, True)] + c[j][(v, False)] + 2))
+                   for j, v in enumerate(_option_features(s, opt)))
+
+    results = {}
+    for fam in sorted({_family(s) for s in evaluation}):
+        group = [s for s in evaluation if _family(s) == fam]
+        if group[0].options:
+            preds = [max(s.options, key=lambda o: loglik(s, o))[0] for s in group]
+            chance = float(np.mean([1 / len(s.options) for s in group]))
+        else:
+            preds = [str(np.median(numeric[fam])) if numeric[fam] else "0"] * len(group)
+            chance = max(float(np.mean([score(str(c), s.answer, s.problem_type, s.source) for s in group]))
+                         for c in range(0, 11))
+        acc = float(np.mean([score(p, s.answer, s.problem_type, s.source) for p, s in zip(preds, group)]))
+        results[fam] = (acc, chance)
+    return results
+
+
+# --------------------------------------------------------------------------- command line
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="Data tools of the ROVA reference implementation.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    mk = sub.add_parser("make-synthetic", help="render the synthetic embodied benchmark (videos, depth, "
+                        "Video-R1 train.json, VSI-Bench eval.jsonl)")
+    mk.add_argument("--out", required=True, help="output folder")
+    mk.add_argument("--n", type=int, default=200, help="number of clips")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--frames", type=int, default=16, help="frames per clip")
+    mk.add_argument("--size", type=int, default=112, help="frame side in pixels")
+    mk.add_argument("--eval-fraction", type=float, default=0.25, help="share of clips in eval.jsonl")
+    args = ap.parse_args(argv)
+    summary = make_synthetic(args.out, n=args.n, seed=args.seed, num_frames=args.frames, size=args.size,
+                             eval_fraction=args.eval_fraction)
+    print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
+    print("answer balance:", json.dumps(summary["answer_balance"], sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,520 @@
+"""Tests for data.py: loaders on fixture files in the exact external formats, prompts, answer
+extraction and scoring against hand-worked values of the official formulas."""
+import json
+import logging
+import math
+import os
+
+import pytest
+
+import data
+from data import DataError, Sample
+
+# --------------------------------------------------------------------------- fixtures
+COT = "<think>Let me think. The sign is on the left, so the answer is B.</think>"
+
+VIDEO_R1_RECORDS = [
+    {"problem_id": 2, "problem": "What appears on the screen during the missile's ascent?",
+     "data_type": "video", "problem_type": "multiple choice",
+     "options": ["A. A subscription notification", "B. A military command", "C. A warning", "D. A weather update"],
+     "process": COT, "solution": "<answer>B</answer>",
+     "path": "./LLaVA-Video-178K/videos/ytb_a.mp4", "data_source": "LLaVA-Video-178K/30_60_s_youtube_v0_1"},
+    {"problem_id": 7, "problem": "How many people enter the room?", "data_type": "video",
+     "problem_type": "numerical", "options": [], "solution": "<answer> 3 </answer>",
+     "path": "./STAR/b.mp4", "data_source": "STAR"},
+    {"problem_id": 8, "problem": "How far is the car from the camera (in meters)?", "data_type": "video",
+     "problem_type": "regression", "options": [], "solution": "<answer>4.5</answer>",
+     "path": "./Spatial/c.mp4", "data_source": "SR-91k"},
+    {"problem_id": 9, "problem": "What does the sign say?", "data_type": "video", "problem_type": "OCR",
+     "options": [], "solution": "<answer>KEEP LEFT</answer>", "path": "./OCR/d.mp4", "data_source": "OCR"},
+    {"problem_id": 10, "problem": "Describe the weather.", "data_type": "video", "problem_type": "free-form",
+     "options": [], "solution": "<answer>It is raining heavily</answer>", "path": "./FF/e.mp4",
+     "data_source": "FF"},
+    {"problem_id": 1, "problem": "What role does the quartz cylinder play?", "data_type": "image",
+     "problem_type": "multiple choice", "options": ["A) It focuses the laser", "B) It is the weight"],
+     "solution": "<answer>B</answer>", "path": "./Knowledge/ArxivQA/images/f.jpg", "data_source": ""},
+]
+
+VSI_ROWS = [
+    {"id": 11, "dataset": "scannet", "scene_name": "scene0001_00", "question_type": "object_rel_distance",
+     "question": "Which of these objects (chair, table, sofa) is the closest to the tv?",
+     "options": ["A. chair", "B. table", "C. sofa"], "ground_truth": "B"},
+    {"id": 12, "dataset": "arkitscenes", "scene_name": "41069025", "question_type": "object_counting",
+     "question": "How many chair(s) are in this room?", "options": None, "ground_truth": "4"},
+    {"id": 13, "dataset": "scannetpp", "scene_name": "0a5c013435", "question_type": "room_size_estimation",
+     "question": "What is the size of this room (in square meters)?", "options": None, "ground_truth": "23.5"},
+]
+
+URBAN_ROWS = [
+    {"Question_id": 0, "video_id": "AerialVLN_1.mp4", "question_category": "Action Generation",
+     "question": "You are a drone. What is your next action? choose: A. Turn left B. Fly up C. Go straight D. Land E. Hover",
+     "answer": "C"},
+    {"Question_id": 1, "video_id": "RealCity_2", "question_category": "Trajectory Captioning",
+     "question": "Which choice better summarizes your movement route?\nChoices:\nA.  I go from the square to the roof.\n"
+                 "B. I go from the roof to the gate.\nC. I go from the gate to the square.\nD. I hover.",
+     "answer": "A"},
+    {"Question_id": 2, "video_id": "EmbodiedCity_3.mp4", "question_category": "Proximity",
+     "question": "How does the distance between you and the building change?\nchoose:\nA. It increases\nB. It decreases\nC. It stays the same",
+     "answer": "B"},
+]
+
+
+def touch(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "wb").close()
+
+
+def write_json(path, obj):
+    path.write_text(json.dumps(obj), encoding="utf-8")
+    return path
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+def write_parquet(path, rows):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+@pytest.fixture
+def video_r1(tmp_path):
+    root = tmp_path / "Video-R1-data"
+    root.mkdir()
+    for r in VIDEO_R1_RECORDS:
+        touch(root / r["path"])
+    return write_json(root / "Video-R1-260k.json", VIDEO_R1_RECORDS)
+
+
+@pytest.fixture
+def vsi_root(tmp_path):
+    root = tmp_path / "vsibench"
+    for r in VSI_ROWS:
+        touch(root / r["dataset"] / f"{r['scene_name']}.mp4")
+    return root
+
+
+@pytest.fixture
+def urban_root(tmp_path):
+    root = tmp_path / "videos"
+    for name in ("AerialVLN_1.mp4", "RealCity_2.mp4", "EmbodiedCity_3.mp4"):
+        touch(root / name)
+    return root
+
+
+# --------------------------------------------------------------------------- Video-R1 loader
+def test_video_r1_fields(video_r1):
+    samples, missing = data.load_video_r1(video_r1)
+    assert missing == []
+    assert [s.id for s in samples] == ["2", "7", "8", "9", "10"]          # the image record is skipped
+    mc, num, reg, ocr, ff = samples
+    root = video_r1.parent
+    assert mc.video == os.path.normpath(str(root / "LLaVA-Video-178K/videos/ytb_a.mp4"))
+    assert mc.question == VIDEO_R1_RECORDS[0]["problem"]
+    assert mc.options == VIDEO_R1_RECORDS[0]["options"]
+    assert mc.answer == "B" and mc.problem_type == "multiple choice" and mc.source == "video-r1"
+    assert mc.task == "LLaVA-Video-178K/30_60_s_youtube_v0_1" and mc.process == COT
+    assert mc.data_type == "video" and mc.meta["row"] == 0
+    assert (num.answer, num.problem_type, num.options, num.process) == ("3", "numerical", [], "")
+    assert (reg.answer, reg.problem_type) == ("4.5", "regression")
+    assert (ocr.answer, ocr.problem_type) == ("KEEP LEFT", "OCR")
+    assert (ff.answer, ff.problem_type) == ("It is raining heavily", "free-form")
+
+
+def test_video_r1_images_jsonl_and_root(video_r1, tmp_path):
+    touch(video_r1.parent / VIDEO_R1_RECORDS[5]["path"])
+    samples, _ = data.load_video_r1(video_r1, include_images=True)
+    img = samples[-1]
+    assert img.data_type == "image" and img.options[1] == "B) It is the weight" and img.answer == "B"
+    jl = write_jsonl(tmp_path / "subset.jsonl", VIDEO_R1_RECORDS)   # JSONL, videos under another root
+    same, missing = data.load_video_r1(jl, video_root=video_r1.parent)
+    assert missing == [] and [s.to_dict() | {"meta": {}} for s in same] == \
+        [s.to_dict() | {"meta": {}} for s in data.load_video_r1(video_r1)[0]]
+    jl_as_json = write_jsonl(tmp_path / "subset2.json", VIDEO_R1_RECORDS)   # JSONL under a .json name
+    assert len(data.load_video_r1(jl_as_json, video_root=video_r1.parent)[0]) == 5
+
+
+def test_video_r1_missing_video_is_reported(video_r1, caplog):
+    os.remove(video_r1.parent / "STAR/b.mp4")
+    with caplog.at_level(logging.WARNING, logger="data"):
+        samples, missing = data.load_video_r1(video_r1)
+    expected = os.path.normpath(str(video_r1.parent / "STAR/b.mp4"))
+    assert missing == [(1, expected)]
+    assert "7" not in [s.id for s in samples] and len(samples) == 4
+    assert "1 video file(s) missing" in caplog.text and expected in caplog.text
+    kept, missing2 = data.load_video_r1(video_r1, require_videos=False)
+    assert missing2 == missing and [s.id for s in kept] == ["2", "7", "8", "9", "10"]
+
+
+# --------------------------------------------------------------------------- VSI-Bench loader
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_vsibench_fields(tmp_path, vsi_root, fmt):
+    path = (write_parquet(tmp_path / "test-00000-of-00001.parquet", VSI_ROWS) if fmt == "parquet"
+            else write_jsonl(tmp_path / "test.jsonl", VSI_ROWS))
+    samples, missing = data.load_vsibench(path, vsi_root)
+    assert missing == []
+    mc, count, room = samples
+    assert mc.id == "11" and mc.video == os.path.normpath(str(vsi_root / "scannet/scene0001_00.mp4"))
+    assert mc.options == ["A. chair", "B. table", "C. sofa"] and mc.answer == "B"
+    assert (mc.problem_type, mc.task, mc.source) == ("multiple choice", "object_rel_distance", "vsibench")
+    assert mc.meta["dataset"] == "scannet" and mc.meta["scene_name"] == "scene0001_00"
+    assert count.options == [] and count.answer == "4" and count.problem_type == "regression"
+    assert room.video.endswith(os.path.join("scannetpp", "0a5c013435.mp4")) and room.answer == "23.5"
+
+
+def test_vsibench_missing_video(tmp_path, vsi_root):
+    os.remove(vsi_root / "arkitscenes/41069025.mp4")
+    path = write_jsonl(tmp_path / "test.jsonl", VSI_ROWS)
+    samples, missing = data.load_vsibench(path, vsi_root)
+    assert [m[0] for m in missing] == [1] and [s.id for s in samples] == ["11", "13"]
+    assert len(data.load_vsibench(path, vsi_root, require_videos=False)[0]) == 3
+
+
+# --------------------------------------------------------------------------- UrbanVideo loader
+def test_urbanvideo_fields(tmp_path, urban_root):
+    path = write_parquet(tmp_path / "MCQ.parquet", URBAN_ROWS)
+    samples, missing = data.load_urbanvideo(path, urban_root)
+    assert missing == []
+    a, b, c = samples
+    assert a.question == "You are a drone. What is your next action?"
+    assert a.options == ["A. Turn left", "B. Fly up", "C. Go straight", "D. Land", "E. Hover"]
+    assert (a.answer, a.task, a.problem_type, a.source) == ("C", "Action Generation", "multiple choice", "urbanvideo")
+    assert a.video == os.path.normpath(str(urban_root / "AerialVLN_1.mp4"))
+    assert b.video == os.path.normpath(str(urban_root / "RealCity_2.mp4"))   # id without ".mp4"
+    assert b.question == "Which choice better summarizes your movement route?"
+    assert b.options[0] == "A. I go from the square to the roof." and len(b.options) == 4
+    assert c.options == ["A. It increases", "B. It decreases", "C. It stays the same"] and c.answer == "B"
+    assert c.meta["raw_question"] == URBAN_ROWS[2]["question"] and c.id == "2"
+    # JSONL / JSON with the same columns
+    assert [s.options for s in data.load_urbanvideo(write_jsonl(tmp_path / "mcq.jsonl", URBAN_ROWS), urban_root)[0]] \
+        == [s.options for s in samples]
+
+
+def test_urbanvideo_missing_and_unparsable(tmp_path, urban_root, caplog):
+    os.remove(urban_root / "RealCity_2.mp4")
+    rows = URBAN_ROWS + [{"Question_id": 3, "video_id": "AerialVLN_1.mp4", "question_category": "Causal",
+                          "question": "Why do you descend?", "answer": "A"}]
+    path = write_json(tmp_path / "mcq.json", rows)
+    with pytest.raises(DataError, match=r"row 3 \(id 3\): field 'question'"):
+        data.load_urbanvideo(path, urban_root)
+    with caplog.at_level(logging.WARNING, logger="data"):
+        samples, missing = data.load_urbanvideo(path, urban_root, skip_unparsable=True)
+    assert [s.id for s in samples] == ["0", "2"]
+    assert missing == [(1, os.path.normpath(str(urban_root / "RealCity_2.mp4")))]
+    assert "skipped 1 row(s)" in caplog.text and "missing" in caplog.text
+
+
+# --------------------------------------------------------------------------- malformed rows and files
+def _mod(rows, i, **changes):
+    rows = json.loads(json.dumps(rows))
+    for k, v in changes.items():
+        if v is KeyError:
+            rows[i].pop(k)
+        else:
+            rows[i][k] = v
+    return rows
+
+
+@pytest.mark.parametrize("row,changes,field", [
+    (1, {"problem": KeyError}, "problem"),
+    (1, {"problem": "   "}, "problem"),
+    (0, {"options": "A. x"}, "options"),
+    (2, {"problem_type": "counting"}, "problem_type"),
+    (0, {"solution": "<answer>E</answer>"}, "solution"),
+    (0, {"options": ["A. x", "the second"]}, "options"),
+    (0, {"options": []}, "options"),
+    (3, {"solution": "KEEP LEFT"}, "solution"),
+    (4, {"path": 5}, "path"),
+    (4, {"problem_id": None}, "problem_id"),
+    (2, {"data_type": "audio"}, "data_type"),
+])
+def test_video_r1_malformed_rows(tmp_path, row, changes, field):
+    path = write_json(tmp_path / "bad.json", _mod(VIDEO_R1_RECORDS, row, **changes))
+    with pytest.raises(DataError) as e:
+        data.load_video_r1(path)
+    msg = str(e.value)
+    assert "bad.json" in msg and f"row {row}" in msg and f"field '{field}'" in msg
+    if changes.get("problem_id", 0) is not None:
+        assert f"(id {VIDEO_R1_RECORDS[row]['problem_id']})" in msg
+
+
+@pytest.mark.parametrize("row,changes,field", [
+    (1, {"question_type": "object_volume"}, "question_type"),
+    (0, {"ground_truth": "chair"}, "ground_truth"),
+    (1, {"ground_truth": "about four"}, "ground_truth"),
+    (0, {"options": None}, "options"),
+    (2, {"dataset": 3}, "dataset"),
+    (2, {"scene_name": ""}, "scene_name"),
+])
+def test_vsibench_malformed_rows(tmp_path, row, changes, field):
+    path = write_jsonl(tmp_path / "vsi.jsonl", _mod(VSI_ROWS, row, **changes))
+    with pytest.raises(DataError) as e:
+        data.load_vsibench(path, tmp_path)
+    msg = str(e.value)
+    assert "vsi.jsonl" in msg and f"row {row} (id {VSI_ROWS[row]['id']})" in msg and f"field '{field}'" in msg
+
+
+@pytest.mark.parametrize("row,changes,field", [
+    (2, {"answer": "D"}, "answer"),                  # an A-C question answered D
+    (0, {"video_id": None}, "video_id"),
+    (1, {"question": "Which route? Choices: the left one or the right one"}, "question"),
+])
+def test_urbanvideo_malformed_rows(tmp_path, row, changes, field):
+    path = write_jsonl(tmp_path / "MCQ.jsonl", _mod(URBAN_ROWS, row, **changes))
+    with pytest.raises(DataError) as e:
+        data.load_urbanvideo(path, tmp_path)
+    msg = str(e.value)
+    assert "MCQ.jsonl" in msg and f"row {row} (id {row})" in msg and f"field '{field}'" in msg
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(DataError, match="nope.json: file not found"):
+        data.load_video_r1(tmp_path / "nope.json")
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text("this is not json\n")
+    with pytest.raises(DataError, match="garbage.json: not JSON/JSONL/parquet"):
+        data.load_video_r1(garbage)
+    broken = tmp_path / "broken.json"
+    broken.write_text('[{"problem_id": 1,')
+    with pytest.raises(DataError, match="broken.json: invalid JSON"):
+        data.load_video_r1(broken)
+    obj = write_json(tmp_path / "obj.json", {"results": []})
+    with pytest.raises(DataError, match="obj.json: expected a list of records"):
+        data.load_video_r1(obj)
+    fake = tmp_path / "fake.parquet"
+    fake.write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match="fake.parquet: not a readable parquet"):
+        data.load_vsibench(fake, tmp_path)
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00\x81")
+    with pytest.raises(DataError, match="bin.jsonl: not JSON/JSONL/parquet"):
+        data.load_urbanvideo(binary, tmp_path)
+
+
+# --------------------------------------------------------------------------- Sample
+def test_sample_round_trip():
+    s = Sample(id="1", video="v.mp4", question="q?", options=["A. x", "B. y"], answer="A",
+               problem_type="multiple choice", task="t", source="synthetic", meta={"row": 3})
+    d = s.to_dict()
+    assert json.loads(json.dumps(d)) == d and Sample.from_dict(d) == s
+    with pytest.raises(ValueError, match="unknown keys"):
+        Sample.from_dict(d | {"extra": 1})
+
+
+# --------------------------------------------------------------------------- prompts
+def _mc(source="video-r1", **kw):
+    base = {"id": "1", "video": "v.mp4", "question": "Which object is closest to the tv?",
+            "options": ["A. chair", "B. table"], "answer": "B", "problem_type": "multiple choice",
+            "task": "object_rel_distance", "source": source}
+    return Sample(**(base | kw))
+
+
+def test_reason_prompt_is_video_r1_template():
+    assert data.QUESTION_TEMPLATE.startswith("{Question}\nPlease think about this question as if you were a human pondering deeply. ")
+    assert data.QUESTION_TEMPLATE.endswith("Provide your detailed reasoning between the <think> </think> tags, "
+                                           "and then give your final answer between the <answer> </answer> tags.")
+    p = data.build_prompt(_mc())
+    assert p == ("Which object is closest to the tv?Options:\nA. chair\nB. table\n\n" + data.QUESTION_TEMPLATE[len("{Question}\n"):]
+                 + " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the <answer> </answer> tags.")
+    num = data.build_prompt(_mc(options=[], answer="4", problem_type="regression"))
+    assert num.startswith("Which object is closest to the tv?\nPlease think") and "Options:" not in num
+    assert num.endswith(" Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.")
+    assert data.TYPE_TEMPLATE["numerical"] == data.TYPE_TEMPLATE["regression"]
+    assert set(data.TYPE_TEMPLATE) == set(data.PROBLEM_TYPES)
+    with pytest.raises(ValueError, match="style"):
+        data.build_prompt(_mc(), style="chatty")
+
+
+def test_official_prompts():
+    assert data.build_prompt(_mc("vsibench"), "official") == (
+        "These are frames of a video.\nWhich object is closest to the tv?\nOptions:\nA. chair\nB. table\n"
+        "Answer with the option's letter from the given choices directly.")
+    na = _mc("vsibench", options=[], answer="4", problem_type="regression", question="How many chairs?")
+    assert data.build_prompt(na, "official") == (
+        "These are frames of a video.\nHow many chairs?\nPlease answer the question using a single word or phrase.")
+    raw = "What next? choose: A. Turn left B. Fly up"
+    urban = _mc("urbanvideo", question="What next?", options=["A. Turn left", "B. Fly up"],
+                meta={"raw_question": raw})
+    p = data.build_prompt(urban, "official")
+    assert p.startswith("This video (captured into multiple frames of images as follows) presents the perception data")
+    assert "The template for the answer is: \n" + " " * 24 + "Option: []; Reason: []\n" in p
+    assert p.endswith("Reason explains why you choose this option.\n" + raw)
+
+
+def test_build_messages_and_sft_target():
+    s = _mc(process=COT)
+    msgs = data.build_messages(s)
+    assert msgs == [{"role": "user", "content": [{"type": "video"},
+                                                {"type": "text", "text": data.build_prompt(s)}]}]
+    assert data.build_messages(s, "official")[0]["content"][1]["text"] == data.build_prompt(s, "official")
+    assert data.sft_target(s) == COT + "\n<answer>B</answer>"             # Video-R1: process + "\n" + solution
+    assert data.sft_target(_mc(process="bare thought")) == "<think>bare thought</think>\n<answer>B</answer>"
+
+
+def test_tokenizer_corpus():
+    corpus = data.tokenizer_corpus()
+    assert all(isinstance(t, str) and t for t in corpus) and len(corpus) == len(set(corpus))
+    text = "\n".join(corpus)
+    for piece in [*data.TYPE_TEMPLATE.values(), data.VSI_PRE_PROMPT, data.VSI_MC_POST_PROMPT,
+                  data.VSI_NA_POST_PROMPT, data.URBAN_PRE_PROMPT, "<think>", "</answer>", "twenty", "7", "E"]:
+        assert piece in corpus
+    assert "Please think about this question" in text
+
+
+# --------------------------------------------------------------------------- extraction
+@pytest.mark.parametrize("text,source,expected", [
+    ("<think>hmm</think>\n<answer>\n  B \n</answer>", None, "B"),
+    ("<answer>A</answer> then <answer>C</answer>", None, "A"),             # first pair, as Video-R1
+    ("<think>so</think><answer> B", None, "B"),                            # no closing tag
+    ("<answer>B</answ", "video-r1", "B"),
+    ("Option: [B]; Reason: the gate is on the left", None, "B"),
+    ("Option: [B]; Reason: the gate is on the left", "urbanvideo", "B"),
+    ("Option:C", "urbanvideo", "C"),
+    ("b. the chair", "urbanvideo", "B"),                                   # first character, upper-cased
+    ("B. The chair", None, "B"),
+    ("B. The chair", "vsibench", "B"),
+    ("B. The chair", "video-r1", "B. The chair"),                          # Video-R1: the whole output
+    ("The answer is B", None, "The"),                                      # lmms-eval's first token, as is
+    ("3.5 meters", "vsibench", "3.5"),
+    ("<answer>3 meters</answer>", "vsibench", "3"),
+    ("", None, ""), (None, "urbanvideo", ""), ("   ", "vsibench", ""), (42, None, "42"),
+])
+def test_extract_answer(text, source, expected):
+    assert data.extract_answer(text, source) == expected
+
+
+def test_extract_answer_strict_and_text_types():
+    assert data.extract_answer("B", strict=True) == ""                     # Video-R1 training reward
+    assert data.extract_answer("<answer> B </answer>", strict=True) == "B"
+    assert data.extract_answer("<answer>B", strict=True) == ""
+    assert data.extract_answer("it is raining", None, problem_type="free-form") == "it is raining"
+    assert data.extract_answer("<answer>KEEP LEFT</answer>", "vsibench", problem_type="OCR") == "KEEP LEFT"
+
+
+# --------------------------------------------------------------------------- scoring
+def test_mra_hand_worked():
+    # lmms-eval: thresholds 1 - linspace(.5, .95, 10) = .5, .45, .4, .35, .3, .25, .2-eps, ... (non-strict <=)
+    # Video-R1:  float32 thresholds, strict <
+    assert data.mean_relative_accuracy(2, 4, strict=False) == pytest.approx(0.1)   # rel .5 <= .5 only
+    assert data.mean_relative_accuracy(2, 4, strict=True) == 0.0                   # .5 < .5 is false
+    assert data.mean_relative_accuracy(3, 4, strict=False) == pytest.approx(0.6)   # rel .25: 6 of 10
+    assert data.mean_relative_accuracy(3, 4, strict=True) == pytest.approx(0.5)    # .25 < .25 false: 5
+    # rel .2 vs 1 - 0.8 = 0.19999999999999996 in float64: not <=, so 6 of 10, not 7
+    assert data.mean_relative_accuracy(12, 10, strict=False) == pytest.approx(0.6)
+    # rel 0.10000000000000009 in float64 equals 1 - 0.8999999999999999: 9 of 10; float32 rel is
+    # 0.100000024 > 0.1: 8 of 10
+    assert data.mean_relative_accuracy(1.1, 1, strict=False) == pytest.approx(0.9)
+    assert data.mean_relative_accuracy(1.1, 1, strict=True) == pytest.approx(0.8)
+    for strict in (False, True):
+        assert data.mean_relative_accuracy(7.25, 7.25, strict=strict) == 1.0
+        assert data.mean_relative_accuracy(100, 4, strict=strict) == 0.0
+        assert data.mean_relative_accuracy(0, 0, strict=strict) == 1.0            # our limit for gt == 0
+        assert data.mean_relative_accuracy(0.5, 0, strict=strict) == 0.0
+        assert data.mean_relative_accuracy(float("nan"), 3, strict=strict) == 0.0
+
+
+def test_mra_float32_emulation_matches_torch():
+    torch = pytest.importorskip("torch")
+
+    def video_r1(pred, target):   # Video-R1 eval_bench.py mean_relative_accuracy
+        pred, target = torch.tensor(pred, dtype=torch.float32), torch.tensor(target, dtype=torch.float32)
+        rel = torch.abs(pred - target) / (torch.abs(target) + 1e-8)
+        th = torch.arange(0.5, 0.95 + 0.05 / 2, 0.05, dtype=torch.float32)
+        return (rel < (1 - th)).float().mean().item()
+
+    gts = [0.3, 1, 1.7, 2.5, 4, 10, 23.5, 100, 333.3]
+    for g in gts:
+        for k in range(-60, 61):
+            p = g * (1 + k / 100)
+            assert data.mean_relative_accuracy(p, g, strict=True) == video_r1(p, g), (p, g)
+
+
+def test_score_regression_sources():
+    assert data.score("2", "4", "regression", "vsibench") == pytest.approx(0.1)
+    assert data.score("2", "4", "regression") == 0.0
+    assert data.score("3", "4", "regression", "video-r1") == pytest.approx(0.5)
+    assert data.score("3", "4", "regression", train_reward=True) == pytest.approx(0.75)   # grpo.py: 1 - .25
+    assert data.score("100", "4", "regression", train_reward=True) == 0.0
+    assert data.score("three", "4", "regression", "vsibench") == pytest.approx(0.6)       # number word
+    assert data.score("3.5m", "3.5", "regression", "vsibench") == 0.0                      # to_float fails
+    assert data.score("1,000", "1000", "regression", "vsibench") == 0.0                    # float("1,000") fails
+    assert data.score("1,000", "1000", "regression") == 1.0                                # Video-R1 drops commas
+    assert data.score("0", "0", "regression", "vsibench") == 1.0
+
+
+def test_score_numerical_video_r1_rule():
+    assert data.score("3", "3", "numerical") == 1.0
+    assert data.score("3.0", "3", "numerical") == 0.0        # decimal point in one only
+    assert data.score("3.141", "3.14", "numerical") == 1.0   # round(3.141, 2) == 3.14
+    assert data.score("3.146", "3.14", "numerical") == 0.0   # round -> 3.15
+    assert data.score("1000", "1,000", "numerical") == 0.0   # ',' counts as a decimal mark
+    assert data.score("1,000", "1,000", "numerical") == 1.0
+    assert data.score("three", "3", "numerical") == 1.0      # number words: our addition
+    assert data.score("twenty-one", "21", "numerical") == 1.0
+    assert data.score("Zero", "0", "numerical") == 1.0
+    assert data.score("three apples", "3", "numerical") == 0.0
+
+
+def test_score_multiple_choice():
+    assert data.score(" B ", "B", "multiple choice") == 1.0
+    assert data.score("b", "B", "multiple choice") == 0.0               # Video-R1: exact
+    assert data.score("b", "B", "multiple choice", "vsibench") == 1.0   # lmms-eval: lower()
+    assert data.score("b", "B", "multiple choice", "urbanvideo") == 0.0  # eval.py: ==
+    assert data.score("B. sofa", "B", "multiple choice", "vsibench") == 0.0  # no letter parsing in score
+    assert data.score("A", "B", "multiple choice") == 0.0
+
+
+def test_score_ocr_and_free_form():
+    assert data.score("KEEP LEFT", "KEEP LEFT", "OCR") == 1.0
+    assert data.score("KEEP RIGHT NOW OK", "KEEP LEFT NOW OK", "OCR") == pytest.approx(0.75)  # 1 sub / 4
+    assert data.score("KEEP", "KEEP LEFT", "OCR") == pytest.approx(0.5)                        # 1 deletion / 2
+    assert data.score("a b c d e", "KEEP LEFT", "OCR") == 0.0                                  # WER 2.5, clipped
+    assert data.score("", "KEEP LEFT", "OCR") == 0.0
+    assert data.score("It is raining heavily", "It is raining heavily", "free-form") == pytest.approx(1.0)
+    assert data.score("sunny skies tomorrow", "It is raining heavily", "free-form") == 0.0
+    partial = data.score("it is raining", "It is raining heavily", "free-form")
+    # ROUGE-1 F = 2*(3/3)(3/4)/(7/4) = 6/7, ROUGE-2: 2 of 2 / 2 of 3 -> F = 0.8, ROUGE-L = ROUGE-1
+    assert partial == pytest.approx((6 / 7 + 0.8 + 6 / 7) / 3)
+
+
+def test_score_never_raises_on_garbage():
+    for ptype in data.PROBLEM_TYPES:
+        for source in (None, *data.SOURCES):
+            for pred in (None, "", "\x00<<>>", "nan", "inf", "-", "1e999", "三", 12, "   "):
+                v = data.score(pred, "4" if ptype in ("numerical", "regression") else "A", ptype, source)
+                assert 0.0 <= v <= 1.0 and not math.isnan(v)
+    with pytest.raises(ValueError, match="problem_type"):
+        data.score("A", "A", "yes/no")
+
+
+def test_score_sample():
+    s = _mc("vsibench")
+    assert data.score_sample("B. table", s) == 1.0
+    assert data.score_sample("<think>near</think><answer>b</answer>", s) == 1.0
+    assert data.score_sample("B", _mc("video-r1"), strict=True) == 0.0
+    assert data.score_sample("<answer>B</answer>", _mc("video-r1"), strict=True) == 1.0
+    u = _mc("urbanvideo")
+    assert data.score_sample("Option: [B]; Reason: it is nearer", u) == 1.0
+
+
+def test_words_to_number():
+    cases = {"zero": 0, "three": 3, "twelve": 12, "twenty": 20, "twenty-one": 21, "Ninety Nine": 99,
+             "one hundred": 100, "one hundred and five": 105, "nine hundred ninety-nine": 999, "Seven.": 7}
+    for text, n in cases.items():
+        assert data.words_to_number(text) == n
+    for text in ("hundred", "and", "", "one two", "twenty zero", "a dozen", "3", "one hundred and", None):
+        assert data.words_to_number(text) is None
+
+
+def test_parse_inline_options_edge_cases():
+    assert data.parse_inline_options("Pick one.\nOptions:\n(A) up\n(B) down") == ("Pick one.", ["A. up", "B. down"])
+    # a marker word inside the stem that is not followed by options is skipped
+    stem, opts = data.parse_inline_options("Which option: is best? Choices: A. x B. y")
+    assert stem == "Which option: is best?" and opts == ["A. x", "B. y"]
+    assert data.parse_inline_options("choose: A. only one") == ("choose: A. only one", [])
+    assert data.option_letter("C) sofa") == "C" and data.option_letter("(D) bed") == "D"
+    assert data.option_letter("sofa") is None and data.option_letter("I go left") is None
