@@ -1,0 +1,442 @@
+"""The policy: load a video VLM, LoRA / 4-bit, a tiny offline model, batched rollouts, per-token log-probs.
+
+Everything goes through the Hugging Face Auto classes, so a real ``Qwen/Qwen2.5-VL-7B-Instruct``
+directory and the tiny random model that :func:`build_tiny` writes for tests are used the same way::
+
+    model, processor = load_policy("Qwen/Qwen2.5-VL-7B-Instruct", lora_r=64, load_in_4bit=True)
+    inputs = make_inputs(processor, prompts, videos, fps=2.0)      # left-padded batch
+    out = rollout(model, processor, inputs, n=8)                    # B*n completions, sample-major
+    logp = token_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
+    ref = reference_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
+
+M-RoPE (transformers 5.x, Qwen2/2.5-VL): the model computes 3-D rotary positions only when a forward
+gets ``mm_token_type_ids`` (0 text, 1 image, 2 video) together with the grid sizes; without them it
+silently falls back to 1-D positions and the log-probs drift from those generate() sampled with.
+The temporal position of a video patch is ``tokens_per_second * second_per_grid_ts``, so
+``second_per_grid_ts`` (seconds per temporal patch) is always passed with videos (DESIGN.md 4).
+:func:`token_logprobs` extends ``mm_token_type_ids`` with zeros over the completion, so the
+completion tokens get exactly the text positions generate() gave them.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>"]
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+DEFAULT_FPS = 2.0  # frames per second of the given frames when unknown: qwen-vl-utils' FPS, i.e. 1 s per grid
+# LoRA on the language model's attention and MLP projections only, never on the vision tower (whose MLP
+# also has gate/up/down_proj in Qwen2.5-VL). peft full-matches this against each module's name.
+LM_LORA_TARGETS = r".*language_model\..*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# Kept in the compute dtype under 4-bit: the vision tower, the projector and the (possibly tied) LM head.
+NO_QUANT_MODULES = ["lm_head", r".*visual", r".*vision_tower", r".*multi_modal_projector"]
+
+# The Qwen2-VL / Qwen2.5-VL chat template (as shipped with the Instruct checkpoints).
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
+    "{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: "
+    "{% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Tokenizer corpus when data.tokenizer_corpus() is not available: the prompt templates and answers.
+_FALLBACK_CORPUS = [
+    "You are a helpful assistant.",
+    ("Think about the question step by step in <think> </think> tags, then give the final answer in "
+     "<answer> </answer> tags."),
+    ("<think>The camera moves forward and the road bends to the left, so the drone must turn left.</think>"
+     "<answer>A</answer>"),
+    "Please provide only the single option letter (e.g., A, B, C, D, etc.) within the <answer> </answer> tags.",
+    "Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
+    "Options:\nA. turn left\nB. turn right\nC. go ahead\nD. stop\nE. go back",
+    "Which way should the agent go next: turn left, turn right or go ahead (straight)?",
+    "How many objects are there in the video? How many boxes, cars, people, trees?",
+    "These are frames of a video. Answer with the option's letter from the given choices directly.",
+    "Please answer the question using a single word or phrase. Option: []; Reason: []",
+    "zero one two three four five six seven eight nine ten eleven twelve twenty hundred",
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 20 42 100 3.14 0.5 1.5 2.0 meters seconds",
+    "A B C D E (A) (B) (C) (D) (E) A. B. C. D. E. yes no YES NO Yes No",
+    "Is the question answerable from the video? The video is clear, dark, foggy, rainy, snowy, occluded, shaky.",
+    "left right ahead straight forward backward up down near far closer farther first then finally because",
+]
+
+
+# ----------------------------------------------------------------------------- tiny offline model
+def _corpus(texts):
+    if texts is not None:
+        return list(texts)
+    try:  # another module may provide the project's own prompt corpus
+        import data
+        return list(data.tokenizer_corpus()) + _FALLBACK_CORPUS
+    except (ImportError, AttributeError):
+        return list(_FALLBACK_CORPUS)
+
+
+def _tiny_tokenizer(texts, vocab_size):
+    """A byte-level BPE trained on ``texts``, wrapped as a transformers fast tokenizer with Qwen's specials."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        extra_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:], padding_side="left",
+        chat_template=CHAT_TEMPLATE, model_max_length=32768)
+
+
+def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
+    """Write a tiny random-weight video VLM (~1 MB) that reloads offline with the Auto classes.
+
+    Text model: 2 layers, 64 wide (4 heads of 16, mrope_section [2, 3, 3] sums to head_dim / 2); vision
+    tower: 2 blocks, 32 wide; tied embeddings. Processor: byte-level BPE tokenizer trained on ``texts``
+    (default: ``data.tokenizer_corpus()`` when it exists, plus a built-in template corpus), and image/video
+    processors limited to 56x56 .. 64 patches of 28x28 per frame (32x32 for Qwen3-VL), temporal_patch_size 2,
+    no frame re-sampling (the frames given are the frames seen). ``vocab_size`` is the BPE target; a small
+    corpus gives fewer tokens. ``arch``: "qwen2_5_vl" (default), "qwen2_vl" or "qwen3_vl" (timestamps in the
+    prompt from the video metadata that :func:`make_inputs` passes). Returns the directory as a string.
+    """
+    import transformers as tf
+
+    if arch not in ("qwen2_5_vl", "qwen2_vl", "qwen3_vl"):
+        raise ValueError(f"arch must be 'qwen2_5_vl', 'qwen2_vl' or 'qwen3_vl', got {arch!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tiny_tokenizer(_corpus(texts), vocab_size)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    unit = 32 if arch == "qwen3_vl" else 28  # a merged 2x2 group of 16- or 14-pixel patches
+    size = {"shortest_edge": (2 * unit) ** 2, "longest_edge": 64 * unit * unit}  # 56x56 .. 64 units per frame
+    pix = dict(size=size, patch_size=unit // 2, temporal_patch_size=2, merge_size=2)
+    image_processor = tf.Qwen2VLImageProcessor(**pix)
+    video_cls = tf.Qwen3VLVideoProcessor if arch == "qwen3_vl" else tf.Qwen2VLVideoProcessor
+    video_processor = video_cls(**pix, cap_pixels_per_frame=False, do_sample_frames=False)
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    specials = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                    vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                    tie_word_embeddings=True)
+    if arch == "qwen2_5_vl":
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2, tokens_per_second=2, window_size=112,
+                      fullatt_block_indexes=[1])
+        config = tf.Qwen2_5_VLConfig(text_config=text, vision_config=vision, **specials)
+        processor_cls = tf.Qwen2_5_VLProcessor
+    elif arch == "qwen2_vl":
+        vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2)
+        config = tf.Qwen2VLConfig(text_config=text, vision_config=vision, **specials)
+        processor_cls = tf.Qwen2VLProcessor
+    else:  # Qwen3-VL: interleaved M-RoPE, learned 2-D position table, deepstack, timestamps in the text
+        text.update(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                                                  "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+        vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
+                      spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=256,
+                      deepstack_visual_indexes=[0])
+        config = tf.Qwen3VLConfig(text_config=text, vision_config=vision, **specials)
+        processor_cls = tf.Qwen3VLProcessor
+    torch.manual_seed(seed)
+    model = tf.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    model.generation_config = tf.GenerationConfig(
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=ids["<|endoftext|>"])
+    model.save_pretrained(out_dir)
+    processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                              chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(out_dir)
+    return str(out_dir)
+
+
+# ----------------------------------------------------------------------------- loading
+def _default_device():
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _default_dtype(device):
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load_in_4bit=False, dtype=None,
+                device=None, gradient_checkpointing=False):
+    """Load ``(model, processor)`` with the Auto classes, optionally 4-bit NF4 (QLoRA) and/or LoRA.
+
+    dtype: default bf16 on a CUDA device that supports it, else float32. device: default CUDA when present.
+    lora_r > 0 wraps the model in a peft LoRA on the language model's q/k/v/o/gate/up/down projections
+    (alpha default 2 r); the vision tower stays frozen under LoRA and un-quantized under 4-bit (NF4, double
+    quantization, compute in ``dtype``). Without LoRA every parameter is trainable (full fine-tune).
+    The model is returned in eval mode; the processor pads on the left, for generation.
+    """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    device = torch.device(device) if device is not None else _default_device()
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    dtype = dtype if dtype is not None else _default_dtype(device)
+    kwargs = dict(dtype=dtype, device_map={"": device})  # straight onto the device, no CPU copy of the weights
+    if load_in_4bit:
+        from transformers import BitsAndBytesConfig
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+            bnb_4bit_use_double_quant=True, llm_int8_skip_modules=NO_QUANT_MODULES)
+    model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+    processor = AutoProcessor.from_pretrained(name_or_path)
+    processor.tokenizer.padding_side = "left"
+    if load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+        # bitsandbytes 0.50 on an AVX512-BF16 CPU repacks a Linear4bit's weight in place at its first eval-mode
+        # no-grad forward (e.g. a rollout); afterwards log-probs shift (~1e-3) and backward fails ("a view of
+        # a leaf Variable ... in-place"). Keep every forward on the one dequantising path.
+        for module in model.modules():
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+        with warnings.catch_warnings():  # peft 0.21 calls transformers 5's deprecated gradient_checkpointing_*
+            warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                    gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif gradient_checkpointing:  # transformers >= 5.2x calls it activation checkpointing
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora_r > 0:
+        from peft import LoraConfig, get_peft_model
+        config = LoraConfig(r=lora_r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * lora_r,
+                            lora_dropout=lora_dropout, target_modules=LM_LORA_TARGETS, bias="none",
+                            task_type="CAUSAL_LM")
+        with warnings.catch_warnings():  # the same deprecated probe (is_gradient_checkpointing)
+            warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(model, config)
+    model.eval()  # as from_pretrained; call model.train() for updates (LoRA dropout, checkpointing act in train mode)
+    return model, processor
+
+
+def frozen_copy(model):
+    """A deep copy with every parameter frozen, in eval mode: the reference model pi_ref without LoRA."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def model_device(model):
+    """The device of the model's first parameter (inputs follow the model)."""
+    return next(model.parameters()).device
+
+
+# ----------------------------------------------------------------------------- batches
+def _as_frames(video):
+    if isinstance(video, torch.Tensor):
+        video = video.detach().cpu().numpy()
+    video = np.asarray(video)
+    if video.ndim != 4 or video.shape[-1] != 3:
+        raise ValueError(f"a video must be [T, H, W, 3], got shape {video.shape}")
+    return np.ascontiguousarray(video, dtype=np.uint8)
+
+
+def make_inputs(processor, prompts, videos, fps=None):
+    """Tokenise chat prompts with their videos into one left-padded batch (a ``BatchFeature``).
+
+    ``prompts``: a list of chat-message lists; each ``{"type": "video"}`` content item takes the next video
+    of ``videos`` (uint8 ``[T, H, W, 3]`` numpy arrays or tensors; ``None`` for text-only prompts).
+    ``fps``: frame rate of the frames as given (a number or one per video; default 2.0, qwen-vl-utils'
+    sampling rate); it sets ``second_per_grid_ts = temporal_patch_size / fps`` for M-RoPE. An odd number
+    of frames is fine: the video processor repeats the last frame up to a multiple of temporal_patch_size.
+    Returns input_ids, attention_mask, mm_token_type_ids, pixel_values_videos, video_grid_thw and, for
+    Qwen2.5-VL, second_per_grid_ts (a float tensor, one per video).
+    """
+    from transformers.video_utils import VideoMetadata
+
+    texts = [processor.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    kwargs = dict(text=texts, padding=True, padding_side="left", return_tensors="pt", do_sample_frames=False)
+    if videos:
+        frames = [_as_frames(v) for v in videos]
+        rates = fps if isinstance(fps, (list, tuple)) else [fps if fps is not None else DEFAULT_FPS] * len(frames)
+        kwargs["videos"] = frames
+        kwargs["video_metadata"] = [  # fps -> second_per_grid_ts (Qwen2.5-VL), timestamps (Qwen3-VL)
+            VideoMetadata(total_num_frames=len(f), fps=float(r), frames_indices=list(range(len(f))))
+            for f, r in zip(frames, rates)]
+    inputs = processor(**kwargs)
+    if inputs.get("second_per_grid_ts") is not None:  # Qwen2.5-VL's processor returns a list; Qwen2-VL has none
+        inputs["second_per_grid_ts"] = torch.as_tensor(inputs["second_per_grid_ts"], dtype=torch.float32).reshape(-1)
+    return inputs
+
+
+def _videos_per_sample(input_ids, token_id, grids, merge_size):
+    """How many of the batch's images (or videos) each row holds, from its placeholder-token count.
+
+    Counting tokens, not runs, also works for Qwen3-VL, which splits a video's tokens per frame.
+    """
+    sizes = (grids.prod(-1) // merge_size ** 2).tolist()
+    counts, i = [], 0
+    for tokens in (input_ids == token_id).sum(1).tolist():
+        k = 0
+        while tokens > 0 and i < len(sizes):
+            tokens, i, k = tokens - sizes[i], i + 1, k + 1
+        if tokens != 0:
+            raise ValueError("placeholder tokens in the text do not match the grids of the batch")
+        counts.append(k)
+    if i != len(sizes):
+        raise ValueError(f"{len(sizes) - i} images/videos of the batch have no placeholder tokens")
+    return counts
+
+
+def repeat_inputs(inputs, n, image_token_id, video_token_id, merge_size=2):
+    """Repeat every sample of a batch ``n`` times, sample-major (rows b*n .. b*n+n-1 are copies of sample b).
+
+    Per-row tensors are repeated along dim 0; the flat per-video tensors (pixel_values_videos, video_grid_thw,
+    second_per_grid_ts, and the image ones) are regrouped per sample, so the result is a valid batch.
+    """
+    out = dict(inputs)
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids"):
+        if out.get(key) is not None:
+            out[key] = inputs[key].repeat_interleave(n, dim=0)
+    for token_id, pix, grid, extra in ((image_token_id, "pixel_values", "image_grid_thw", None),
+                                       (video_token_id, "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")):
+        if inputs.get(grid) is None:
+            continue
+        grids = inputs[grid]
+        patches = torch.split(inputs[pix], grids.prod(-1).tolist())
+        order, start = [], 0
+        for count in _videos_per_sample(inputs["input_ids"], token_id, grids, merge_size):
+            order.extend(list(range(start, start + count)) * n)
+            start += count
+        out[pix] = torch.cat([patches[i] for i in order]) if order else inputs[pix][:0]
+        out[grid] = grids[order]
+        if extra and inputs.get(extra) is not None:
+            out[extra] = inputs[extra][order]
+    return type(inputs)(out) if hasattr(inputs, "data") else out
+
+
+def _to(inputs, device):
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+
+
+def _token_ids(processor, model):
+    tok = processor.tokenizer
+    vision = [i for i in tok.convert_tokens_to_ids(VISION_TOKENS) if i is not None and i != tok.unk_token_id]
+    eos = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+    eos = sorted(i for i in eos if i is not None and i != tok.unk_token_id)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
+    return vision, eos, pad
+
+
+# ----------------------------------------------------------------------------- rollouts
+@dataclass
+class Rollout:
+    """``n`` completions per prompt, sample-major: rows b*n .. b*n+n-1 belong to prompt b."""
+    texts: list            # B*n decoded completions, special tokens removed
+    completion_ids: torch.Tensor   # [B*n, L] long, pad id after the end
+    completion_mask: torch.Tensor  # [B*n, L] long, 1 up to and including the first <|im_end|>/eos
+    prompt_inputs: dict    # the prompt batch repeated n times (the inputs generate() saw)
+
+
+def make_completion_mask(completion_ids, eos_ids):
+    """1 up to and including the first end token of each row, 0 after it (all 1 when it never ends)."""
+    is_end = torch.isin(completion_ids, torch.as_tensor(eos_ids, device=completion_ids.device)).long()
+    return ((is_end.cumsum(1) - is_end) == 0).long()
+
+
+@torch.no_grad()
+def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top_p=1.0, do_sample=True):
+    """Sample ``n`` completions for each prompt of ``inputs`` (from :func:`make_inputs`) in one batch.
+
+    Greedy when ``do_sample`` is False or ``temperature`` is 0. Vision special tokens are suppressed
+    (a random or weak model samples them otherwise). The checkpoint's own sampling defaults (Qwen's
+    top_k=1, repetition_penalty=1.05 ...) are overridden: this samples from the plain policy.
+    """
+    from transformers import GenerationConfig
+
+    tok = processor.tokenizer
+    vision, eos, pad = _token_ids(processor, model)
+    prompt_inputs = repeat_inputs(inputs, n, model.config.image_token_id, model.config.video_token_id,
+                                  model.config.vision_config.spatial_merge_size)
+    prompt_inputs = _to(prompt_inputs, model_device(model))
+    greedy = (not do_sample) or temperature == 0
+    sampling = {} if greedy else dict(temperature=float(temperature), top_p=float(top_p), top_k=0)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, repetition_penalty=1.0,
+                              eos_token_id=eos, pad_token_id=pad, suppress_tokens=vision, use_cache=True, **sampling)
+    was_training = model.training
+    model.eval()
+    try:
+        seq = model.generate(**prompt_inputs, generation_config=config)
+    finally:
+        model.train(was_training)
+    completion_ids = seq[:, prompt_inputs["input_ids"].shape[1]:]
+    mask = make_completion_mask(completion_ids, eos)
+    completion_ids = completion_ids.masked_fill(mask == 0, pad)
+    texts = tok.batch_decode([row[m.bool()] for row, m in zip(completion_ids, mask)], skip_special_tokens=True)
+    return Rollout(texts=texts, completion_ids=completion_ids, completion_mask=mask, prompt_inputs=prompt_inputs)
+
+
+# ----------------------------------------------------------------------------- log-probs
+def token_logprobs(model, inputs, completion_ids, completion_mask, temperature=1.0):
+    """Per-token log pi(y_t | prompt, y_<t) of each completion token, [B*n, L]; 0 where the mask is 0.
+
+    One forward pass over [prompt | completion]: the attention mask is extended by the completion mask and
+    mm_token_type_ids by zeros (completion tokens are text), so M-RoPE gives the completion the positions
+    generate() used. Logits are divided by ``temperature`` (the sampling temperature; 0, i.e. greedy, counts
+    as 1); only the L completion positions go through the LM head, and log_softmax is taken row by row as
+    logit - logsumexp. Differentiable: this is the policy term of the GRPO loss.
+    """
+    device = model_device(model)
+    inputs = _to(inputs, device)
+    completion_ids = completion_ids.to(device)
+    completion_mask = completion_mask.to(device)
+    length = completion_ids.shape[1]
+    prompt_ids = inputs["input_ids"]
+    batch = dict(inputs)
+    batch["input_ids"] = torch.cat([prompt_ids, completion_ids], dim=1)
+    batch["attention_mask"] = torch.cat([inputs["attention_mask"], completion_mask.to(inputs["attention_mask"].dtype)],
+                                        dim=1)
+    if inputs.get("mm_token_type_ids") is not None:
+        mm = inputs["mm_token_type_ids"]
+        batch["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(completion_ids.shape)], dim=1)
+    batch.pop("position_ids", None)
+    logits = model(**batch, use_cache=False, logits_to_keep=length + 1).logits[:, :-1]
+    scale = 1.0 / temperature if temperature > 0 else 1.0
+    rows = []
+    for row_logits, row_ids in zip(logits, completion_ids):  # row by row bounds the float32 temporaries
+        row = row_logits.float() * scale
+        rows.append(row.gather(-1, row_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1))
+    logp = torch.stack(rows)
+    return torch.where(completion_mask.bool(), logp, torch.zeros_like(logp))
+
+
+@torch.no_grad()
+def reference_logprobs(model, inputs, completion_ids, completion_mask, ref_model=None, temperature=1.0):
+    """log pi_ref of the completion tokens (as :func:`token_logprobs`), without gradient.
+
+    ``ref_model`` when given (see :func:`frozen_copy`); otherwise, for a peft (LoRA) model, the same model
+    with its adapters disabled, which is exactly the frozen base model.
+    """
+    if ref_model is not None:
+        return token_logprobs(ref_model, inputs, completion_ids, completion_mask, temperature)
+    if not hasattr(model, "disable_adapter"):  # peft.PeftModel's context manager
+        raise ValueError("reference_logprobs needs ref_model= unless the model is a peft (LoRA) model")
+    with model.disable_adapter():
+        return token_logprobs(model, inputs, completion_ids, completion_mask, temperature)

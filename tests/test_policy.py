@@ -1,0 +1,302 @@
+"""Tests for policy.py on the tiny offline Qwen2.5-VL: build/reload, batches, rollouts, log-probs, LoRA, 4-bit."""
+import os
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+import policy
+
+F32 = {"dtype": torch.float32}  # exact comparisons; the default device (CUDA when present) is kept
+QUESTION = "Which way should the drone go next?\nOptions:\nA. turn left\nB. turn right\nC. go ahead"
+
+
+def _prompt(text):
+    return [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]}]
+
+
+def _clips():
+    """Two synthetic clips of different sizes; the first has an odd number of frames."""
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, (5, 56, 56, 3), dtype=np.uint8)
+    b = np.zeros((8, 84, 84, 3), np.uint8)
+    b[:, ::14] = 255                                       # stripes that drift over time
+    b = np.stack([np.roll(f, t * 3, axis=1) for t, f in enumerate(b)])
+    return [a, torch.from_numpy(b)]                         # numpy and torch inputs
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return policy.build_tiny(tmp_path_factory.mktemp("tiny") / "qwen2_5_vl_tiny")
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_dir):
+    return policy.load_policy(tiny_dir, **F32)
+
+
+@pytest.fixture(scope="module")
+def batch(loaded):
+    _, processor = loaded
+    return policy.make_inputs(processor, [_prompt(QUESTION), _prompt("How many boxes are there?")], _clips())
+
+
+class _Bias:
+    """A forward hook on the LM head adding a constant to some logits (steer a random model in tests)."""
+
+    def __init__(self, model, token_ids, value):
+        bias = torch.zeros(model.config.text_config.vocab_size)
+        bias[token_ids] = value
+        self.handle = model.lm_head.register_forward_hook(lambda m, i, out: out + bias.to(out))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+# ----------------------------------------------------------------------------- build and reload
+def test_build_tiny_is_small_and_reloads_offline(tiny_dir, monkeypatch):
+    import huggingface_hub.constants
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    size = sum(f.stat().st_size for f in os.scandir(tiny_dir))
+    assert size < 3e6, size
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import time
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to reach the network")
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    processor = AutoProcessor.from_pretrained(tiny_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_dir)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
+    tok = processor.tokenizer
+    assert 300 <= len(tok) <= 2048 and model.config.text_config.vocab_size == len(tok)
+    for name in policy.SPECIAL_TOKENS:
+        assert len(tok.encode(name, add_special_tokens=False)) == 1, name
+    assert model.config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
+    assert model.config.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
+    assert tok.pad_token == "<|endoftext|>" and tok.padding_side == "left"
+    text = processor.apply_chat_template([_prompt("hi")], tokenize=False, add_generation_prompt=True)[0]
+    assert "<|vision_start|><|video_pad|><|vision_end|>hi<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert tok.decode(tok.encode(QUESTION)) == QUESTION  # byte-level BPE round trip
+
+
+def test_load_policy_defaults(tiny_dir):
+    model, processor = policy.load_policy(tiny_dir)
+    cuda = torch.cuda.is_available()
+    want = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    assert next(model.parameters()).dtype == want and policy.model_device(model).type == ("cuda" if cuda else "cpu")
+    assert not model.training and processor.tokenizer.padding_side == "left"
+    assert all(p.requires_grad for p in model.parameters())  # lora_r=0: full fine-tune
+
+
+def test_make_inputs_video_tokens_match_grid(loaded, batch):
+    model, processor = loaded
+    for key in ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values_videos", "video_grid_thw",
+                "second_per_grid_ts"):
+        assert key in batch, key
+    grid = batch["video_grid_thw"]
+    assert grid.tolist() == [[3, 4, 4], [4, 6, 6]]  # 5 frames -> padded to 6 -> 3 temporal patches
+    n_tokens = (batch["input_ids"] == model.config.video_token_id).sum(1)
+    assert n_tokens.tolist() == (grid.prod(-1) // 4).tolist()
+    assert batch["pixel_values_videos"].shape[0] == grid.prod(-1).sum()
+    assert torch.equal(batch["mm_token_type_ids"] == 2, batch["input_ids"] == model.config.video_token_id)
+    assert batch["second_per_grid_ts"].tolist() == [1.0, 1.0]  # 2 frames per grid at the default 2 fps
+    assert batch["attention_mask"][0, 0] == 0 and batch["attention_mask"][:, -1].all()  # left padding
+    fast = policy.make_inputs(processor, [_prompt("a")], _clips()[:1], fps=[8.0])
+    assert fast["second_per_grid_ts"].tolist() == [0.25]
+
+
+def test_repeat_inputs_is_sample_major(loaded, batch):
+    model, _ = loaded
+    rep = policy.repeat_inputs(batch, 3, model.config.image_token_id, model.config.video_token_id)
+    assert torch.equal(rep["input_ids"], batch["input_ids"].repeat_interleave(3, 0))
+    assert rep["video_grid_thw"].tolist() == [[3, 4, 4]] * 3 + [[4, 6, 6]] * 3
+    first = batch["pixel_values_videos"][:48]
+    assert torch.equal(rep["pixel_values_videos"][48:96], first)
+    assert torch.equal(rep["pixel_values_videos"][144:], batch["pixel_values_videos"][48:].repeat(3, 1))
+
+
+# ----------------------------------------------------------------------------- rollouts
+def test_rollout_shapes_mask_and_suppression(loaded, batch):
+    model, processor = loaded
+    tok = processor.tokenizer
+    end, vision = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids(policy.VISION_TOKENS)
+    torch.manual_seed(0)
+    with _Bias(model, vision, 20.0), _Bias(model, [end], 5.0):  # vision tokens would win without suppression
+        out = policy.rollout(model, processor, batch, n=3, max_new_tokens=24)
+    ids, mask = out.completion_ids, out.completion_mask
+    assert len(out.texts) == 6 and ids.shape == mask.shape and ids.shape[0] == 6 and ids.shape[1] <= 24
+    assert not torch.isin(ids.cpu(), torch.tensor(vision)).any()
+    ended = 0
+    for row, m in zip(ids.tolist(), mask.tolist()):
+        first_end = row.index(end) if end in row else None
+        expected = [1] * len(row) if first_end is None else [1] * (first_end + 1) + [0] * (len(row) - first_end - 1)
+        assert m == expected
+        if first_end is not None:
+            ended += 1
+            assert all(t == tok.pad_token_id for t in row[first_end + 1:])
+    assert 0 < ended  # the +5 bias makes <|im_end|> likely: the mask logic is exercised
+    for text in out.texts:
+        assert "<|" not in text
+    assert torch.equal(out.prompt_inputs["input_ids"].cpu(), batch["input_ids"].repeat_interleave(3, 0))
+
+
+def test_greedy_rollout_is_sample_major(loaded, batch):
+    model, processor = loaded
+    out = policy.rollout(model, processor, batch, n=3, max_new_tokens=8, do_sample=False)
+    ids = out.completion_ids
+    assert torch.equal(ids[0], ids[1]) and torch.equal(ids[0], ids[2])
+    assert torch.equal(ids[3], ids[4]) and torch.equal(ids[3], ids[5])
+    # each group is the greedy completion of its own prompt alone (no padding): the order is sample-major
+    clips = _clips()
+    for b, prompt in enumerate([_prompt(QUESTION), _prompt("How many boxes are there?")]):
+        alone = policy.make_inputs(processor, [prompt], [clips[b]])
+        single = policy.rollout(model, processor, alone, n=1, max_new_tokens=8, temperature=0).completion_ids[0]
+        assert torch.equal(single, ids[3 * b, :len(single)])
+        assert (ids[3 * b, len(single):] == processor.tokenizer.pad_token_id).all()
+
+
+# ----------------------------------------------------------------------------- log-probs
+def _sample_with_logits(model, processor, inputs, n=2, max_new_tokens=20):
+    """generate() directly, keeping its raw per-step logits; some rows end early (masked tails)."""
+    from transformers import GenerationConfig
+
+    vision, eos, pad = policy._token_ids(processor, model)
+    rep = policy.repeat_inputs(inputs, n, model.config.image_token_id, model.config.video_token_id)
+    rep = policy._to(rep, policy.model_device(model))
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    torch.manual_seed(1)
+    with _Bias(model, [end], 5.0), torch.no_grad():
+        gen = model.generate(**rep, generation_config=GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=True, top_k=0, eos_token_id=eos, pad_token_id=pad,
+            suppress_tokens=vision, output_logits=True, return_dict_in_generate=True))
+    ids = gen.sequences[:, rep["input_ids"].shape[1]:]
+    return rep, ids, policy.make_completion_mask(ids, eos), torch.stack(gen.logits, 1).float()
+
+
+def _max_diff(model, processor, rep, ids, mask, logits, temperature=1.0):
+    """Largest |token_logprobs - log_softmax(generate's logits / T)| over the unmasked completion tokens."""
+    end = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    want = (logits / temperature).log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    with _Bias(model, [end], 5.0), torch.no_grad():
+        got = policy.token_logprobs(model, rep, ids, mask, temperature=temperature)
+    assert got.shape == ids.shape and (got[mask == 0] == 0).all()
+    return (got - want).abs()[mask.bool()].max().item()
+
+
+def test_token_logprobs_match_generate_scores(loaded, batch):
+    """The M-RoPE check: one forward over [prompt | completion] reproduces generate()'s per-step logits."""
+    model, processor = loaded
+    rep, ids, mask, logits = _sample_with_logits(model, processor, batch)
+    assert (mask == 0).any()
+    assert _max_diff(model, processor, rep, ids, mask, logits) < 1e-4
+    assert _max_diff(model, processor, rep, ids, mask, logits, temperature=2.0) < 1e-4
+    # without mm_token_type_ids the model falls back to 1-D positions: the log-probs drift
+    no_types = {k: v for k, v in rep.items() if k != "mm_token_type_ids"}
+    assert _max_diff(model, processor, no_types, ids, mask, logits) > 1e-4
+
+
+def test_text_only_prompts(loaded):
+    model, processor = loaded
+    inputs = policy.make_inputs(processor, [[{"role": "user", "content": "Say A."}], [{"role": "user", "content": [
+        {"type": "text", "text": "Which option is right? A or B?"}]}]], None)
+    assert "pixel_values_videos" not in inputs
+    out = policy.rollout(model, processor, inputs, n=2, max_new_tokens=6)
+    assert out.completion_ids.shape[0] == 4
+    rep, ids, mask, logits = _sample_with_logits(model, processor, inputs)
+    assert _max_diff(model, processor, rep, ids, mask, logits) < 1e-4
+
+
+@pytest.mark.parametrize("arch, size", [("qwen2_vl", 56), ("qwen3_vl", 64)])
+def test_other_architectures(arch, size, tmp_path):
+    model, processor = policy.load_policy(policy.build_tiny(tmp_path / arch, arch=arch), **F32)
+    assert type(model).__name__.lower().startswith(arch.replace("_", ""))
+    clips = [np.zeros((5, size, size, 3), np.uint8), np.full((4, size, 2 * size, 3), 200, np.uint8)]
+    inputs = policy.make_inputs(processor, [_prompt(QUESTION), _prompt("How many?")], clips)
+    out = policy.rollout(model, processor, inputs, n=2, max_new_tokens=6)
+    assert len(out.texts) == 4
+    rep, ids, mask, logits = _sample_with_logits(model, processor, inputs, max_new_tokens=12)
+    assert _max_diff(model, processor, rep, ids, mask, logits) < 1e-4
+
+
+def test_frozen_copy(loaded, batch):
+    model, processor = loaded
+    out = policy.rollout(model, processor, batch, n=2, max_new_tokens=8)
+    ref = policy.frozen_copy(model)
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+    args = (out.prompt_inputs, out.completion_ids, out.completion_mask)
+    with torch.no_grad():
+        a = policy.token_logprobs(model, *args)
+    b = policy.reference_logprobs(model, *args, ref_model=ref)
+    assert torch.equal(a, b) and not b.requires_grad
+    with pytest.raises(ValueError):
+        policy.reference_logprobs(model, *args)  # no adapters to disable, no ref_model
+
+
+# ----------------------------------------------------------------------------- LoRA and 4-bit
+def _one_step(model, out, lr=1e-2):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr)
+    model.train()
+    logp = policy.token_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
+    loss = -(logp.sum() / out.completion_mask.sum())
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+    opt.step()
+    opt.zero_grad()
+    model.eval()
+
+
+def test_lora_trains_only_adapters_and_reference_is_base(tiny_dir, batch):
+    model, processor = policy.load_policy(tiny_dir, lora_r=4, **F32)
+    base, _ = policy.load_policy(tiny_dir, **F32)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n and "language_model" in n for n in trainable)
+    assert not any("lora" in n for n, _ in model.named_parameters() if "visual" in n)
+    targets = {n.split(".")[-4] for n in trainable}  # ...q_proj.lora_A.default.weight
+    assert targets == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    torch.manual_seed(0)
+    out = policy.rollout(model, processor, batch, n=2, max_new_tokens=12)
+    args = (out.prompt_inputs, out.completion_ids, out.completion_mask)
+    with torch.no_grad():
+        before = policy.token_logprobs(model, *args)
+        base_logp = policy.token_logprobs(base, *args)
+    assert torch.allclose(policy.reference_logprobs(model, *args), before, atol=1e-6)  # B = 0 at init
+    assert torch.allclose(before, base_logp, atol=1e-6)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    _one_step(model, out)
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, state[k])]
+    assert changed and all("lora_" in k for k in changed)
+    with torch.no_grad():
+        after = policy.token_logprobs(model, *args)
+    ref = policy.reference_logprobs(model, *args)
+    assert (after - before).abs().max() > 1e-3
+    assert torch.allclose(ref, base_logp, atol=1e-6)
+
+
+def test_4bit_lora_loads_and_trains(tiny_dir, batch):
+    pytest.importorskip("bitsandbytes")
+    import bitsandbytes as bnb
+
+    model, processor = policy.load_policy(tiny_dir, load_in_4bit=True, lora_r=4, **F32)
+    lm = {n: m for n, m in model.named_modules() if n.endswith(("q_proj", "down_proj")) and "language_model" in n}
+    assert lm and all(isinstance(m.base_layer, bnb.nn.Linear4bit) for m in lm.values())
+    assert all(m.base_layer.weight.quant_state.quant_type == "nf4" for m in lm.values())
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for n, m in model.named_modules() if "visual" in n)
+    torch.manual_seed(0)
+    # an eval-mode no-grad pass first: on an AVX512-BF16 CPU, bitsandbytes 0.50 would repack the weights there
+    # and break backward afterwards (load_policy turns that off); the reference log-probs stay bit-identical
+    out = policy.rollout(model, processor, batch, n=2, max_new_tokens=12)
+    args = (out.prompt_inputs, out.completion_ids, out.completion_mask)
+    ref_before = policy.reference_logprobs(model, *args)
+    state = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+    _one_step(model, out)
+    assert all(not torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    assert torch.equal(policy.reference_logprobs(model, *args), ref_before)
