@@ -440,3 +440,19 @@ def reference_logprobs(model, inputs, completion_ids, completion_mask, ref_model
         raise ValueError("reference_logprobs needs ref_model= unless the model is a peft (LoRA) model")
     with model.disable_adapter():
         return token_logprobs(model, inputs, completion_ids, completion_mask, temperature)
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(description="Policy tools of the ROVA reference implementation.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    tiny = sub.add_parser("build-tiny", help="write a tiny random VLM that loads offline (tests, CPU demos)")
+    tiny.add_argument("--out", required=True, help="output directory")
+    tiny.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+    tiny.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(build_tiny(args.out, arch=args.arch, seed=args.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,7 @@
 """Tests for policy.py on the tiny offline Qwen2.5-VL: build/reload, batches, rollouts, log-probs, LoRA, 4-bit."""
 import os
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -300,3 +301,13 @@ def test_4bit_lora_loads_and_trains(tiny_dir, batch):
     _one_step(model, out)
     assert all(not torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     assert torch.equal(policy.reference_logprobs(model, *args), ref_before)
+
+
+def test_cli_builds_a_tiny_model(tmp_path):
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "policy.py", "build-tiny", "--out", str(tmp_path / "m"), "--arch",
+                          "qwen2_vl"], cwd=root, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "m" / "config.json").is_file() and "qwen2_vl" in (tmp_path / "m" / "config.json").read_text()
