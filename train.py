@@ -1,0 +1,829 @@
+"""ROVA training (Alg. 2): an SFT warm-up on chain-of-thought data, then dual-branch GRPO with the
+self-reflective, difficulty-aware curriculum and the temporal memory buffer.
+
+    python train.py                                   # the CPU demo: tiny model + synthetic benchmark
+    torchrun --nproc_per_node=4 train.py --model Qwen/Qwen2.5-VL-7B-Instruct \\
+        --data Video-R1-260k-outdoor.json --video-root videos/ --out runs/rova --judge openai:gpt-4o
+    python train.py --model ... --lora-r 64 --load-in-4bit   # one smaller GPU
+
+One RL step follows App. G's order (the one that saves cost, DESIGN.md 2): sample a corruption spec
+per video (dynamic protocol, Sec. 4) and corrupt it (Sec. 3.1); roll out G on the clean and G on the
+perturbed video (Alg. 2 l.3); self-assess every sample (Eq. 3, Alg. 2 l.6); discard confident easy
+ones, defer difficult ones to the buffer (l.7-10); compute rewards (Alg. 1) and the GRPO update
+(Eq. 7-8) for the selected ones only; every `reeval_period` steps re-evaluate the buffer on
+regenerated videos (Eq. 5-6, l.12-21) and train on what it promotes. `--mode dual` is the naive
+dual-branch baseline (alignment reward, no curriculum), `--mode grpo` standard single-branch GRPO on
+the perturbed videos (Table 3, Table 13).
+
+Distributed: torchrun sets the process group up from the environment (NCCL on GPUs, gloo on CPU);
+each rank has its own data shard and buffer. Because the curriculum selects a different number of
+samples on each rank (possibly none), gradients are averaged with an explicit all-reduce weighted by
+each rank's number of trained completions, instead of DDP's hooks (which need every rank to run the
+same backward passes). Rank 0 writes logs and checkpoints.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import time
+import warnings
+from collections import OrderedDict, defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import buffer as membuf
+import data
+import grpo
+import judge as judges
+import perturb
+import policy
+import video
+
+log = print  # rank-aware below
+
+
+def _arg(default, help_):
+    return field(default=default, metadata={"help": help_})
+
+
+@dataclass
+class Config:
+    """Every default is App. D's unless said otherwise; each field is a command-line flag."""
+    model: str = _arg("", "policy: any AutoModelForImageTextToText path (Qwen2.5-VL, Qwen2-VL, Qwen3-VL); "
+                          "empty with --data empty: the demo's tiny model")
+    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset); empty: the demo")
+    video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)")
+    eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy before and after")
+    eval_video_root: str = _arg("", "video root of --eval-data")
+    eval_limit: int = _arg(96, "questions of --eval-data used for the before/after report")
+    out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/")
+    mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch) (Table 3, 13)")
+    temporal_grpo: bool = _arg(False, "add T-GRPO's shuffled group (Video-R1; App. D: G~ = 4)")
+    sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)")
+    rl_steps: int = _arg(300, "RL steps (App. D: 300)")
+    batch_size: int = _arg(4, "videos per RL step per process (Table 14: N = 4 per GPU)")
+    sft_batch_size: int = _arg(8, "videos per SFT step per process")
+    group_size: int = _arg(8, "G: rollouts per video and branch (App. D: 8)")
+    shuffled_group_size: int = _arg(4, "G~: rollouts on the shuffled video for T-GRPO (App. D: 4)")
+    lr: float = _arg(1e-5, "AdamW learning rate of RL, cosine schedule (App. D: 1e-5)")
+    sft_lr: float = _arg(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)")
+    weight_decay: float = _arg(0.0, "AdamW weight decay")
+    max_grad_norm: float = _arg(1.0, "gradient norm clip (App. D: 1.0)")
+    clip_eps: float = _arg(0.2, "PPO clip epsilon of Eq. 7 (App. D: 0.2)")
+    beta: float = _arg(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)")
+    w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)")
+    w_acc: float = _arg(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
+    alpha_r: float = _arg(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)")
+    alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)")
+    tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)")
+    a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)")
+    a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)")
+    buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)")
+    n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)")
+    reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)")
+    reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation (DESIGN.md 2)")
+    eta: float = _arg(0.7, "perturbation intensity (App. D: 0.7)")
+    frames: int = _arg(16, "frames per video (App. D: 16 in training)")
+    max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)")
+    max_new_tokens: int = _arg(256, "tokens per rollout")
+    temperature: float = _arg(1.0, "sampling temperature of rollouts")
+    top_p: float = _arg(1.0, "nucleus sampling of rollouts")
+    lora_r: int = _arg(0, "LoRA rank on the language model (0: full fine-tune)")
+    load_in_4bit: bool = _arg(False, "NF4 4-bit base weights (needs --lora-r > 0)")
+    gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
+    judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)")
+    judge_cache: str = _arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
+    save_every: int = _arg(50, "checkpoint every this many steps (SFT and RL)")
+    resume: str = _arg("", "auto: the last complete checkpoint in OUT; or a checkpoint folder")
+    seed: int = _arg(0, "seed of data order, corruption specs and sampling")
+    max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable")
+    video_cache: int = _arg(64, "decoded clips kept in memory per process")
+    demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark")
+    stop_after: int = _arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
+
+
+DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=4.0, sft_batch_size=16, sft_lr=2e-3, lr=2e-4, rl_steps=40,
+            batch_size=4, group_size=8, max_new_tokens=48, save_every=20, reeval_period=10, video_cache=4096,
+            eval_limit=120)
+
+
+def parse_args(argv=None) -> Config:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            ap.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+    cfg = Config(**vars(ap.parse_args(argv)))
+    if cfg.mode not in ("rova", "dual", "grpo"):
+        ap.error(f"--mode must be rova, dual or grpo, got {cfg.mode!r}")
+    if cfg.load_in_4bit and cfg.lora_r <= 0:
+        ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
+    return cfg
+
+
+# ----------------------------------------------------------------------------- processes, RNG, timing
+
+def setup_distributed():
+    """torchrun's environment -> (rank, world, device); a plain `python train.py` is rank 0 of 1."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        cuda = torch.cuda.is_available()
+        dist.init_process_group("nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        return rank, world, device
+    return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def all_sum(values, device):
+    """Sum a list of floats over ranks."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def sync_gradients(params, weight, device):
+    """Average gradients over ranks, each rank's gradient (of a loss summed over its `weight` trained
+    completions) counting in proportion to it: g = sum_r g_r / sum_r weight_r."""
+    total = all_sum([float(weight)], device)[0]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if dist.is_initialized():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            p.grad = flat[offset:offset + n].view_as(p).clone()
+            offset += n
+    else:
+        for p, g in zip(params, grads):
+            p.grad = g
+    if total > 0:
+        for p in params:
+            p.grad.div_(total)
+    return total
+
+
+class Timer:
+    """Seconds spent in each of Table 14's components during one step."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+
+def rng_state(spec_rng):
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+             "spec": spec_rng.bit_generator.state}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state, spec_rng):
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    spec_rng.bit_generator.state = state["spec"]
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- data
+
+class Clips:
+    """Decoded training clips with an LRU cache; a missing or unreadable video is skipped and counted."""
+
+    def __init__(self, cfg: Config, n_missing: int, n_total: int):
+        self.cfg, self.cache, self.bad, self.seen = cfg, OrderedDict(), n_missing, n_total
+        self.bad_ids: list[str] = []
+
+    def get(self, sample):
+        if sample.video in self.cache:
+            self.cache.move_to_end(sample.video)
+            return self.cache[sample.video]
+        try:
+            frames, _, _ = video.read_frames(sample.video, num_frames=self.cfg.frames, max_pixels=self.cfg.max_pixels)
+        except Exception as e:  # noqa: BLE001 - a bad file is skipped, never fatal (up to max_bad_fraction)
+            self.bad += 1
+            self.bad_ids.append(sample.id)
+            log(f"skipping sample {sample.id}: {e}")
+            if self.bad > self.cfg.max_bad_fraction * max(self.seen, 1):
+                raise SystemExit(f"stopping: {self.bad} of {self.seen} videos are missing or unreadable "
+                                 f"(more than --max-bad-fraction {self.cfg.max_bad_fraction}); last: {sample.video}")
+            return None
+        self.cache[sample.video] = frames
+        if len(self.cache) > self.cfg.video_cache:
+            self.cache.popitem(last=False)
+        return frames
+
+
+class Cursor:
+    """A seeded, resumable walk over this rank's shard: epoch e visits a fresh permutation."""
+
+    def __init__(self, n, seed, epoch=0, pos=0):
+        self.n, self.seed, self.epoch, self.pos = n, seed, epoch, pos
+
+    def take(self, k):
+        out = []
+        while len(out) < k and self.n:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+            out.append(int(order[self.pos]))
+            self.pos += 1
+            if self.pos == self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
+
+    def state(self):
+        return {"epoch": self.epoch, "pos": self.pos}
+
+
+# ----------------------------------------------------------------------------- model, optimiser, checkpoints
+
+def cosine(total_steps):
+    """App. D: a cosine learning-rate schedule from lr to 0 over the stage."""
+    return lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))
+
+
+def make_optimizer(cfg, model, lr, total_steps):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    return params, opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine(total_steps))
+
+
+def load_model(cfg, device, weights=None):
+    """The policy, from cfg.model; `weights` = a checkpoint's model folder (full model or LoRA adapter)."""
+    lora = cfg.lora_r > 0
+    path = weights if (weights and not lora) else cfg.model
+    model, processor = policy.load_policy(path, lora_r=cfg.lora_r, load_in_4bit=cfg.load_in_4bit, device=device,
+                                          gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda")
+    if weights and lora:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+        set_peft_model_state_dict(model, load_file(str(Path(weights) / "adapter_model.safetensors"), device=str(device)))
+    return model, processor
+
+
+def save_model(model, processor, folder):
+    """safetensors: the full model (with its processor), or only the LoRA adapter."""
+    model.save_pretrained(folder, safe_serialization=True)
+    if not hasattr(model, "peft_config"):
+        processor.save_pretrained(folder)
+
+
+def checkpoint_name(state):
+    return f"{state['stage']}-{state['step']:07d}"
+
+
+def save_checkpoint(cfg, rank, model, processor, opt, sched, state, per_rank):
+    """Atomic: every rank writes into a temporary folder, rank 0 marks it complete and renames it."""
+    root = Path(cfg.out) / "checkpoints"
+    tmp = root / f".tmp-{checkpoint_name(state)}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    torch.save(per_rank, tmp / f"rank{rank}.pt")
+    if rank == 0:
+        save_model(model, processor, tmp / "model")
+        torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps({"state": state, "config": asdict(cfg)}, indent=1))
+    barrier()
+    if rank == 0:
+        (tmp / "COMPLETE").write_text("ok\n")
+        final = root / checkpoint_name(state)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    barrier()
+
+
+def find_checkpoint(cfg):
+    if not cfg.resume:
+        return None
+    if cfg.resume != "auto":
+        return Path(cfg.resume)
+    done = sorted(p for p in (Path(cfg.out) / "checkpoints").glob("*-*") if (p / "COMPLETE").is_file())
+    order = {"sft": 0, "rl": 1}
+    done.sort(key=lambda p: (order.get(p.name.split("-")[0], 2), p.name))
+    return done[-1] if done else None
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+# ----------------------------------------------------------------------------- the steps
+
+def sft_step(cfg, model, processor, batch, clips):
+    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
+    items = [(s, clips.get(s)) for s in batch]
+    items = [(s, f) for s, f in items if f is not None]
+    if not items:
+        return None, 0
+    tok = processor.tokenizer
+    inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    targets = [tok(data.sft_target(s), add_special_tokens=False)["input_ids"] + [eos] for s, _ in items]
+    length = max(len(t) for t in targets)
+    ids = torch.full((len(targets), length), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(targets), length), dtype=torch.long)
+    for i, t in enumerate(targets):
+        ids[i, :len(t)] = torch.tensor(t)
+        mask[i, :len(t)] = 1
+    model.train()
+    logp = policy.token_logprobs(model, inputs, ids, mask)
+    nll = -(logp * mask.to(logp.device)).sum() / mask.sum()
+    (nll * len(items)).backward()  # summed over samples: sync_gradients divides by the global count
+    return nll.item(), len(items)
+
+
+def answerability(model, processor, videos, questions):
+    """c of Eq. 3: the policy's P(YES) on the answerability prompt (Fig. 10) with the perturbed video."""
+    prompts = [[{"role": "user", "content": [{"type": "video"},
+                                             {"type": "text", "text": judges.ANSWERABILITY_PROMPT.format(question=q)}]}]
+               for q in questions]
+    inputs = policy.make_inputs(processor, prompts, videos)
+    yes, no = judges.answerability_token_ids(processor.tokenizer)
+    with torch.no_grad():
+        logits = model(**{k: v.to(policy.model_device(model)) if hasattr(v, "to") else v for k, v in inputs.items()},
+                       use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
+    return [judges.answerability_confidence(row, yes, no) for row in logits]
+
+
+def answers_of(texts, sample):
+    return [data.extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
+
+
+class RL:
+    """One rank's RL state (Alg. 2): shard cursor, corruption-spec stream, memory buffer, promotion queue."""
+
+    def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, params, opt, sched):
+        self.cfg, self.rank, self.device, self.shard, self.by_id, self.clips = cfg, rank, device, shard, by_id, clips
+        self.model, self.processor, self.ref_model, self.judge = model, processor, ref_model, judge
+        self.params, self.opt, self.sched = params, opt, sched
+        self.cursor = Cursor(len(shard), cfg.seed * 1000 + 2 * rank + 1)
+        self.buffer = membuf.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
+        self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
+        self.gen = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+
+    def state(self):
+        return {"cursor": self.cursor.state(), "buffer": self.buffer.state_dict(), "queue": self.queue}
+
+    def load(self, st):
+        self.cursor.epoch, self.cursor.pos = st["cursor"]["epoch"], st["cursor"]["pos"]
+        self.buffer.load_state_dict(st["buffer"])
+        self.queue = [tuple(q) for q in st["queue"]]
+
+    def _rollout(self, prompts, videos, n):
+        inputs = policy.make_inputs(self.processor, prompts, videos)
+        return policy.rollout(self.model, self.processor, inputs, n=n, **self.gen)
+
+    def assess_entry(self, entry):
+        """Eq. 5 / Alg. 2 l.15: d' of a buffered sample, on its regenerated corrupted video."""
+        s = self.by_id[entry.sample_id]
+        frames = self.clips.get(s)
+        if frames is None:
+            raise FileNotFoundError(f"video of {s.id} is unreadable")
+        pert = perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec))
+        roll = self._rollout([data.build_messages(s)], [pert], self.cfg.reeval_rollouts)
+        acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in roll.texts]
+        c = answerability(self.model, self.processor, [pert], [question_text(s)])[0]
+        return judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max).difficulty
+
+    def step(self, step, spec_rng):
+        cfg, timer, G = self.cfg, Timer(), self.cfg.group_size
+        dual = cfg.mode in ("rova", "dual")
+        items = []
+        while self.queue and len(items) < cfg.batch_size:
+            sid, spec = self.queue.pop(0)
+            items.append((self.by_id[sid], perturb.PerturbSpec.from_dict(spec), True))
+        items += [(self.shard[i], None, False) for i in self.cursor.take(cfg.batch_size - len(items))]
+        batch = []
+        with timer("perturbation"):  # Sec. 3.1, Eq. 2: the dynamic protocol samples a spec per video
+            for s, spec, promoted in items:
+                frames = self.clips.get(s)
+                if frames is None:
+                    continue
+                spec = spec or perturb.sample_spec(spec_rng, eta=cfg.eta)
+                b = dict(sample=s, spec=spec, promoted=promoted, clean=frames, pert=perturb.apply(frames, spec))
+                if cfg.temporal_grpo:  # Eq. 1 on top of the spatial corruption
+                    shuffled = perturb.PerturbSpec(spec.subtype, spec.eta, spec.seed, True, dict(spec.params))
+                    b["shuffled"] = perturb.apply(frames, shuffled)
+                batch.append(b)
+        prompts = [data.build_messages(b["sample"]) for b in batch]
+        if batch:
+            if dual:
+                with timer("clean_rollout"):  # Alg. 2 l.3: the clean anchor (no gradient)
+                    clean = self._rollout(prompts, [b["clean"] for b in batch], G)
+            with timer("perturbed_rollout"):
+                pert = self._rollout(prompts, [b["pert"] for b in batch], G)
+                shuf = self._rollout(prompts, [b["shuffled"] for b in batch], cfg.shuffled_group_size) \
+                    if cfg.temporal_grpo else None
+        with timer("self_assessment"):  # Eq. 3, Alg. 2 l.6-10
+            for i, b in enumerate(batch):
+                s = b["sample"]
+                b["texts"] = pert.texts[i * G:(i + 1) * G]
+                b["acc"] = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in b["texts"]]
+                b["clean_texts"] = clean.texts[i * G:(i + 1) * G] if dual else None
+                b["clean_acc"] = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source)
+                                  for t in b["clean_texts"]] if dual else None
+                b["decision"] = "train"
+            judged = [b for b in batch if cfg.mode == "rova" and not b["promoted"]]
+            if judged:
+                conf = answerability(self.model, self.processor, [b["pert"] for b in judged],
+                                     [question_text(b["sample"]) for b in judged])
+                for b, c in zip(judged, conf):
+                    s = b["sample"]
+                    a = judges.self_assess(b["acc"], c, answers_of(b["texts"], s), answers_of(b["clean_texts"], s),
+                                           tau=cfg.tau, a_min=cfg.a_min, a_max=cfg.a_max)
+                    b["decision"] = a.decision
+                    if a.decision == "defer":  # Alg. 2 l.7-8, Eq. 4
+                        self.buffer.add(s.id, b["spec"].to_dict(), step)
+        selected = [b for b in batch if b["decision"] == "train"]
+        missing = 0
+        with timer("alignment_reward"):  # Alg. 1 for the selected samples only (App. G)
+            for i, b in enumerate(batch):
+                if b not in selected:
+                    continue
+                s = b["sample"]
+                rewards, comp = grpo.total_reward(
+                    b["texts"], s.answer, s.problem_type, reference_texts=b["clean_texts"] if dual else None,
+                    judge=self.judge if dual else None, w_format=cfg.w_format, w_acc=cfg.w_acc,
+                    alpha_r=cfg.alpha_r, alpha_a=cfg.alpha_a, source=s.source)
+                if cfg.temporal_grpo:
+                    k = cfg.shuffled_group_size
+                    shuf_acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source)
+                                for t in shuf.texts[i * k:(i + 1) * k]]
+                    comp["temporal"] = grpo.temporal_reward(b["acc"], shuf_acc)
+                    rewards = [r + t for r, t in zip(rewards, comp["temporal"])]
+                b["rewards"], b["comp"] = rewards, comp
+                missing += comp["judge_missing"]
+        loss_stats = {}
+        with timer("backward"):  # Eq. 7-8 on the perturbed branch
+            n_rows = 0
+            if selected:
+                idx = [batch.index(b) for b in selected]
+                rows = [i * G + j for i in idx for j in range(G)]
+                model = self.model
+                inputs = policy.make_inputs(self.processor, [prompts[i] for i in idx], [batch[i]["pert"] for i in idx])
+                inputs = policy.repeat_inputs(inputs, G, model.config.image_token_id, model.config.video_token_id,
+                                              model.config.vision_config.spatial_merge_size)
+                ids, mask = pert.completion_ids[rows], pert.completion_mask[rows]
+                adv = grpo.group_advantages([b["rewards"] for b in selected]).view(-1)
+                model.train()
+                logp = policy.token_logprobs(model, inputs, ids, mask, temperature=cfg.temperature)
+                if cfg.beta > 0:
+                    ref = policy.reference_logprobs(model, inputs, ids, mask, ref_model=self.ref_model,
+                                                    temperature=cfg.temperature)
+                else:
+                    ref = logp.detach()
+                # one update per generation (as Video-R1): old = current policy, the ratio is 1 at the update
+                loss, loss_stats = grpo.grpo_loss(logp, logp.detach(), ref, adv.to(logp.device),
+                                                  mask.to(logp.device), cfg.clip_eps, cfg.beta)
+                (loss * len(rows)).backward()
+                loss_stats["loss"] = float(loss)
+                n_rows = len(rows)
+            if sync_gradients(self.params, n_rows, self.device) > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                self.opt.step()
+            with warnings.catch_warnings():  # a step may train nothing (all deferred): the schedule still advances
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+        promoted = evicted = 0
+        with timer("memory_reevaluation"):  # Eq. 5-6, Alg. 2 l.12-21
+            if cfg.mode == "rova" and self.buffer.due(step + 1):
+                up, out = self.buffer.reevaluate(self.assess_entry)
+                self.queue.extend((e.sample_id, e.spec) for e in up)
+                promoted, evicted = len(up), len(out)
+        return self._record(batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer)
+
+    def _record(self, batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer):
+        """Sums and counts of this rank's step, reduced over ranks by `reduce_record`."""
+        s = defaultdict(float)
+        for key in ("acc_perturbed", "acc_clean", "r_format", "r_accuracy", "r_alignment", "r_temporal", "r_total",
+                    "sim_r", "sim_a", "kl", "clip_fraction", "ratio", "loss"):
+            s[f"{key}_sum"], s[f"{key}_n"] = 0.0, 0.0  # every key in every record (None when there is no data)
+        s["samples"] = len(batch)
+        s["selected"] = len(selected)
+        s["discarded"] = sum(b["decision"] == "discard" for b in batch)
+        s["deferred"] = sum(b["decision"] == "defer" for b in batch)
+        s["promoted_trained"] = sum(b["promoted"] for b in selected)
+        for b in batch:
+            s["acc_perturbed_sum"] += sum(b["acc"])
+            s["acc_perturbed_n"] += len(b["acc"])
+            if b["clean_acc"] is not None:
+                s["acc_clean_sum"] += sum(b["clean_acc"])
+                s["acc_clean_n"] += len(b["clean_acc"])
+        for b in selected:
+            for key in ("format", "accuracy", "alignment", "temporal"):
+                vals = b["comp"].get(key) or []
+                s[f"r_{key}_sum"] += sum(vals)
+                s[f"r_{key}_n"] += len(vals)
+            s["r_total_sum"] += sum(b["rewards"])
+            s["r_total_n"] += len(b["rewards"])
+            for key in ("sim_r", "sim_a"):
+                vals = [v for v in b["comp"][key] if v is not None]
+                s[f"{key}_sum"] += sum(vals)
+                s[f"{key}_n"] += len(vals)
+        for key in ("kl", "clip_fraction", "ratio", "loss"):
+            if key in loss_stats:
+                s[f"{key}_sum"] += loss_stats[key] * n_rows
+                s[f"{key}_n"] += n_rows
+        s["judge_missing"] = missing
+        s["promoted"], s["evicted"], s["buffer_size"] = promoted, evicted, len(self.buffer)
+        for k, v in timer.seconds.items():
+            s[f"sec_{k}"] = v
+        return s
+
+
+def reduce_record(s, device, world):
+    """Means of the per-rank sums (Table 12's rates, Table 14's seconds averaged over ranks)."""
+    keys = sorted(s)
+    tot = dict(zip(keys, all_sum([s[k] for k in keys], device)))
+    rec = {}
+    for k in keys:
+        if k.endswith("_sum"):
+            base = k[:-4]
+            rec[base] = tot[k] / tot[base + "_n"] if tot.get(base + "_n") else None
+        elif not k.endswith("_n"):
+            rec[k] = tot[k] / world if k.startswith("sec_") else tot[k]
+    n = tot.get("samples", 0)
+    rec["rho"] = tot.get("selected", 0) / n if n else None  # effective training ratio rho_t (App. G)
+    rec["discard_rate"] = tot.get("discarded", 0) / n if n else None
+    rec["defer_rate"] = tot.get("deferred", 0) / n if n else None
+    return rec
+
+
+def question_text(s):
+    return s.question + ("\nOptions:\n" + "\n".join(s.options) if s.options else "")
+
+
+# ----------------------------------------------------------------------------- evaluation (before / after)
+
+def evaluate(cfg, model, processor, samples, limit, batch_size=16):
+    """Greedy accuracy on clean videos and under PVRBench's static corruption (each question gets one of
+    the 12 subtypes in turn, `perturb.static_spec`), scored as the source benchmark does."""
+    samples = samples[:limit]
+    scores = {"clean": [], "perturbed": []}
+    for start in range(0, len(samples), batch_size):
+        chunk, clips = [], []
+        for k, s in enumerate(samples[start:start + batch_size]):
+            try:
+                frames, _, _ = video.read_frames(s.video, num_frames=cfg.frames, max_pixels=cfg.max_pixels)
+            except Exception as e:  # noqa: BLE001
+                log(f"evaluation: skipping {s.id}: {e}")
+                continue
+            chunk.append((s, perturb.SUBTYPES[(start + k) % len(perturb.SUBTYPES)]))
+            clips.append(frames)
+        if not chunk:
+            continue
+        for cond in scores:
+            vids = clips if cond == "clean" else [perturb.apply(f, perturb.static_spec(s.id, sub, eta=cfg.eta))
+                                                  for f, (s, sub) in zip(clips, chunk)]
+            inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _ in chunk], vids)
+            out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
+            scores[cond] += [data.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
+    return {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
+
+
+# ----------------------------------------------------------------------------- main
+
+def prepare_demo(cfg, rank):
+    """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once)."""
+    out = Path(cfg.out)
+    tiny, synth = out / "tiny", out / "synthetic"
+    if rank == 0:
+        if not (tiny / "config.json").is_file():
+            log(f"demo: building the tiny model in {tiny}")
+            policy.build_tiny(tiny)
+        if not (synth / "summary.json").is_file():
+            log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
+            data.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56)
+    barrier()
+    cfg.model, cfg.data = str(tiny), str(synth / "train.json")
+    cfg.eval_data, cfg.eval_video_root = str(synth / "eval.jsonl"), str(synth / "videos")
+
+
+def main(argv=None):
+    global log
+    cfg = parse_args(argv)
+    rank, world, device = setup_distributed()
+    log = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not cfg.model and not cfg.data:
+        defaults = Config()
+        for k, v in DEMO.items():  # the demo preset, except what the user set explicitly
+            if getattr(cfg, k) == getattr(defaults, k):
+                setattr(cfg, k, v)
+        prepare_demo(cfg, rank)
+    elif not (cfg.model and cfg.data):
+        raise SystemExit("give both --model and --data (or neither, for the demo)")
+    random.seed(cfg.seed * 1000 + rank)
+    np.random.seed(cfg.seed * 1000 + rank)
+    torch.manual_seed(cfg.seed * 1000 + rank)
+    spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
+
+    samples, missing = data.load_video_r1(cfg.data, cfg.video_root or None)
+    total = len(samples) + len(missing)
+    if len(missing) > cfg.max_bad_fraction * max(total, 1):
+        raise SystemExit(f"stopping: {len(missing)} of {total} videos of {cfg.data} are missing "
+                         f"(more than --max-bad-fraction {cfg.max_bad_fraction}); first: {missing[0][1]}")
+    if not samples:
+        raise SystemExit(f"no usable training samples in {cfg.data}")
+    by_id = {s.id: s for s in samples}
+    shard = samples[rank::world]
+    clips = Clips(cfg, len(missing), total)
+
+    ckpt = find_checkpoint(cfg)
+    if ckpt is not None and not (ckpt / "COMPLETE").is_file():
+        raise SystemExit(f"checkpoint {ckpt} is incomplete (no COMPLETE marker)")
+    state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
+    per_rank = torch.load(ckpt / f"rank{rank}.pt", weights_only=False) if ckpt else None
+    model, processor = load_model(cfg, device, weights=str(ckpt / "model") if ckpt else None)
+    if ckpt:
+        log(f"resuming from {ckpt} ({state['stage']} step {state['step']})")
+        _truncate_log(out / "log.jsonl", state)
+    writer = _tensorboard(out) if rank == 0 else None
+
+    eval_samples = []
+    if cfg.eval_data:
+        eval_samples, _ = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or Path(cfg.eval_data).parent)
+    if eval_samples and rank == 0 and not (out / "eval_before.json").is_file():
+        before = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit)
+        (out / "eval_before.json").write_text(json.dumps(before))
+    steps_this_run = 0
+
+    # ---- stage 1: SFT warm-up on the chain-of-thought data (App. D: 1 epoch)
+    sft_total = int(math.ceil(cfg.sft_epochs * (len(samples) // world) / cfg.sft_batch_size))
+    if state["stage"] == "sft":
+        params, opt, sched = make_optimizer(cfg, model, cfg.sft_lr, sft_total)
+        cursor = Cursor(len(shard), cfg.seed * 1000 + 2 * rank)
+        if ckpt:
+            _load_optimizer(ckpt, opt, sched)
+            cursor.epoch, cursor.pos = per_rank["cursor"]["epoch"], per_rank["cursor"]["pos"]
+            set_rng_state(per_rank["rng"], spec_rng)
+        bar = _bar(sft_total, state["step"], "SFT", rank)
+        while state["step"] < sft_total:
+            t0 = time.perf_counter()
+            nll, n = sft_step(cfg, model, processor, [shard[i] for i in cursor.take(cfg.sft_batch_size)], clips)
+            if sync_gradients(params, n, device) > 0:
+                torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+                opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            state["step"] += 1
+            rec = {"stage": "sft", "step": state["step"], "lr": sched.get_last_lr()[0],
+                   "nll": _mean_over_ranks(nll, n, device), "bad_videos": clips.bad, "sec_step": time.perf_counter() - t0}
+            _log_step(out, rec, writer, bar, rank)
+            steps_this_run += 1
+            if state["step"] % cfg.save_every == 0 or state["step"] == sft_total:
+                save_checkpoint(cfg, rank, model, processor, opt, sched, dict(state),
+                                {"cursor": cursor.state(), "rng": rng_state(spec_rng)})
+            if cfg.stop_after and steps_this_run >= cfg.stop_after:
+                log(f"--stop-after {cfg.stop_after}: exiting as if killed")
+                return
+        _close(bar)
+        state = {"stage": "rl", "step": 0}
+        ckpt = per_rank = None
+
+    # ---- stage 2: RL (Alg. 2)
+    ref_model = None
+    if cfg.beta > 0 and cfg.lora_r == 0:  # the frozen reference: the policy as RL starts (with LoRA: adapters off)
+        ref_dir = out / "reference"
+        if rank == 0 and not (ref_dir / "config.json").is_file():
+            save_model(model, processor, ref_dir)
+        barrier()
+        ref_model = policy.frozen_copy(policy.load_policy(str(ref_dir), device=device)[0])
+    judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(out / "judge_cache.sqlite")) \
+        if cfg.mode in ("rova", "dual") else None  # App. C.1; verdicts cached: a resumed run asks nothing twice
+    params, opt, sched = make_optimizer(cfg, model, cfg.lr, cfg.rl_steps)
+    rl = RL(cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, params, opt, sched)
+    if ckpt and state["stage"] == "rl":
+        _load_optimizer(ckpt, opt, sched)
+        rl.load(per_rank["rl"])
+        set_rng_state(per_rank["rng"], spec_rng)
+    bar = _bar(cfg.rl_steps, state["step"], f"RL ({cfg.mode})", rank)
+    while state["step"] < cfg.rl_steps:
+        t0 = time.perf_counter()
+        s = rl.step(state["step"], spec_rng)
+        state["step"] += 1
+        rec = {"stage": "rl", "step": state["step"], "lr": sched.get_last_lr()[0]} | reduce_record(s, device, world)
+        rec["bad_videos"] = clips.bad
+        rec["sec_step"] = time.perf_counter() - t0
+        _log_step(out, rec, writer, bar, rank)
+        steps_this_run += 1
+        if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
+            save_checkpoint(cfg, rank, model, processor, opt, sched, dict(state),
+                            {"rl": rl.state(), "rng": rng_state(spec_rng)})
+        if cfg.stop_after and steps_this_run >= cfg.stop_after and state["step"] < cfg.rl_steps:
+            log(f"--stop-after {cfg.stop_after}: exiting as if killed")
+            return
+    _close(bar)
+
+    checksum = float(sum(p.detach().double().sum() for p in model.parameters()))  # equal on every rank
+    checksums = [checksum] * world
+    if dist.is_initialized():
+        dist.all_gather_object(checksums, checksum)
+    if rank == 0:
+        save_model(model, processor, out / "final")
+        summary = {"config": asdict(cfg), "buffer": rl.buffer.stats(), "bad_videos": clips.bad,
+                   "bad_video_ids": clips.bad_ids[:50], "rank_checksums": checksums}
+        if eval_samples:
+            summary["before"] = json.loads((out / "eval_before.json").read_text())
+            summary["after"] = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit)
+            b, a = summary["before"], summary["after"]
+            log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
+            log(f"  clean      {b['clean']:.3f} -> {a['clean']:.3f}")
+            log(f"  perturbed  {b['perturbed']:.3f} -> {a['perturbed']:.3f}")
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        log(f"final weights in {out / 'final'}")
+    barrier()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _mean_over_ranks(value, n, device):
+    tot = all_sum([0.0 if value is None else value * n, float(n)], device)
+    return tot[0] / tot[1] if tot[1] else None
+
+
+def _load_optimizer(ckpt, opt, sched):
+    st = torch.load(ckpt / "optimizer.pt", weights_only=True)
+    opt.load_state_dict(st["optimizer"])
+    sched.load_state_dict(st["scheduler"])
+
+
+def _truncate_log(path, state):
+    """On resume, drop log lines of steps after the checkpoint (they are redone)."""
+    if not path.is_file():
+        return
+    order = {"sft": 0, "rl": 1}
+    keep = [ln for ln in path.read_text().splitlines() if ln.strip() and
+            (order[json.loads(ln)["stage"]], json.loads(ln)["step"]) <= (order[state["stage"]], state["step"])]
+    path.write_text("".join(ln + "\n" for ln in keep))
+
+
+def _tensorboard(out):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+        return SummaryWriter(str(out / "tensorboard"))
+    except Exception:  # noqa: BLE001 - optional
+        return None
+
+
+def _bar(total, initial, desc, rank):
+    if rank != 0:
+        return None
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+    except ImportError:
+        return None
+
+
+def _close(bar):
+    if bar is not None:
+        bar.close()
+
+
+def _log_step(out, rec, writer, bar, rank):
+    if rank != 0:
+        return
+    with open(out / "log.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    if writer is not None:
+        for k, v in rec.items():
+            if isinstance(v, (int, float)) and k not in ("step",):
+                writer.add_scalar(f"{rec['stage']}/{k}", v, rec["step"])
+    if bar is not None:
+        bar.update(1)
+        keys = ("nll",) if rec["stage"] == "sft" else ("r_total", "acc_perturbed", "rho")
+        bar.set_postfix({k: round(rec[k], 3) for k in keys if rec.get(k) is not None})
+
+
+if __name__ == "__main__":
+    main()
