@@ -858,13 +858,16 @@ def _majority(answers):
 
 
 def self_assess(perturbed_accuracy, p_yes, perturbed_answers=None, clean_answers=None, *,
-                tau: float = 0.8, a_min: float = 0.3, a_max: float = 0.85) -> Assessment:
+                tau: float = 0.8, a_min: float = 0.3, a_max: float = 0.85,
+                unanswerable_below: float = 0.5) -> Assessment:
     """Eq. 3 and the selection policy of Sec. 3.2 for one sample at one step.
 
     perturbed_accuracy: r^Acc of each perturbed rollout (or their mean); p_yes: c, the policy's
     P(YES) on the answerability prompt (see `answerability_confidence`); perturbed_answers /
     clean_answers: the extracted answers of the j-th rollouts, for the agreement test (clean ones are
-    absent when the buffer re-assesses a regenerated video, Eq. 5: agreement is then not required)."""
+    absent when the buffer re-assesses a regenerated video, Eq. 5: agreement is then not required).
+    unanswerable_below: P(YES) under which the masked video counts as judged unanswerable (NO, Fig. 10);
+    0 ignores the verdict (for a policy never taught the answerability question, whose P(YES) is noise)."""
     many = hasattr(perturbed_accuracy, "__iter__")
     acc = [float(a) for a in perturbed_accuracy] if many else [float(perturbed_accuracy)]
     if not acc:
@@ -877,7 +880,7 @@ def self_assess(perturbed_accuracy, p_yes, perturbed_answers=None, clean_answers
     if clean_answers is not None and perturbed_answers is not None:
         m_clean, m_pert = _majority(clean_answers), _majority(perturbed_answers)
         agreement = m_clean is not None and m_clean == m_pert
-    answerable = c >= 0.5
+    answerable = c >= unanswerable_below
     if accuracy < a_min or not answerable:
         d = "difficult"
     elif accuracy >= a_max and agreement is not False:

@@ -87,6 +87,8 @@ class Config:
     tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)")
     a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)")
     a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)")
+    unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
+                                          "difficult; 0 ignores it (DESIGN.md 2)")
     buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)")
     n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)")
     reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)")
@@ -103,6 +105,7 @@ class Config:
     judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)")
     judge_cache: str = _arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
     save_every: int = _arg(50, "checkpoint every this many steps (SFT and RL)")
+    keep_checkpoints: int = _arg(2, "complete checkpoints kept (older ones are deleted)")
     resume: str = _arg("", "auto: the last complete checkpoint in OUT; or a checkpoint folder")
     seed: int = _arg(0, "seed of data order, corruption specs and sampling")
     max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable")
@@ -111,9 +114,11 @@ class Config:
     stop_after: int = _arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
 
 
-DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=4.0, sft_batch_size=16, sft_lr=2e-3, lr=2e-4, rl_steps=40,
-            batch_size=4, group_size=8, max_new_tokens=48, save_every=20, reeval_period=10, video_cache=4096,
-            eval_limit=120)
+# The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. The tiny model
+# was never taught the answerability question, so its P(YES) is noise and is not used to defer samples.
+DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sft_lr=3e-3, lr=1e-4, rl_steps=100,
+            batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, video_cache=4096,
+            eval_limit=120, unanswerable_below=0.0)
 
 
 def parse_args(argv=None) -> Config:
@@ -315,7 +320,16 @@ def save_checkpoint(cfg, rank, model, processor, opt, sched, state, per_rank):
         final = root / checkpoint_name(state)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+        for old in _complete_checkpoints(root)[:-max(1, cfg.keep_checkpoints)]:
+            shutil.rmtree(old, ignore_errors=True)
     barrier()
+
+
+def _complete_checkpoints(root):
+    """Complete checkpoints, oldest first (SFT before RL, then by step)."""
+    order = {"sft": 0, "rl": 1}
+    done = [p for p in Path(root).glob("*-*") if (p / "COMPLETE").is_file()]
+    return sorted(done, key=lambda p: (order.get(p.name.split("-")[0], 2), p.name))
 
 
 def find_checkpoint(cfg):
@@ -323,9 +337,7 @@ def find_checkpoint(cfg):
         return None
     if cfg.resume != "auto":
         return Path(cfg.resume)
-    done = sorted(p for p in (Path(cfg.out) / "checkpoints").glob("*-*") if (p / "COMPLETE").is_file())
-    order = {"sft": 0, "rl": 1}
-    done.sort(key=lambda p: (order.get(p.name.split("-")[0], 2), p.name))
+    done = _complete_checkpoints(Path(cfg.out) / "checkpoints")
     return done[-1] if done else None
 
 
@@ -410,7 +422,8 @@ class RL:
         roll = self._rollout([data.build_messages(s)], [pert], self.cfg.reeval_rollouts)
         acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in roll.texts]
         c = answerability(self.model, self.processor, [pert], [question_text(s)])[0]
-        return judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max).difficulty
+        return judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max,
+                                  unanswerable_below=self.cfg.unanswerable_below).difficulty
 
     def step(self, step, spec_rng):
         cfg, timer, G = self.cfg, Timer(), self.cfg.group_size
@@ -457,7 +470,8 @@ class RL:
                 for b, c in zip(judged, conf):
                     s = b["sample"]
                     a = judges.self_assess(b["acc"], c, answers_of(b["texts"], s), answers_of(b["clean_texts"], s),
-                                           tau=cfg.tau, a_min=cfg.a_min, a_max=cfg.a_max)
+                                           tau=cfg.tau, a_min=cfg.a_min, a_max=cfg.a_max,
+                                           unanswerable_below=cfg.unanswerable_below)
                     b["decision"] = a.decision
                     if a.decision == "defer":  # Alg. 2 l.7-8, Eq. 4
                         self.buffer.add(s.id, b["spec"].to_dict(), step)
@@ -503,7 +517,7 @@ class RL:
                 loss, loss_stats = grpo.grpo_loss(logp, logp.detach(), ref, adv.to(logp.device),
                                                   mask.to(logp.device), cfg.clip_eps, cfg.beta)
                 (loss * len(rows)).backward()
-                loss_stats["loss"] = float(loss)
+                loss_stats["loss"] = loss.item()
                 n_rows = len(rows)
             if sync_gradients(self.params, n_rows, self.device) > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
@@ -667,6 +681,12 @@ def main(argv=None):
     if ckpt:
         log(f"resuming from {ckpt} ({state['stage']} step {state['step']})")
         _truncate_log(out / "log.jsonl", state)
+    elif rank == 0:  # a fresh run: the previous run's results in OUT are replaced (the demo's assets are kept)
+        for stale in ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json"):
+            (out / stale).unlink(missing_ok=True)
+        for stale in ("checkpoints", "reference", "final", "tensorboard"):
+            shutil.rmtree(out / stale, ignore_errors=True)
+    barrier()
     writer = _tensorboard(out) if rank == 0 else None
 
     eval_samples = []
@@ -709,6 +729,9 @@ def main(argv=None):
         _close(bar)
         state = {"stage": "rl", "step": 0}
         ckpt = per_rank = None
+        if eval_samples and rank == 0 and sft_total > 0:
+            (out / "eval_after_sft.json").write_text(json.dumps(evaluate(cfg, model, processor, eval_samples,
+                                                                         cfg.eval_limit)))
 
     # ---- stage 2: RL (Alg. 2)
     ref_model = None
@@ -754,11 +777,15 @@ def main(argv=None):
                    "bad_video_ids": clips.bad_ids[:50], "rank_checksums": checksums}
         if eval_samples:
             summary["before"] = json.loads((out / "eval_before.json").read_text())
+            if (out / "eval_after_sft.json").is_file():
+                summary["after_sft"] = json.loads((out / "eval_after_sft.json").read_text())
             summary["after"] = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit)
             b, a = summary["before"], summary["after"]
+            m = summary.get("after_sft")
             log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
-            log(f"  clean      {b['clean']:.3f} -> {a['clean']:.3f}")
-            log(f"  perturbed  {b['perturbed']:.3f} -> {a['perturbed']:.3f}")
+            log(f"             before{'   after SFT' if m else ''}   after {cfg.mode} RL")
+            for k in ("clean", "perturbed"):
+                log(f"  {k:<10} {b[k]:6.3f}" + (f"   {m[k]:9.3f}" if m else "") + f"   {a[k]:12.3f}")
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         log(f"final weights in {out / 'final'}")
     barrier()

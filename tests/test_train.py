@@ -65,7 +65,7 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
     if mode == "rova":  # the untrained tiny model fails everything: deferred to the buffer, re-evaluated
         assert recs[0]["defer_rate"] + recs[0]["discard_rate"] + recs[0]["rho"] == pytest.approx(1.0)
     assert (out / "final" / "model.safetensors").is_file() and (out / "summary.json").is_file()
-    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())  # --keep-checkpoints 2 (default)
     assert ckpts == ["rl-0000001", "rl-0000002"] and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts)
 
 
