@@ -199,20 +199,26 @@ class Timer:
 
 
 def rng_state(spec_rng):
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+    """Every RNG of this rank: JSON-able parts, and torch's generator states as tensors."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_py = random.getstate()
+    plain = {"python": [version, list(internal), gauss_py], "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
              "spec": spec_rng.bit_generator.state}
+    tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+        tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return plain, tensors
 
 
-def set_rng_state(state, spec_rng):
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    spec_rng.bit_generator.state = state["spec"]
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def set_rng_state(plain, tensors, spec_rng):
+    version, internal, gauss_py = plain["python"]
+    random.setstate((version, tuple(internal), gauss_py))
+    kind, keys, pos, has_gauss, gauss = plain["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    spec_rng.bit_generator.state = plain["spec"]
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(tensors["cuda"]))
 
 
 # ----------------------------------------------------------------------------- data
@@ -309,7 +315,9 @@ def save_checkpoint(cfg, rank, model, processor, opt, sched, state, per_rank):
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    torch.save(per_rank, tmp / f"rank{rank}.pt")
+    plain, tensors = per_rank  # JSON (cursor, buffer, RNG) and tensors (torch RNG), both safe to load
+    (tmp / f"rank{rank}.json").write_text(json.dumps(plain))
+    torch.save(tensors, tmp / f"rank{rank}_rng.pt")
     if rank == 0:
         save_model(model, processor, tmp / "model")
         torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optimizer.pt")
@@ -676,7 +684,8 @@ def main(argv=None):
     if ckpt is not None and not (ckpt / "COMPLETE").is_file():
         raise SystemExit(f"checkpoint {ckpt} is incomplete (no COMPLETE marker)")
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
-    per_rank = torch.load(ckpt / f"rank{rank}.pt", weights_only=False) if ckpt else None
+    per_rank = (json.loads((ckpt / f"rank{rank}.json").read_text()),
+                torch.load(ckpt / f"rank{rank}_rng.pt", weights_only=True)) if ckpt else None
     model, processor = load_model(cfg, device, weights=str(ckpt / "model") if ckpt else None)
     if ckpt:
         log(f"resuming from {ckpt} ({state['stage']} step {state['step']})")
@@ -704,8 +713,8 @@ def main(argv=None):
         cursor = Cursor(len(shard), cfg.seed * 1000 + 2 * rank)
         if ckpt:
             _load_optimizer(ckpt, opt, sched)
-            cursor.epoch, cursor.pos = per_rank["cursor"]["epoch"], per_rank["cursor"]["pos"]
-            set_rng_state(per_rank["rng"], spec_rng)
+            cursor.epoch, cursor.pos = per_rank[0]["cursor"]["epoch"], per_rank[0]["cursor"]["pos"]
+            set_rng_state(per_rank[0]["rng"], per_rank[1], spec_rng)
         bar = _bar(sft_total, state["step"], "SFT", rank)
         while state["step"] < sft_total:
             t0 = time.perf_counter()
@@ -722,7 +731,7 @@ def main(argv=None):
             steps_this_run += 1
             if state["step"] % cfg.save_every == 0 or state["step"] == sft_total:
                 save_checkpoint(cfg, rank, model, processor, opt, sched, dict(state),
-                                {"cursor": cursor.state(), "rng": rng_state(spec_rng)})
+                                _rank_state({"cursor": cursor.state()}, spec_rng))
             if cfg.stop_after and steps_this_run >= cfg.stop_after:
                 log(f"--stop-after {cfg.stop_after}: exiting as if killed")
                 return
@@ -747,8 +756,8 @@ def main(argv=None):
     rl = RL(cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, params, opt, sched)
     if ckpt and state["stage"] == "rl":
         _load_optimizer(ckpt, opt, sched)
-        rl.load(per_rank["rl"])
-        set_rng_state(per_rank["rng"], spec_rng)
+        rl.load(per_rank[0]["rl"])
+        set_rng_state(per_rank[0]["rng"], per_rank[1], spec_rng)
     bar = _bar(cfg.rl_steps, state["step"], f"RL ({cfg.mode})", rank)
     while state["step"] < cfg.rl_steps:
         t0 = time.perf_counter()
@@ -761,7 +770,7 @@ def main(argv=None):
         steps_this_run += 1
         if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
             save_checkpoint(cfg, rank, model, processor, opt, sched, dict(state),
-                            {"rl": rl.state(), "rng": rng_state(spec_rng)})
+                            _rank_state({"rl": rl.state()}, spec_rng))
         if cfg.stop_after and steps_this_run >= cfg.stop_after and state["step"] < cfg.rl_steps:
             log(f"--stop-after {cfg.stop_after}: exiting as if killed")
             return
@@ -791,6 +800,11 @@ def main(argv=None):
     barrier()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _rank_state(plain, spec_rng):
+    rng_plain, rng_tensors = rng_state(spec_rng)
+    return {**plain, "rng": rng_plain}, rng_tensors
 
 
 def _mean_over_ranks(value, n, device):
