@@ -657,6 +657,15 @@ def _normalize_number(s: str) -> float | None:
 _MRA_START, _MRA_END, _MRA_INTERVAL = 0.5, 0.95, 0.05
 
 
+def _numeric_pair(pred, gt):
+    """(pred, gt) as finite floats, or None when either is not a finite number."""
+    try:
+        pred, gt = float(pred), float(gt)
+    except (TypeError, ValueError):
+        return None
+    return (pred, gt) if math.isfinite(pred) and math.isfinite(gt) else None
+
+
 def mean_relative_accuracy(pred: float, gt: float, strict: bool = False) -> float:
     """Mean relative accuracy over confidence thresholds theta in {0.50, 0.55, ..., 0.95}.
 
@@ -670,12 +679,10 @@ def mean_relative_accuracy(pred: float, gt: float, strict: bool = False) -> floa
     pred == 0 else 0.0, for both variants. A negative gt uses |gt| (never happens in VSI-Bench).
     Non-finite inputs score 0.0.
     """
-    try:
-        pred, gt = float(pred), float(gt)
-    except (TypeError, ValueError):
+    pair = _numeric_pair(pred, gt)
+    if pair is None:
         return 0.0
-    if not (math.isfinite(pred) and math.isfinite(gt)):
-        return 0.0
+    pred, gt = pair
     if gt == 0:
         return 1.0 if pred == 0 else 0.0
     if strict:
@@ -695,12 +702,10 @@ def relative_error_reward(pred: float, gt: float) -> float:
     (The evaluation script uses MRA instead, see :func:`mean_relative_accuracy`.) gt == 0: our
     limit as for MRA (the literal formula gives 0.0 even for pred == 0).
     """
-    try:
-        pred, gt = float(pred), float(gt)
-    except (TypeError, ValueError):
+    pair = _numeric_pair(pred, gt)
+    if pair is None:
         return 0.0
-    if not (math.isfinite(pred) and math.isfinite(gt)):
-        return 0.0
+    pred, gt = pair
     if gt == 0:
         return 1.0 if pred == 0 else 0.0
     rel = (abs(pred - gt) + 1e-9) / (abs(gt) + 1e-9)
