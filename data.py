@@ -792,6 +792,20 @@ def score(pred, gt, problem_type: str, source: str | None = None, *,
         return 0.0
 
 
+def video_identity(sample: Sample) -> str:
+    """A video's identity in PVRBench: what the static protocol seeds a video's corruption with
+    (Sec. 4, `perturb.static_spec`), so every question on a video sees the same corrupted video, on
+    every machine (ids, never local paths)."""
+    m = sample.meta
+    if sample.source == "urbanvideo":
+        return f"urbanvideo/{m['video_id']}"
+    if sample.source == "synthetic" or m.get("dataset") == "synthetic":
+        return f"synthetic/{m.get('scene_name') or Path(sample.video).stem}"
+    if sample.source == "vsibench":
+        return f"vsibench/{m['dataset']}/{m['scene_name']}"
+    return f"{sample.source}/{Path(sample.video).name}"
+
+
 def score_sample(output, sample: Sample, *, strict: bool = False, train_reward: bool = False) -> float:
     """Score a raw model output against a sample: extract with the sample's source, then score."""
     pred = extract_answer(output, sample.source, problem_type=sample.problem_type, strict=strict)

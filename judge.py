@@ -450,6 +450,11 @@ class OpenAIJudge(_PromptJudge):
                 return None
         return min(max(seconds, 0.0), self.backoff_max)
 
+    def complete(self, prompt: str, max_tokens: int | None = None, frames=None) -> str | None:
+        """One chat completion with optional video frames (numpy/PIL/JPEG bytes) sent as base64 JPEG
+        image parts before the text; retried, not cached. The reply text, or None after failures."""
+        return self._complete(prompt, max_tokens or self.max_tokens, images=_jpegs(list(frames or [])))
+
     def _complete(self, prompt: str, max_tokens: int, images=None) -> str | None:
         """One chat completion; the reply text (key masked), or None after failures (counted)."""
         import requests

@@ -606,8 +606,9 @@ def question_text(s):
 # ----------------------------------------------------------------------------- evaluation (before / after)
 
 def evaluate(cfg, model, processor, samples, limit, batch_size=16):
-    """Greedy accuracy on clean videos and under PVRBench's static corruption (each question gets one of
-    the 12 subtypes in turn, `perturb.static_spec`), scored as the source benchmark does."""
+    """A quick check for the demo: greedy accuracy pooled over questions, on clean videos and under
+    PVRBench's static corruption (each question gets one of the 12 subtypes in turn). The benchmark's
+    own aggregation (per-task means, categories, reasoning quality) is eval_pvrbench.py's."""
     samples = samples[:limit]
     scores = {"clean": [], "perturbed": []}
     for start in range(0, len(samples), batch_size):
@@ -623,8 +624,9 @@ def evaluate(cfg, model, processor, samples, limit, batch_size=16):
         if not chunk:
             continue
         for cond in scores:
-            vids = clips if cond == "clean" else [perturb.apply(f, perturb.static_spec(s.id, sub, eta=cfg.eta))
-                                                  for f, (s, sub) in zip(clips, chunk)]
+            vids = clips if cond == "clean" else [  # Sec. 4 static protocol: one corruption per (video, subtype)
+                perturb.apply(f, perturb.static_spec(data.video_identity(s), sub, eta=cfg.eta))
+                for f, (s, sub) in zip(clips, chunk)]
             inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _ in chunk], vids)
             out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
             scores[cond] += [data.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]

@@ -1,0 +1,755 @@
+"""PVRBench evaluation: the static protocol of Sec. 4, scored as Table 2 (answer accuracy per perturbation
+category and the five reasoning-quality metrics), on the sources of App. B.1 (VSI-Bench, UrbanVideo-Bench).
+
+    python eval_pvrbench.py          # demo: runs/rova/final (else an untrained tiny model) on the synthetic benchmark
+    python eval_pvrbench.py --model Qwen/Qwen2.5-VL-7B-Instruct --judge openai:gpt-4o \\
+        --benchmark vsibench=VSI-Bench/test.parquet,urbanvideo=UrbanVideo-Bench/MCQ.parquet \\
+        --video-root vsibench=VSI-Bench,urbanvideo=UrbanVideo-Bench/videos
+    python eval_pvrbench.py --model openai:gpt-4o ...       # chat-completions; $OPENAI_API_KEY, --base-url for vLLM
+    python eval_pvrbench.py --benchmark ... --export pvrbench/   # the corrupted mp4s + manifest only, no model
+    python eval_pvrbench.py --compare A_results.json B_results.json
+
+Static protocol (Sec. 4). Each (video, subtype) gets one fixed spec, perturb.static_spec(video id, subtype, eta),
+seeded by SHA-256 of the benchmark's video identity ("vsibench/<dataset>/<scene>", "urbanvideo/<video_id>",
+"synthetic/<scene>"); every question on that video under that subtype sees the same corrupted clip, rebuilt
+from the manifest's spec dict (manifest.jsonl: video id, subtype, spec, questions). The depth proxy is used
+for every source (no external depth), so the manifest and the clean frames alone regenerate a clip exactly.
+
+Conditions: "clean" plus the chosen subtypes (Table 8). `--assign all` evaluates every question under every
+subtype (13 passes). `--assign cycle` (default) evaluates every question clean and under ONE subtype: within
+each (benchmark, task) the k-th question gets subtype (k + offset(task)) mod n (offset from SHA-256 of the task
+name), so every subtype gets an equal share of every task (+-1) and per-category scores are not confounded by
+the task mix; the assignment is a pure function of the ordered question list (a longer --limit extends it).
+
+Scores (App. B.1, each source's official rules through data.score_sample): VSI-Bench as lmms-eval: per
+question_type mean (accuracy for MC, MRA for numeric), the three object_rel_direction levels averaged into one
+task, overall = unweighted mean over tasks; the synthetic benchmark the same (its tasks are VSI question types);
+UrbanVideo-Bench: accuracy per question_category and the micro-averaged total. PVRBench (several sources) =
+unweighted mean of the sources' overall scores. Table 2: Lig./Occ./Sha./Wea. = mean over the category's chosen
+subtypes, Avg. = mean over the perturbed conditions, Orig. = clean, drop = (Orig. - Avg.) / Orig. A sample
+whose video cannot be read (or whose generation or API call failed for good) is recorded with its reason,
+excluded from the means, counted in n_errors, and tried again by the next run of the same command.
+
+Reasoning quality (Table 2, right): judge.reasoning_quality(question, clean response, perturbed response) for
+each perturbed sample; the full responses are passed (the <think> reasoning and the <answer>: Consistency rates
+the agreement of the steps with the own answer; the judge splits them). An openai: judge also sees
+--judge-frames frames of the clip it rates. Per-metric means (None-aware) per condition, then over conditions;
+Avg.† = mean of Con., Bel., Rec., Att. (Fra. excluded, as Table 2's caption says). Orig.† = the same judge on each
+clean trace with itself as the reference (the quality of clean reasoning; its Fra. is 0 by construction and
+unused). The offline local judge yields only Fra. and Con. (judge.LocalJudge), so its Avg.† is Con. alone.
+
+Outputs, under OUT/<model>/ (the model's last path component, "<parent>-final" for train.py's OUT/final, or the
+API model's name): run_<hash>/ is the working store (samples and verdicts appended and flushed per batch; the
+same command run again skips the (question, condition) pairs done, so a kill loses at most the batch in flight;
+the hash covers everything that changes a generation, not --limit or --judge); at the end
+<timestamp>_results.json (aggregates, config, versions, manifest sha256), <timestamp>_samples_pvrbench_<source>
+.jsonl (lmms-eval's layout), <timestamp>_manifest.jsonl, table.md (Table 2's row) and per_task.png (clean vs
+perturbed per task, as Figs. 14-18), drawn with Pillow.
+
+With no arguments: the train demo's checkpoint (runs/rova/final) or, without one, an untrained tiny model
+(policy.build_tiny into OUT/tiny), on the synthetic benchmark (runs/rova/synthetic, built as the train demo
+builds it), with train.py's demo settings unless set: 8 frames of 56x56, fps 2.0, 64 new tokens, batches of 32.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import data
+import judge as judges
+import perturb
+import video
+
+SOURCES = ("vsibench", "urbanvideo", "synthetic")
+DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
+SYNTH_CLIPS = 480                       # train.py's demo_clips: both build the same benchmark
+SYNTH_DEFAULTS = dict(frames=8, max_pixels=56 * 56, max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
+DEMO_CHECKPOINT = "runs/rova/final"
+CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
+QUALITY = judges.QUALITY_KEYS           # fragility, consistency, belief, recovery, attention
+DAGGER = QUALITY[1:]                    # Avg.+ / Orig.+ exclude Fra. (Table 2's caption)
+REL_DIRECTION = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard")
+
+
+def mean(values):
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def drop(orig, avg):
+    return (orig - avg) / orig if orig and avg is not None else None
+
+
+# ----------------------------------------------------------------------------- scoring (App. B.1, Table 2)
+
+def benchmark_score(records, source):
+    """Official aggregate of one condition's records ({"task", "score", "error"}) of one source.
+    vsibench/synthetic: lmms-eval's vsibench_aggregate_results (rel_direction levels merged, unweighted mean
+    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total."""
+    by_task = defaultdict(list)
+    for r in records:
+        if r.get("error") is None:
+            by_task[r["task"]].append(r["score"])
+    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
+    if source == "urbanvideo":
+        tasks, overall = dict(per_type), mean([s for v in by_task.values() for s in v])
+    else:
+        tasks = {t: m for t, m in per_type.items() if t not in REL_DIRECTION}
+        levels = [per_type[t] for t in REL_DIRECTION if t in per_type]
+        if levels:
+            tasks["object_rel_direction"] = float(np.mean(levels))
+        overall = mean(tasks.values())
+    return {"overall": overall, "tasks": tasks, "question_types": per_type, "n": len(records),
+            "n_errors": sum(r.get("error") is not None for r in records)}
+
+
+def accuracy_block(overall, subtypes):
+    """Table 2 left: categories (mean over their chosen subtypes), Avg. (mean over perturbed conditions),
+    Orig. (clean) and the relative drop."""
+    cats = {c: mean([overall.get(s) for s in perturb.CATEGORIES[c] if s in subtypes]) for c in perturb.CATEGORIES}
+    avg = mean([overall.get(s) for s in subtypes])
+    return {"categories": cats, "avg": avg, "orig": overall.get("clean"), "drop": drop(overall.get("clean"), avg)}
+
+
+def reasoning_block(records, subtypes):
+    """Table 2 right: per-metric means per condition, then over the perturbed conditions; Avg.+ / Orig.+."""
+    per_cond = {}
+    for cond in ("clean", *subtypes):
+        js = [r["judge"] for r in records if r["condition"] == cond and r.get("judge")]
+        per_cond[cond] = {k: mean([j.get(k) for j in js]) for k in QUALITY}
+    metrics = {k: mean([per_cond[s][k] for s in subtypes]) for k in QUALITY}
+    avg, orig = mean([metrics[k] for k in DAGGER]), mean([per_cond["clean"][k] for k in DAGGER])
+    return {"metrics": metrics, "avg_dagger": avg, "orig_dagger": orig, "drop_dagger": drop(orig, avg),
+            "per_condition": per_cond}
+
+
+def summarize(records_by_source, subtypes):
+    """All aggregates. records: {"condition", "task", "score", "error", "judge"} per (question, condition)."""
+    sources, combined = {}, defaultdict(list)
+    for src, recs in records_by_source.items():
+        conds = {c: benchmark_score([r for r in recs if r["condition"] == c], src)
+                 for c in ("clean", *subtypes) if any(r["condition"] == c for r in recs)}
+        overall = {c: v["overall"] for c, v in conds.items()}
+        pert = [r for r in recs if r["condition"] != "clean"]
+        per_task = {"clean": conds.get("clean", {}).get("tasks", {}),
+                    "perturbed": benchmark_score(pert, src)["tasks"] if pert else {}}
+        for cat in perturb.CATEGORIES:
+            sub = [r for r in pert if perturb.CATEGORY_OF[r["condition"]] == cat]
+            per_task[cat] = benchmark_score(sub, src)["tasks"] if sub else {}
+        sources[src] = {"accuracy": accuracy_block(overall, subtypes), "reasoning": reasoning_block(recs, subtypes),
+                        "conditions": conds, "per_task": per_task, "n_samples": len(recs),
+                        "n_errors": sum(r.get("error") is not None for r in recs)}
+        for c, v in overall.items():
+            combined[c].append(v)
+    overall = {c: mean(v) for c, v in combined.items()}
+    rq = [s["reasoning"] for s in sources.values()]
+    metrics = {k: mean([r["metrics"][k] for r in rq]) for k in QUALITY}
+    avg, orig = mean([r["avg_dagger"] for r in rq]), mean([r["orig_dagger"] for r in rq])
+    return {"pvrbench": {"accuracy": accuracy_block(overall, subtypes), "overall": overall,
+                         "reasoning": {"metrics": metrics, "avg_dagger": avg, "orig_dagger": orig,
+                                       "drop_dagger": drop(orig, avg)}},
+            "sources": sources, "n_samples": sum(s["n_samples"] for s in sources.values()),
+            "n_errors": sum(s["n_errors"] for s in sources.values())}
+
+
+# ----------------------------------------------------------------------------- Table 2 and charts
+
+def _f(x, lead=False):
+    """Table 2's style: accuracy as .51, reasoning (0-5) as 2.65; "–" when absent."""
+    if x is None:
+        return "–"
+    s = f"{x:.2f}"
+    return s[1:] if not lead and s.startswith("0.") else s
+
+
+def _d(x):
+    return "" if x is None else f" {'↓' if x >= 0 else '↑'}{abs(x) * 100:.0f}%"
+
+
+TABLE_HEADER = ("| Model | #Fr | Lig. | Occ. | Sha. | Wea. | Avg. | Orig. | Fra.↓ | Con. | Bel. | Rec. | Att. "
+                "| Avg.† | Orig.† |\n" + "|---" * 15 + "|\n")
+
+
+def table_row(name, frames, pvr):
+    a, r = pvr["accuracy"], pvr["reasoning"]
+    cells = [name, str(frames)] + [_f(a["categories"][c]) for c, _ in CATEGORY_COLUMNS]
+    cells += [_f(a["avg"]) + _d(a["drop"]), _f(a["orig"])] + [_f(r["metrics"][k], True) for k in QUALITY]
+    cells += [_f(r["avg_dagger"], True) + _d(r["drop_dagger"]), _f(r["orig_dagger"], True)]
+    return "| " + " | ".join(cells) + " |\n"
+
+
+def bar_chart(path, groups, series, title):
+    """A grouped bar chart drawn with Pillow: one group per task, one bar per (label, rgb, values) series."""
+    from PIL import Image, ImageDraw, ImageFont
+    font = ImageFont.load_default(size=13)
+    bw, gap, left, top, plot_h = 14, 18, 50, 60, 300
+    legend = sum(24 + int(font.getlength(label)) for label, _, _ in series)
+    width = max(left + len(groups) * (len(series) * bw + gap) + 20, left + legend + 10, 420)
+    label_h = 10 + max([int(font.getlength(g)) for g in groups] or [0])
+    img = Image.new("RGB", (width, top + plot_h + label_h), "white")
+    d = ImageDraw.Draw(img)
+    d.text((left, 8), title, fill="black", font=font)
+    x = left
+    for label, rgb, _ in series:
+        d.rectangle([x, 30, x + 10, 40], fill=rgb)
+        d.text((x + 14, 28), label, fill="black", font=font)
+        x += 24 + int(font.getlength(label))
+    for k in range(5):
+        y = top + plot_h - k * plot_h / 4
+        d.line([left, y, width - 10, y], fill=(220, 220, 220))
+        d.text((8, y - 7), f"{k / 4:.2f}", fill="black", font=font)
+    for g, name in enumerate(groups):
+        x0 = left + gap / 2 + g * (len(series) * bw + gap)
+        for s, (_, rgb, values) in enumerate(series):
+            if values[g] is not None:
+                d.rectangle([x0 + s * bw, top + plot_h * (1 - min(max(values[g], 0), 1)), x0 + (s + 1) * bw - 2,
+                             top + plot_h], fill=rgb)
+        tw = int(font.getlength(name)) + 4
+        txt = Image.new("RGB", (tw, 16), "white")
+        ImageDraw.Draw(txt).text((2, 0), name, fill="black", font=font)
+        img.paste(txt.rotate(90, expand=True), (int(x0 + len(series) * bw / 2 - 8), top + plot_h + 6))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return str(path)
+
+
+COLOURS = [((120, 170, 220), (30, 90, 160)), ((240, 170, 120), (200, 90, 20)), ((150, 210, 150), (40, 140, 60)),
+           ((200, 160, 210), (120, 60, 150)), ((200, 200, 200), (90, 90, 90))]
+
+
+def chart(path, results_list, labels):
+    """per_task.png / compare.png: per task, the clean and the perturbed (pooled) score of each result."""
+    tasks = list(dict.fromkeys((src, t) for res in results_list for src, b in res["results"]["sources"].items()
+                               for t in b["per_task"]["clean"] | b["per_task"]["perturbed"]))
+    series = []
+    for i, (res, label) in enumerate(zip(results_list, labels)):
+        light, dark = COLOURS[i % len(COLOURS)]
+        pt = res["results"]["sources"]
+        for kind, rgb in (("clean", light), ("perturbed", dark)):
+            series.append((f"{label} {kind}" if len(labels) > 1 else kind, rgb,
+                           [pt.get(s, {}).get("per_task", {}).get(kind, {}).get(t) for s, t in tasks]))
+    names = [f"{s}/{t}" if len({s for s, _ in tasks}) > 1 else t for s, t in tasks]
+    return bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
+
+
+def compare(paths, out):
+    """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png)."""
+    results = [json.loads(Path(p).read_text()) for p in paths]
+    labels = [r["config"]["model_name"] for r in results]
+    labels = [f"{lb} ({Path(p).name[:15]})" if labels.count(lb) > 1 else lb for lb, p in zip(labels, paths)]
+    table = TABLE_HEADER + "".join(table_row(lb, r["config"]["frames"], r["results"]["pvrbench"])
+                                   for lb, r in zip(labels, results))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.md").write_text(table)
+    chart(out / "compare.png", results, labels)
+    print(table + f"written: {out / 'compare.md'}, {out / 'compare.png'}")
+    return table
+
+
+# ----------------------------------------------------------------------------- benchmarks and the plan
+
+def parse_sources(spec, what="--benchmark"):
+    """"vsibench=X,urbanvideo=Y" -> {source: value}. --benchmark: synthetic's DIR is optional, the others need a
+    file; --video-root: a bare "DIR" -> {None: DIR}, for every source."""
+    if what != "--benchmark" and spec and "=" not in spec:
+        return {None: spec}
+    out = {}
+    for part in filter(None, spec.split(",")):
+        name, _, value = part.strip().partition("=")
+        if name not in SOURCES:
+            raise SystemExit(f"{what}: unknown source {name!r} (valid: {', '.join(SOURCES)})")
+        if what == "--benchmark" and not value and name != "synthetic":
+            raise SystemExit(f"--benchmark: {name} needs a file: {name}=PATH")
+        out[name] = value or (DEFAULT_SYNTH if what == "--benchmark" else None)
+    return out
+
+
+def parse_subtypes(spec):
+    """"all", "none" (clean only), or a comma list of subtypes and categories; canonical order."""
+    if spec.strip() == "all":
+        return list(perturb.SUBTYPES)
+    chosen = set()
+    for name in filter(None, (p.strip() for p in spec.split(","))):
+        if name in perturb.CATEGORIES:
+            chosen.update(perturb.CATEGORIES[name])
+        elif name in perturb.SUBTYPES:
+            chosen.add(name)
+        elif name != "none":
+            raise SystemExit(f"--subtypes: unknown {name!r} (subtypes: {', '.join(perturb.SUBTYPES)}; categories: "
+                             f"{', '.join(perturb.CATEGORIES)}; or all / none)")
+    return [s for s in perturb.SUBTYPES if s in chosen]
+
+
+def load_source(name, path, root, limit):
+    if name == "synthetic":
+        folder = Path(path)
+        if not (folder / "eval.jsonl").is_file():
+            print(f"building the synthetic benchmark ({SYNTH_CLIPS} clips) in {folder}", flush=True)
+            data.make_synthetic(folder, n=SYNTH_CLIPS, seed=0, num_frames=8, size=56)
+        samples, _ = data.load_vsibench(folder / "eval.jsonl", root or folder / "videos", require_videos=False)
+    elif name == "vsibench":
+        samples, _ = data.load_vsibench(path, root or Path(path).parent, require_videos=False)
+    else:
+        default = Path(path).parent / "videos"
+        samples, _ = data.load_urbanvideo(path, root or (default if default.is_dir() else Path(path).parent),
+                                          require_videos=False, skip_unparsable=True)
+    return samples[:limit] if limit else samples
+
+
+def video_identity(source, s):
+    """The video's identity in PVRBench: what static_spec is seeded with (Sec. 4; data.video_identity)."""
+    return data.video_identity(s)
+
+
+@dataclass
+class Group:
+    """The questions of one video, with their conditions."""
+    source: str
+    video_id: str
+    path: str
+    items: list   # [(sample, [conditions])]
+
+
+def make_plan(sources, subtypes, assign, eta):
+    """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs)."""
+    groups, manifest = {}, {}
+    for src, samples in sources.items():
+        seen = Counter()
+        for s in samples:
+            if assign == "all" or not subtypes:
+                conds = ["clean", *subtypes]
+            else:   # cycle: round-robin within the task, offset by a stable hash of the task name
+                off = int(hashlib.sha256(s.task.encode()).hexdigest(), 16)
+                conds = ["clean", subtypes[(seen[s.task] + off) % len(subtypes)]]
+                seen[s.task] += 1
+            vid = video_identity(src, s)
+            groups.setdefault((src, vid), Group(src, vid, s.video, [])).items.append((s, conds))
+            for sub in conds[1:]:
+                row = manifest.setdefault((src, vid, sub), {
+                    "source": src, "video_id": vid, "subtype": sub,   # no local path: the same file everywhere
+                    "spec": perturb.static_spec(vid, sub, eta).to_dict(), "questions": []})
+                row["questions"].append(s.id)
+    return list(groups.values()), list(manifest.values())
+
+
+def read_clip(group, args):
+    """(frames, fps seen by the model) or a VideoError; fps: qwen-vl-utils' sample fps, or --fps."""
+    frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels)
+    if args.fps != "video":
+        return frames, float(args.fps)
+    return frames, (len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0)
+
+
+def export(groups, manifest, args):
+    """--export DIR: the clean and corrupted clips as mp4 (the frames the models see) plus the manifest."""
+    root, specs = Path(args.export), defaultdict(list)
+    for row in manifest:
+        specs[(row["source"], row["video_id"])].append(row)
+    rows = []
+    for g in groups:
+        try:
+            frames, fps = read_clip(g, args)
+        except Exception as e:  # noqa: BLE001 - recorded, never fatal
+            rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
+            continue
+        clean = Path(g.video_id) / "clean.mp4"
+        video.write_video(root / clean, frames, fps=fps)
+        for r in specs[(g.source, g.video_id)]:
+            f = Path(g.video_id) / f"{r['subtype']}.mp4"
+            video.write_video(root / f, perturb.apply(frames, perturb.PerturbSpec.from_dict(r["spec"])), fps=fps)
+            rows.append(dict(r, file=str(f), clean_file=str(clean), source_video=g.path, fps=fps,
+                             frames=args.frames, max_pixels=args.max_pixels))
+    _write_jsonl(root / "manifest.jsonl", rows)
+    print(f"exported {sum('file' in r for r in rows)} corrupted videos ({sum('error' in r for r in rows)} errors) "
+          f"and {root / 'manifest.jsonl'}")
+
+
+# ----------------------------------------------------------------------------- models
+
+class HFModel:
+    """Any AutoModelForImageTextToText checkpoint (policy.load_policy), optionally with a peft LoRA adapter;
+    batched greedy generation (policy.rollout, do_sample=False)."""
+
+    def __init__(self, path, adapter=None):
+        import policy
+        self.policy = policy
+        self.model, self.processor = policy.load_policy(path)
+        if adapter:
+            from peft import PeftModel
+            self.model = PeftModel.from_pretrained(self.model, adapter).eval()
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""
+        try:
+            messages = [data.build_messages(s, style) for s in samples]
+            inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
+            out = self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
+                                      do_sample=False)
+            return [(t, None) for t in out.texts]
+        except (RuntimeError, ValueError) as e:   # e.g. out of memory on one long video
+            if len(samples) == 1:
+                return [(None, f"generation failed: {type(e).__name__}: {str(e)[:300]}")]
+            return [o for k in range(len(samples)) for o in self.generate(
+                samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
+
+
+class APIModel:
+    """An OpenAI-compatible chat-completions model (OpenAI, vLLM): the frames as base64 JPEG image parts, then
+    the prompt; temperature 0; retries with backoff. Reuses judge.OpenAIJudge's request code (the key is read
+    from $OPENAI_API_KEY at each request, never stored, logged or written)."""
+
+    def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=8):
+        self.client = judges.OpenAIJudge(base_url=base_url, model=name, max_retries=retries, timeout=timeout)
+        self.concurrency = max(1, concurrency)
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        def one(k):
+            reply = self.client.complete(prompts[k], max_new_tokens, frames=list(clips[k]))
+            return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
+        with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(prompts))) as pool:
+            return list(pool.map(one, range(len(prompts))))
+
+
+def resolve_model(args):
+    """(spec, display name). Default: the train demo's checkpoint, else an untrained tiny model."""
+    if args.model:
+        if args.model.startswith("openai:"):
+            return args.model, args.model_name or args.model.split(":", 1)[1]
+        parts = Path(args.model.rstrip("/")).parts
+        name = "-".join(parts[-2:]) if parts[-1] == "final" and len(parts) > 1 else parts[-1]  # train.py's OUT/final
+        if args.adapter:
+            name += "+" + Path(args.adapter.rstrip("/")).name
+        return args.model, args.model_name or name
+    if (Path(DEMO_CHECKPOINT) / "config.json").is_file():
+        return DEMO_CHECKPOINT, args.model_name or "rova-final"
+    tiny = Path(args.out) / "tiny"
+    if not (tiny / "config.json").is_file():
+        import policy
+        print(f"no {DEMO_CHECKPOINT}: building an untrained tiny model in {tiny}", flush=True)
+        policy.build_tiny(tiny)
+    return str(tiny), args.model_name or "tiny-untrained"
+
+
+def _fingerprint(path):
+    """Names, sizes and mtimes of a file or a folder's files: a rebuilt checkpoint or data file is a new run."""
+    p = Path(path)
+    files = sorted(p.iterdir()) if p.is_dir() else [p] if p.exists() else []
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
+
+
+# ----------------------------------------------------------------------------- the resumable store
+
+def _write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+class Store:
+    """Append-only JSONL per source: samples_<source>.jsonl (generations) and judge-<judge>_<source>.jsonl
+    (verdicts), flushed per batch; the last line of a key wins; a torn last line (a kill) is skipped."""
+
+    def __init__(self, run_dir, judge_tag):
+        self.dir, self.tag = Path(run_dir), judge_tag
+        self.gen, self.jdg = defaultdict(dict), defaultdict(dict)
+        for kind, table in (("samples", self.gen), (f"judge-{judge_tag}", self.jdg)):
+            for f in self.dir.glob(f"{kind}_*.jsonl"):
+                for line in f.read_text().splitlines():
+                    try:
+                        r = json.loads(line)
+                    except ValueError:
+                        continue
+                    table[f.stem.rsplit("_", 1)[1]][(r["doc_id"], r["condition"])] = r
+
+    def done(self, src, key):
+        """Generated without error (an error, e.g. an unreadable video or a failed API call, is tried again)."""
+        r = self.gen[src].get(key)
+        return r is not None and r.get("error") is None
+
+    def append(self, kind, src, rows):
+        if not rows:
+            return
+        path = self.dir / f"{kind}_{src}.jsonl"
+        torn = False
+        if path.exists() and path.stat().st_size:
+            with open(path, "rb") as f:
+                torn = f.seek(-1, 2) >= 0 and f.read(1) != b"\n"
+        with open(path, "a") as f:
+            f.write(("\n" if torn else "") + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            f.flush()
+            os.fsync(f.fileno())
+        table = self.gen if kind == "samples" else self.jdg
+        table[src].update({(r["doc_id"], r["condition"]): r for r in rows})
+
+
+def question_text(s):
+    return s.question + ("\nOptions:\n" + "\n".join(s.options) if s.options else "")
+
+
+def judge_pending(store, g, judge):
+    """(key, question, reference, candidate) still to judge in a group: clean with itself (Orig.+), each
+    perturbed response against the clean one."""
+    if judge is None:
+        return []
+    out = []
+    for s, conds in g.items:
+        clean = store.gen[g.source].get((s.id, "clean"))
+        if clean is None or clean.get("error") is not None:
+            continue
+        for c in conds:
+            r = store.gen[g.source].get((s.id, c))
+            if r is not None and r.get("error") is None and (s.id, c) not in store.jdg[g.source]:
+                out.append(((s.id, c), question_text(s), clean["response"], r["response"]))
+    return out
+
+
+def run_window(window, args, store, model, judge, state):
+    """Decode each video of the window once, generate its pending samples in batches (appended per batch),
+    then judge the window's pending pairs. Returns False when --stop-after is reached."""
+    clips, todo = {}, []
+    for g in window:
+        pend = [(s, c) for s, conds in g.items for c in conds if not store.done(g.source, (s.id, c))]
+        if not pend and not judge_pending(store, g, judge):
+            continue
+        try:
+            clips[(g.video_id, "clean")] = read_clip(g, args)
+        except Exception as e:  # noqa: BLE001 - an unreadable video is an error record, never fatal
+            reason = f"{type(e).__name__}: {e}"
+            store.append("samples", g.source, [record(g, s, c, None, None, reason) for s, c in pend])
+            continue
+        todo += [(g, s, c) for s, c in pend]
+    manifest = state["manifest"]
+    for start in range(0, len(todo), args.batch_size):
+        batch, vids, fps = todo[start:start + args.batch_size], [], []
+        for g, s, c in batch:
+            if (g.video_id, c) not in clips:
+                frames, f = clips[(g.video_id, "clean")]
+                spec = perturb.PerturbSpec.from_dict(manifest[(g.source, g.video_id, c)]["spec"])
+                clips[(g.video_id, c)] = (perturb.apply(frames, spec), f)
+            vids.append(clips[(g.video_id, c)][0])
+            fps.append(clips[(g.video_id, c)][1])
+        prompts = [data.build_prompt(s, args.style) for _, s, _ in batch]
+        t0 = time.perf_counter()
+        outs = model.generate([s for _, s, _ in batch], prompts, vids, fps, args.style, args.max_new_tokens)
+        state["sec_generate"] += time.perf_counter() - t0
+        rows = defaultdict(list)
+        for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
+            rows[g.source].append(record(g, s, c, p, text, err))
+        for src, rs in rows.items():
+            store.append("samples", src, rs)
+        state["generated"] += len(batch)
+        if state.get("bar") is not None:
+            state["bar"].update(len(batch))
+        if args.stop_after and state["generated"] >= args.stop_after:
+            return False
+    t0 = time.perf_counter()
+    for g in window:
+        pend = judge_pending(store, g, judge)
+        if not pend or (g.video_id, "clean") not in clips:
+            continue
+        by_cond = defaultdict(list)
+        vision = isinstance(judge, judges.OpenAIJudge) and args.judge_frames > 0
+        for p in pend:
+            by_cond[p[0][1] if vision else None].append(p)
+        for cond, ps in by_cond.items():
+            images = None
+            if vision:
+                if (g.video_id, cond) not in clips:
+                    spec = perturb.PerturbSpec.from_dict(manifest[(g.source, g.video_id, cond)]["spec"])
+                    clips[(g.video_id, cond)] = (perturb.apply(clips[(g.video_id, "clean")][0], spec), None)
+                frames = clips[(g.video_id, cond)][0]
+                images = list(frames[np.linspace(0, len(frames) - 1, args.judge_frames).round().astype(int)])
+            verdicts = judge.reasoning_quality_batch([p[1:] for p in ps], images=images)
+            store.append(f"judge-{store.tag}", g.source, [{"doc_id": k[0], "condition": k[1], "judge": v}
+                                                         for (k, *_), v in zip(ps, verdicts)
+                                                         if any(x is not None for x in v.values())])
+    state["sec_judge"] += time.perf_counter() - t0
+    return True
+
+
+def record(g, s, cond, prompt, text, error):
+    ok = error is None
+    pred = data.extract_answer(text, s.source, problem_type=s.problem_type) if ok else None
+    return {"doc_id": s.id, "condition": cond, "video_id": g.video_id, "task": s.task, "input": prompt,
+            "target": s.answer, "response": text, "filtered_resps": pred,
+            "score": data.score(pred, s.answer, s.problem_type, s.source) if ok else None,
+            "error": error}
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = ap.add_argument
+    a("--benchmark", default="synthetic", help="vsibench=PATH,urbanvideo=PATH (native files) or synthetic[=DIR] "
+      f"(default {DEFAULT_SYNTH}; built with data.make_synthetic when it has no eval.jsonl)")
+    a("--video-root", default="", help="DIR for all, or vsibench=DIR,urbanvideo=DIR (default: next to the file)")
+    a("--subtypes", default="all", help="all (Table 8's 12), none, or a comma list of subtypes / categories "
+      "(lighting, occlusion, camera, weather)")
+    a("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
+      "(round-robin within each task); all: clean + every subtype")
+    a("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
+    a("--frames", type=int, default=None, help="frames per video (App. D: 32; synthetic: 8)")
+    a("--max-pixels", type=int, default=None, help="pixels per frame (App. D: 256x28x28; synthetic: 56x56)")
+    a("--fps", default=None, help="fps given to the model for M-RoPE: 'video' (qwen-vl-utils' sample fps) or a number "
+      "(synthetic: 2.0, as train.py)")
+    a("--eta", type=float, default=perturb.DEFAULT_ETA, help="perturbation intensity (App. D: 0.7)")
+    a("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
+    a("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
+    a("--batch-size", type=int, default=None, help="samples per generate call / API concurrency (default 8; "
+      "synthetic 32)")
+    a("--model", default="", help=f"checkpoint path or openai:NAME (default: {DEMO_CHECKPOINT}, else an untrained "
+      "tiny model)")
+    a("--adapter", default="", help="a peft LoRA adapter folder for --model")
+    a("--model-name", default="", help="name of the results folder (default: from --model)")
+    a("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
+    a("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
+    a("--api-timeout", type=float, default=120.0, help="seconds per API request")
+    a("--judge", default="local", help="local | openai:MODEL | hf:PATH | none (Table 2's reasoning quality)")
+    a("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")
+    a("--judge-frames", type=int, default=4, help="frames shown to an openai: judge (0: text only)")
+    a("--out", default="runs/eval", help="results go to OUT/<model>/")
+    a("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit")
+    a("--compare", nargs="+", default=None, metavar="RESULTS", help="lay several results.json side by side")
+    a("--stop-after", type=int, default=0, help="testing: stop (as if killed) after this many generated samples")
+    args = ap.parse_args(argv)
+    synthetic = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
+    for key, value in SYNTH_DEFAULTS.items():
+        if getattr(args, key) is None and synthetic and not (key == "max_new_tokens" and args.style == "official"):
+            setattr(args, key, value)
+    defaults = dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8,
+                    max_new_tokens=256 if args.style == "reason" else 16)
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.fps != "video":
+        try:
+            args.fps = float(args.fps)
+        except ValueError:
+            ap.error(f"--fps must be 'video' or a number, got {args.fps!r}")
+    return args
+
+
+def versions():
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for mod in ("numpy", "torch", "transformers", "peft", "cv2", "decord", "PIL", "requests"):
+        try:
+            out[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception:  # noqa: BLE001
+            out[mod] = None
+    try:
+        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                           cwd=Path(__file__).parent).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        out["git_commit"] = None
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.compare:
+        return compare(args.compare, Path(args.out))
+    t_start = time.perf_counter()
+    paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
+    subtypes = parse_subtypes(args.subtypes)
+    sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
+    groups, manifest = make_plan(sources, subtypes, args.assign, args.eta)
+    if args.export:
+        return export(groups, manifest, args)
+    spec, name = resolve_model(args)
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"
+    keyed = dict(model=spec, model_fp=_fingerprint(spec), adapter=args.adapter, adapter_fp=_fingerprint(args.adapter)
+                 if args.adapter else None, base_url=args.base_url, sources={n: [str(p), _fingerprint(
+                     Path(p) / "eval.jsonl" if n == "synthetic" else p), roots.get(n, roots.get(None))]
+                     for n, p in paths.items()}, subtypes=subtypes, assign=args.assign, frames=args.frames,
+                 max_pixels=args.max_pixels, fps=args.fps, eta=args.eta, style=args.style,
+                 max_new_tokens=args.max_new_tokens)
+    run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+    model_dir = Path(args.out) / name
+    run_dir = model_dir / f"run_{run_hash}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(keyed, indent=1))
+    _write_jsonl(run_dir / "manifest.jsonl", manifest)
+    manifest_sha = hashlib.sha256((run_dir / "manifest.jsonl").read_bytes()).hexdigest()
+    jtag = re.sub(r"[^A-Za-z0-9.-]+", "-", args.judge)
+    store = Store(run_dir, jtag)
+    n_items = sum(len(c) for g in groups for _, c in g.items)
+    pending = sum(not store.done(g.source, (s.id, c)) for g in groups for s, cs in g.items for c in cs)
+    print(f"PVRBench: {len(groups)} videos, {n_items} (question, condition) samples, {pending} to generate; "
+          f"model {spec}; store {run_dir}", flush=True)
+    model = None
+    if pending:
+        model = (APIModel(spec.split(":", 1)[1], args.base_url or os.environ.get("OPENAI_BASE_URL")
+                          or "https://api.openai.com/v1", args.api_retries, args.api_timeout, args.batch_size)
+                 if spec.startswith("openai:") else HFModel(spec, args.adapter or None))
+    judge = None if args.judge == "none" else judges.make_judge(
+        args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"))
+    state = {"generated": 0, "sec_generate": 0.0, "sec_judge": 0.0, "manifest": {
+        (r["source"], r["video_id"], r["subtype"]): r for r in manifest}}
+    try:
+        from tqdm import tqdm
+        state["bar"] = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
+    except ImportError:
+        state["bar"] = None
+    window, size = [], 0
+    for k, g in enumerate(groups):
+        window.append(g)
+        size += sum(len(c) for _, c in g.items)
+        if size >= args.batch_size or k == len(groups) - 1:
+            if not run_window(window, args, store, model, judge, state):
+                print(f"--stop-after {args.stop_after}: stopped after {state['generated']} samples (as if killed)")
+                return None
+            window, size = [], 0
+    if state["bar"] is not None:
+        state["bar"].close()
+
+    flat = defaultdict(list)   # the final records, in plan order, joined with their verdicts
+    for g in groups:
+        for s, conds in g.items:
+            for c in conds:
+                r = store.gen[g.source][(s.id, c)]
+                flat[g.source].append(dict(r, judge=store.jdg[g.source].get((s.id, c), {}).get("judge")))
+    results = summarize(flat, subtypes)
+    ts = time.strftime("%Y%m%d_%H%M%S")
+    elapsed = time.perf_counter() - t_start
+    out = {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),
+           "config": {**{k: v for k, v in vars(args).items() if k not in ("compare",)}, "model": spec,
+                      "model_name": name, "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
+                      "judge_stats": getattr(judge, "stats", None)},
+           "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": manifest_sha, "rows": len(manifest)},
+           "versions": versions(), "date": ts, "n_samples": results["n_samples"], "n_errors": results["n_errors"],
+           "timing": {"total_s": elapsed, "generate_s": state["sec_generate"], "judge_s": state["sec_judge"],
+                      "generated": state["generated"]}}
+    shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")
+    for src, rs in flat.items():   # lmms-eval's layout: resps [[text]], filtered_resps [answer]
+        _write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
+                     [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
+    (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
+    table = TABLE_HEADER + table_row(name, args.frames, results["pvrbench"])
+    (model_dir / "table.md").write_text(table)
+    chart(model_dir / "per_task.png", [out], [name])
+    for src, block in results["sources"].items():
+        acc = block["accuracy"]
+        print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
+              f"{block['n_samples']} samples, {block['n_errors']} errors")
+    print(table + f"results: {model_dir / (ts + '_results.json')} ({elapsed:.0f} s)", flush=True)
+    if judge is not None and hasattr(judge, "close"):
+        judge.close()
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,377 @@
+"""eval_pvrbench.py: official aggregation by hand (VSI-Bench, UrbanVideo-Bench, Table 2), end to end on a tiny
+model, the manifest regenerating the evaluated clips bit for bit, kill and resume, a corrupt video, an API model."""
+import base64
+import hashlib
+import http.server
+import io
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import data
+import eval_pvrbench as ev
+import perturb
+import policy
+import video
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("evalpvr")
+    tiny = policy.build_tiny(root / "tiny")
+    data.make_synthetic(root / "syn", n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)  # 9 questions
+    return root, tiny, root / "syn"
+
+
+def cli(assets, out, *extra, bench=None):
+    root, tiny, syn = assets
+    return ["--benchmark", f"synthetic={bench or syn}", "--model", str(tiny), "--frames", "4", "--max-new-tokens", "4",
+            "--subtypes", "fog,rain,dusk,static", "--limit", "8", "--out", str(out), "--judge", "none", *extra]
+
+
+class StubJudge:
+    """Stands in for a judge: fixed verdicts, Rec. never given."""
+    stats = {}
+
+    def __init__(self):
+        self.items = 0
+
+    def reasoning_quality_batch(self, items, images=None):
+        self.items += len(items)
+        return [{"fragility": 1.0, "consistency": 3.0, "belief": 2.0, "recovery": None, "attention": 4.0}
+                for _ in items]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts samples given to the model and records the clip each (question, condition) was shown."""
+    seen, original = {"n": 0, "clips": {}}, ev.HFModel.generate
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        seen["n"] += len(samples)
+        for s, p, c in zip(samples, prompts, clips):
+            seen["clips"].setdefault(s.id, []).append(np.array(c))
+        return original(self, samples, prompts, clips, fps, style, max_new_tokens)
+    monkeypatch.setattr(ev.HFModel, "generate", generate)
+    return seen
+
+
+def stub_judge(monkeypatch):
+    stub = StubJudge()
+    monkeypatch.setattr(ev.judges, "make_judge", lambda spec, **kw: stub)
+    return stub
+
+
+def lines(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines()]
+
+
+def outputs(out):
+    (model_dir,) = [p for p in Path(out).iterdir() if p.is_dir()]
+    res = json.loads(sorted(model_dir.glob("*_results.json"))[-1].read_text())
+    return model_dir, res
+
+
+# ----------------------------------------------------------------------------- aggregation by hand
+
+def fake(source, i, task, answer, options=("A. a", "B. b", "C. c", "D. d")):
+    mc = answer.isalpha()
+    return data.Sample(id=f"q{i}", video="v.mp4", question="Q?", options=list(options) if mc else [], answer=answer,
+                       problem_type="multiple choice" if mc else "regression", task=task, source=source)
+
+
+def scored(source, rows):
+    """rows: (i, task, answer, condition, response or None for an unreadable video, judge)."""
+    g = ev.Group(source, "vid", "v.mp4", [])
+    out = []
+    for i, task, answer, cond, text, verdict in rows:
+        error = None if text is not None else "VideoError"
+        out.append(dict(ev.record(g, fake(source, i, task, answer), cond, "prompt", text, error), judge=verdict))
+    return out
+
+
+VSI = [  # clean: counting MRA (1 + 0.6) / 2; rel_direction levels easy 1, medium 2/3, hard 0; route 1
+    (1, "object_counting", "4", "clean", "<answer>4</answer>", {"fragility": 0, "consistency": 4, "belief": 2,
+                                                                 "recovery": None, "attention": 4}),
+    (2, "object_counting", "4", "clean", "<think>hmm</think><answer>5</answer>", None),
+    (3, "object_rel_direction_easy", "A", "clean", "<answer>A</answer>", None),
+    (4, "object_rel_direction_medium", "B", "clean", "<answer>C</answer>", None),
+    (5, "object_rel_direction_medium", "B", "clean", "<answer>b.</answer>", None),
+    (8, "object_rel_direction_medium", "B", "clean", "<answer>B</answer>", None),
+    (6, "object_rel_direction_hard", "C", "clean", "<answer>D</answer>", None),
+    (7, "route_planning", "A", "clean", "A. Turn left", {"fragility": 0, "consistency": 2, "belief": 4,
+                                                         "recovery": None, "attention": None}),
+    (1, "object_counting", "4", "dusk", "<answer>2</answer>", {"fragility": 2, "consistency": 3, "belief": 1,
+                                                                "recovery": 2, "attention": 3}),
+    (7, "route_planning", "A", "dusk", "<answer>B</answer>", {"fragility": 4, "consistency": 1, "belief": 1,
+                                                               "recovery": None, "attention": 1}),
+    (3, "object_rel_direction_easy", "A", "fog", "<answer>A</answer>", {"fragility": 1, "consistency": 4,
+                                                                         "belief": 3, "recovery": 4, "attention": 4}),
+    (2, "object_counting", "4", "rain", "<answer>4</answer>", None),
+    (4, "object_rel_direction_medium", "B", "rain", None, None),   # unreadable: an error, not a zero
+]
+URBAN = [  # official style: "Option: [X]; Reason: ..." (eval.py's regex); clean AG 2/3, LP 1/1, micro 3/4
+    (1, "Action Generation", "A", "clean", "Option: [A]; Reason: it turns", None),
+    (2, "Action Generation", "B", "clean", "Option: B; Reason: -", None),
+    (3, "Action Generation", "C", "clean", "Option: [D]; Reason: -", None),
+    (4, "Landmark Position", "E", "clean", "E", None),
+    (1, "Action Generation", "A", "snow", "Option: [C]", None),
+    (4, "Landmark Position", "E", "snow", "Option: [E]", None),
+]
+
+
+def test_vsibench_aggregation_by_hand():
+    recs = scored("vsibench", VSI)
+    assert [r["score"] for r in recs[:2]] == [1.0, pytest.approx(0.6)]   # |5-4|/4 = .25 <= 1 - theta, 6 of 10
+    assert recs[4]["score"] == 1.0 and recs[8]["score"] == pytest.approx(0.1)  # "b." -> "b" ~ "B"; |2-4|/4: 1 of 10
+    res = ev.summarize({"vsibench": recs}, ["dusk", "fog", "rain"])
+    clean = res["sources"]["vsibench"]["conditions"]["clean"]
+    rel = (1 + 2 / 3 + 0) / 3   # the mean of the three levels, not the pooled 3/5
+    assert clean["tasks"] == pytest.approx({"object_counting": 0.8, "object_rel_direction": rel, "route_planning": 1.0})
+    assert clean["question_types"]["object_rel_direction_medium"] == pytest.approx(2 / 3)
+    orig = (0.8 + rel + 1.0) / 3
+    assert clean["overall"] == pytest.approx(orig)
+    conds = res["sources"]["vsibench"]["conditions"]
+    assert conds["dusk"]["overall"] == pytest.approx(0.05) and conds["fog"]["overall"] == 1.0
+    assert conds["rain"]["overall"] == 1.0 and conds["rain"]["n_errors"] == 1 and conds["rain"]["n"] == 2
+    acc = res["pvrbench"]["accuracy"]
+    assert acc["categories"] == {"lighting": pytest.approx(0.05), "camera": None, "occlusion": None, "weather": 1.0}
+    avg = (0.05 + 1.0 + 1.0) / 3
+    assert acc["avg"] == pytest.approx(avg) and acc["orig"] == pytest.approx(orig)
+    assert acc["drop"] == pytest.approx((orig - avg) / orig)
+    assert res["n_samples"] == len(VSI) and res["n_errors"] == 1
+    # reasoning: per-condition means, then over conditions (rain has no verdicts); Avg.+ and Orig.+ without Fra.
+    rq = res["pvrbench"]["reasoning"]
+    assert rq["metrics"] == pytest.approx({"fragility": 2.0, "consistency": 3.0, "belief": 2.0, "recovery": 3.0,
+                                           "attention": 3.0})
+    assert rq["avg_dagger"] == pytest.approx(2.75) and rq["orig_dagger"] == pytest.approx(10 / 3)
+    assert rq["drop_dagger"] == pytest.approx((10 / 3 - 2.75) / (10 / 3))
+    row = ev.table_row("m", 32, res["pvrbench"])
+    assert row == ("| m | 32 | .05 | – | – | 1.00 | .68 ↓13% | .79 | "
+                   "2.00 | 3.00 | 2.00 | 3.00 | 3.00 | 2.75 ↓18% | 3.33 |\n")
+    # per-task breakdown (Figs. 14-18): clean vs all perturbed pooled, and per category
+    pt = res["sources"]["vsibench"]["per_task"]
+    assert pt["perturbed"] == pytest.approx({"object_counting": 0.55, "object_rel_direction": 1.0,
+                                             "route_planning": 0.0})
+    assert pt["weather"] == pytest.approx({"object_counting": 1.0, "object_rel_direction": 1.0})
+
+
+def test_urbanvideo_and_pvrbench_combination_by_hand():
+    urban = scored("urbanvideo", URBAN)
+    assert [r["filtered_resps"] for r in urban] == ["A", "B", "D", "E", "C", "E"]
+    res = ev.summarize({"urbanvideo": urban}, ["snow"])
+    clean = res["sources"]["urbanvideo"]["conditions"]["clean"]
+    assert clean["tasks"] == pytest.approx({"Action Generation": 2 / 3, "Landmark Position": 1.0})
+    assert clean["overall"] == 0.75   # micro-averaged, not the 5/6 macro mean
+    acc = res["pvrbench"]["accuracy"]
+    assert acc["categories"]["weather"] == 0.5 and acc["avg"] == 0.5 and acc["drop"] == pytest.approx(1 / 3)
+    assert res["pvrbench"]["reasoning"]["avg_dagger"] is None
+    both = ev.summarize({"vsibench": scored("vsibench", VSI), "urbanvideo": urban}, ["dusk", "fog", "rain", "snow"])
+    vsi_clean = (0.8 + (1 + 2 / 3) / 3 + 1.0) / 3
+    assert both["pvrbench"]["overall"]["clean"] == pytest.approx((vsi_clean + 0.75) / 2)  # unweighted over sources
+    assert both["pvrbench"]["overall"]["snow"] == 0.5 and both["pvrbench"]["overall"]["dusk"] == pytest.approx(0.05)
+
+
+def test_subtype_parsing_and_cycle_assignment():
+    assert ev.parse_subtypes("all") == list(perturb.SUBTYPES)
+    assert ev.parse_subtypes("rain,lighting,fog") == ["dusk", "night", "overexposure", "shadow", "fog", "rain"]
+    assert ev.parse_subtypes("none") == []
+    with pytest.raises(SystemExit):
+        ev.parse_subtypes("hail")
+    samples = [data.Sample(id=f"{t}{i}", video=f"v{i % 5}.mp4", question="Q", options=["A. x", "B. y"], answer="A",
+                           problem_type="multiple choice", task=t, source="urbanvideo", meta={"video_id": f"v{i % 5}"})
+               for t in ("Causal", "Duration") for i in range(25)]
+    groups, manifest = ev.make_plan({"urbanvideo": samples}, list(perturb.SUBTYPES), "cycle", 0.7)
+    assert len(groups) == 5 and sum(len(g.items) for g in groups) == 50
+    for task in ("Causal", "Duration"):   # every subtype gets an equal share of every task (+-1)
+        got = [c[1] for g in groups for s, c in g.items if s.task == task]
+        counts = [got.count(sub) for sub in perturb.SUBTYPES]
+        assert max(counts) - min(counts) <= 1 and sum(counts) == 25
+    for row in manifest:   # one spec per (video, subtype), seeded by the video identity (Sec. 4)
+        assert row["spec"] == perturb.static_spec(row["video_id"], row["subtype"], 0.7).to_dict()
+    groups, _ = ev.make_plan({"urbanvideo": samples[:3]}, ["fog", "rain"], "all", 0.7)
+    assert [c for g in groups for _, c in g.items] == [["clean", "fog", "rain"]] * 3
+    import train
+    assert ev.SYNTH_CLIPS == train.Config().demo_clips   # the same runs/rova/synthetic as the train demo
+
+
+# ----------------------------------------------------------------------------- end to end
+
+def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
+    stub = stub_judge(monkeypatch)
+    ev.main(cli(assets, tmp_path / "out", "--judge", "stub"))
+    model_dir, res = outputs(tmp_path / "out")
+    assert model_dir.name == "tiny"
+    for key in ("results", "table_row", "config", "manifest", "versions", "n_samples", "n_errors", "timing"):
+        assert key in res
+    assert res["n_samples"] == 16 and res["n_errors"] == 0 and counted["n"] == 16   # 8 questions x (clean + 1)
+    assert res["config"]["max_pixels"] == 56 * 56 and res["config"]["fps"] == 2.0   # the synthetic defaults
+    pvr = res["results"]["pvrbench"]
+    for key in ("categories", "avg", "orig", "drop"):
+        assert key in pvr["accuracy"]
+    assert pvr["accuracy"]["categories"]["camera"] is None   # no camera subtype chosen
+    assert pvr["reasoning"]["avg_dagger"] == 3.0 and pvr["reasoning"]["orig_dagger"] == 3.0
+    assert pvr["reasoning"]["metrics"]["fragility"] == 1.0 and stub.items == 16
+    table = (model_dir / "table.md").read_text().strip().splitlines()
+    assert len(table) == 3 and table[2].startswith("| tiny | 4 |")
+    samples = lines(next(model_dir.glob("*_samples_pvrbench_synthetic.jsonl")))
+    assert len(samples) == 16 and len({(s["doc_id"], s["condition"]) for s in samples}) == 16
+    assert sorted({s["condition"] for s in samples}) == ["clean", "dusk", "fog", "rain", "static"]
+    for s in samples:
+        assert s["resps"] == [[s["response"]]] and s["judge"]["consistency"] == 3.0 and s["error"] is None
+    manifest_file = next(model_dir.glob("*_manifest.jsonl"))
+    manifest = lines(manifest_file)
+    assert hashlib.sha256(manifest_file.read_bytes()).hexdigest() == res["manifest"]["sha256"]
+    assert sum(len(r["questions"]) for r in manifest) == 8
+    png = Image.open(model_dir / "per_task.png")
+    assert png.size[0] >= 400
+    # the manifest regenerates bit for bit what the model was shown, and a second run writes the same manifest
+    for row in manifest:
+        path = assets[2] / "videos" / f"{row['video_id']}.mp4"   # synthetic/<scene> -> videos/synthetic/<scene>.mp4
+        frames = video.read_frames(path, num_frames=4, max_pixels=56 * 56)[0]
+        clip = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]))
+        again = perturb.apply(frames, perturb.static_spec(row["video_id"], row["subtype"], 0.7))
+        assert np.array_equal(clip, again)
+        for qid in row["questions"]:
+            assert any(np.array_equal(clip, c) for c in counted["clips"][qid])
+            assert any(np.array_equal(frames, c) for c in counted["clips"][qid])   # and the clean clip
+    ev.main(cli(assets, tmp_path / "out2"))
+    second = next((tmp_path / "out2" / "tiny").glob("*_manifest.jsonl")).read_bytes()
+    assert hashlib.sha256(second).hexdigest() == res["manifest"]["sha256"]
+    # --compare: one table, one chart
+    table = ev.main(["--compare", str(next(model_dir.glob("*_results.json"))),
+                     str(next((tmp_path / "out2" / "tiny").glob("*_results.json"))), "--out", str(tmp_path / "cmp")])
+    assert len(table.strip().splitlines()) == 4 and (tmp_path / "cmp" / "compare.png").is_file()
+
+
+def test_export_writes_the_corrupted_videos(assets, tmp_path):
+    ev.main(cli(assets, tmp_path / "out", "--export", str(tmp_path / "pvr")))
+    rows = lines(tmp_path / "pvr" / "manifest.jsonl")
+    assert sum(len(r["questions"]) for r in rows) == 8 and not (tmp_path / "out").exists()   # no model, no eval
+    for row in rows:
+        got = video.read_frames(tmp_path / "pvr" / row["file"], num_frames=4, max_pixels=56 * 56)[0]
+        frames = video.read_frames(row["source_video"], num_frames=4, max_pixels=56 * 56)[0]
+        want = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]))
+        assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 8   # mp4 is lossy
+        assert (tmp_path / "pvr" / row["clean_file"]).is_file()
+
+
+def test_kill_and_resume_gives_the_same_results(assets, tmp_path, monkeypatch, counted):
+    stub = stub_judge(monkeypatch)
+    ev.main(cli(assets, tmp_path / "full", "--judge", "stub", "--batch-size", "4"))
+    full = outputs(tmp_path / "full")[1]
+    assert counted["n"] == 16 and stub.items == 16
+    counted["n"] = stub.items = 0
+    assert ev.main(cli(assets, tmp_path / "cut", "--judge", "stub", "--batch-size", "4", "--stop-after", "5")) is None
+    done = counted["n"]   # stops after the batch that reaches 5
+    assert 5 <= done < 16 and not list((tmp_path / "cut" / "tiny").glob("*_results.json"))
+    (store,) = (tmp_path / "cut" / "tiny").glob("run_*/samples_synthetic.jsonl")
+    assert len(store.read_text().splitlines()) == done
+    store.write_bytes(store.read_bytes()[:-20])   # a kill while writing: the last line is torn
+    ev.main(cli(assets, tmp_path / "cut", "--judge", "stub", "--batch-size", "4"))
+    assert counted["n"] == 16 + 1 and stub.items == 16   # only the torn sample twice; every verdict once
+    cut = outputs(tmp_path / "cut")[1]
+    assert cut["results"] == full["results"]
+    counted["n"] = 0   # the same command once more: nothing left to do
+    ev.main(cli(assets, tmp_path / "cut", "--judge", "stub", "--batch-size", "4"))
+    assert counted["n"] == 0
+
+
+def test_corrupt_video_is_an_error_not_a_crash(assets, tmp_path, counted):
+    bench = tmp_path / "syn"
+    shutil.copytree(assets[2], bench)
+    bad = sorted((bench / "videos" / "synthetic").glob("*.mp4"))[0]
+    good = bad.read_bytes()
+    bad.write_bytes(b"\x00garbage" * 100)
+    ev.main(cli(assets, tmp_path / "out", "--judge", "local", bench=bench))   # and the real offline judge
+    model_dir, res = outputs(tmp_path / "out")
+    samples = lines(next(model_dir.glob("*_samples_pvrbench_synthetic.jsonl")))
+    errs = [s for s in samples if s["error"]]
+    assert len(samples) == 16 and errs and res["n_errors"] == len(errs)
+    assert all(bad.stem in s["doc_id"] and "cannot be decoded" in s["error"] and s["score"] is None for s in errs)
+    assert res["results"]["sources"]["synthetic"]["conditions"]["clean"]["n_errors"] > 0
+    ok = [s for s in samples if not s["error"]]
+    assert all(s["judge"]["consistency"] is not None and s["judge"]["belief"] is None for s in ok)  # LocalJudge
+    assert res["results"]["pvrbench"]["reasoning"]["orig_dagger"] is not None
+    bad.write_bytes(good)   # the video repaired: the next run tries the failed samples again, and only those
+    counted["n"] = 0
+    ev.main(cli(assets, tmp_path / "out", "--judge", "local", bench=bench))
+    assert counted["n"] == len(errs) and outputs(tmp_path / "out")[1]["n_errors"] == 0
+
+
+# ----------------------------------------------------------------------------- the API backend
+
+class FakeAPI(http.server.BaseHTTPRequestHandler):
+    """A chat-completions server: the model "fake-vlm" answers A (its first request gets a 500); the judge
+    "fake-judge" returns the five metrics."""
+    requests, judged, fail_first, always_fail = [], [], 1, False
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["model"] == "fake-judge":
+            FakeAPI.judged.append(body)
+            return self.reply('{"fragility": 1, "consistency": 4, "belief": 3, "recovery": 2, "attention": 5}')
+        FakeAPI.requests.append((dict(self.headers), body))
+        if FakeAPI.always_fail or len(FakeAPI.requests) <= FakeAPI.fail_first:
+            self.send_response(500)
+            self.send_header("Retry-After", "0")
+            self.end_headers()
+            self.wfile.write(b"overloaded")
+            return
+        self.reply("<think>I look.</think><answer>A</answer>")
+
+    def reply(self, content):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"choices": [{"message": {"content": content}}]}).encode())
+
+    def log_message(self, *a):
+        pass
+
+
+def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeAPI)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-test-key")
+    FakeAPI.requests, FakeAPI.judged, FakeAPI.fail_first, FakeAPI.always_fail = [], [], 1, False
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "3", "--batch-size", "1")
+    args[args.index("--model") + 1] = "openai:fake-vlm"
+    args += ["--base-url", url]
+    try:
+        ev.main(args + ["--judge", "openai:fake-judge", "--judge-base-url", url])
+        assert len(FakeAPI.requests) == 7   # 6 samples + the one retried after the 500
+        assert len(FakeAPI.judged) == 6     # 3 clean traces with themselves (Orig.+), 3 perturbed with clean
+        for body in FakeAPI.judged:         # the judge sees 4 frames of the video it rates
+            assert sum(p["type"] == "image_url" for p in body["messages"][0]["content"]) == 4
+        for headers, body in FakeAPI.requests:
+            assert headers["Authorization"] == "Bearer sk-secret-test-key" and body["model"] == "fake-vlm"
+            parts = body["messages"][0]["content"]
+            images = [p for p in parts if p["type"] == "image_url"]
+            assert len(images) == 4 and parts[-1]["type"] == "text" and "<answer>" in parts[-1]["text"]
+            url = images[0]["image_url"]["url"]
+            assert url.startswith("data:image/jpeg;base64,")
+            assert Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).size == (56, 56)
+        model_dir, res = outputs(tmp_path / "out")
+        assert model_dir.name == "fake-vlm" and res["n_errors"] == 0
+        rq = res["results"]["pvrbench"]["reasoning"]
+        assert rq["avg_dagger"] == 3.5 and rq["orig_dagger"] == 3.5 and rq["metrics"]["fragility"] == 1.0
+        samples = lines(next(model_dir.glob("*_samples_pvrbench_synthetic.jsonl")))
+        assert all(s["filtered_resps"] == ["A"] and s["score"] == float(s["target"] == "A") for s in samples)
+        for f in model_dir.rglob("*"):   # the key is never written
+            assert not f.is_file() or b"sk-secret-test-key" not in f.read_bytes()
+        # a server that keeps failing: recorded errors, retried by the next run
+        FakeAPI.requests, FakeAPI.always_fail = [], True
+        ev.main(args + ["--out", str(tmp_path / "down"), "--api-retries", "0"])
+        assert outputs(tmp_path / "down")[1]["n_errors"] == 6
+        FakeAPI.requests, FakeAPI.always_fail, FakeAPI.fail_first = [], False, 0
+        ev.main(args + ["--out", str(tmp_path / "down")])
+        assert len(FakeAPI.requests) == 6 and outputs(tmp_path / "down")[1]["n_errors"] == 0
+    finally:
+        server.shutdown()
