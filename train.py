@@ -483,12 +483,12 @@ class RL:
                     b["decision"] = a.decision
                     if a.decision == "defer":  # Alg. 2 l.7-8, Eq. 4
                         self.buffer.add(s.id, b["spec"].to_dict(), step)
-        selected = [b for b in batch if b["decision"] == "train"]
+        idx = [i for i, b in enumerate(batch) if b["decision"] == "train"]  # by position: items hold arrays
+        selected = [batch[i] for i in idx]
         missing = 0
         with timer("alignment_reward"):  # Alg. 1 for the selected samples only (App. G)
-            for i, b in enumerate(batch):
-                if b not in selected:
-                    continue
+            for i in idx:
+                b = batch[i]
                 s = b["sample"]
                 rewards, comp = grpo.total_reward(
                     b["texts"], s.answer, s.problem_type, reference_texts=b["clean_texts"] if dual else None,
@@ -506,7 +506,6 @@ class RL:
         with timer("backward"):  # Eq. 7-8 on the perturbed branch
             n_rows = 0
             if selected:
-                idx = [batch.index(b) for b in selected]
                 rows = [i * G + j for i in idx for j in range(G)]
                 model = self.model
                 inputs = policy.make_inputs(self.processor, [prompts[i] for i in idx], [batch[i]["pert"] for i in idx])

@@ -152,3 +152,11 @@ def test_torchrun_two_processes_keep_identical_weights(assets, tmp_path):
     sums = summary["rank_checksums"]
     assert len(sums) == 2 and sums[0] == sums[1]
     assert len(records(out)) == 2
+
+
+def test_a_batch_larger_than_the_shard_repeats_samples_safely(assets, tmp_path):
+    """The cursor wraps into the next epoch inside one batch: the same sample twice in a step."""
+    out = tmp_path / "wrap"
+    train.main(args(assets, out, "--mode", "dual", "--rl-steps", "1", "--batch-size", "40"))
+    rec = records(out)[0]
+    assert rec["samples"] == 40 and rec["rho"] == 1.0 and rec["loss"] is not None
