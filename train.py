@@ -11,9 +11,12 @@ per video (dynamic protocol, Sec. 4) and corrupt it (Sec. 3.1); roll out G on th
 perturbed video (Alg. 2 l.3); self-assess every sample (Eq. 3, Alg. 2 l.6); discard confident easy
 ones, defer difficult ones to the buffer (l.7-10); compute rewards (Alg. 1) and the GRPO update
 (Eq. 7-8) for the selected ones only; every `reeval_period` steps re-evaluate the buffer on
-regenerated videos (Eq. 5-6, l.12-21) and train on what it promotes. `--mode dual` is the naive
-dual-branch baseline (alignment reward, no curriculum), `--mode grpo` standard single-branch GRPO on
-the perturbed videos (Table 3, Table 13).
+regenerated videos (Eq. 5-6, l.12-21) and train on what it promotes. The baselines: `--mode dual`
+is the naive dual-branch (alignment reward, no curriculum; App. G Eq. 12), `--mode grpo` standard
+single-branch GRPO on the clean videos (App. G Eq. 11: "from clean video only"), `--mode grpo-aug`
+single-branch GRPO on corrupted videos (the same dynamic corruption sampling as ROVA, no clean branch,
+no alignment reward, no curriculum: the "generic data augmentation" of Sec. 1, absent from the tables).
+Every mode draws the same corruption specs and data order for a given --seed.
 
 Distributed: torchrun sets the process group up from the environment (NCCL on GPUs, gloo on CPU);
 each rank has its own data shard and buffer. Because the curriculum selects a different number of
@@ -66,7 +69,8 @@ class Config:
     eval_video_root: str = _arg("", "video root of --eval-data")
     eval_limit: int = _arg(96, "questions of --eval-data used for the before/after report")
     out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/")
-    mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch) (Table 3, 13)")
+    mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
+                            "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)")
     temporal_grpo: bool = _arg(False, "add T-GRPO's shuffled group (Video-R1; App. D: G~ = 4)")
     sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)")
     rl_steps: int = _arg(300, "RL steps (App. D: 300)")
@@ -121,6 +125,9 @@ DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sf
             eval_limit=120, unanswerable_below=0.0)
 
 
+MODES = ("rova", "dual", "grpo", "grpo-aug")
+
+
 def parse_args(argv=None) -> Config:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     for f in fields(Config):
@@ -131,8 +138,8 @@ def parse_args(argv=None) -> Config:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             ap.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
     cfg = Config(**vars(ap.parse_args(argv)))
-    if cfg.mode not in ("rova", "dual", "grpo"):
-        ap.error(f"--mode must be rova, dual or grpo, got {cfg.mode!r}")
+    if cfg.mode not in MODES:
+        ap.error(f"--mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     return cfg
@@ -436,6 +443,7 @@ class RL:
     def step(self, step, spec_rng):
         cfg, timer, G = self.cfg, Timer(), self.cfg.group_size
         dual = cfg.mode in ("rova", "dual")
+        corrupt = cfg.mode != "grpo"  # standard GRPO trains on the clean video (App. G, Eq. 11)
         items = []
         while self.queue and len(items) < cfg.batch_size:
             sid, spec = self.queue.pop(0)
@@ -447,10 +455,14 @@ class RL:
                 frames = self.clips.get(s)
                 if frames is None:
                     continue
+                # drawn in every mode, so that all modes see the same spec stream for a given seed
                 spec = spec or perturb.sample_spec(spec_rng, eta=cfg.eta)
-                b = dict(sample=s, spec=spec, promoted=promoted, clean=frames, pert=perturb.apply(frames, spec))
-                if cfg.temporal_grpo:  # Eq. 1 on top of the spatial corruption
-                    shuffled = perturb.PerturbSpec(spec.subtype, spec.eta, spec.seed, True, dict(spec.params))
+                # "pert": the video of the trained branch (the clean one itself for --mode grpo)
+                b = dict(sample=s, spec=spec, promoted=promoted, clean=frames,
+                         pert=perturb.apply(frames, spec) if corrupt else frames)
+                if cfg.temporal_grpo:  # Eq. 1 on top of the spatial corruption (alone for --mode grpo)
+                    shuffled = perturb.PerturbSpec(spec.subtype if corrupt else None, spec.eta, spec.seed, True,
+                                                   dict(spec.params) if corrupt else {})
                     b["shuffled"] = perturb.apply(frames, shuffled)
                 batch.append(b)
         prompts = [data.build_messages(b["sample"]) for b in batch]
@@ -458,7 +470,7 @@ class RL:
             if dual:
                 with timer("clean_rollout"):  # Alg. 2 l.3: the clean anchor (no gradient)
                     clean = self._rollout(prompts, [b["clean"] for b in batch], G)
-            with timer("perturbed_rollout"):
+            with timer("perturbed_rollout" if corrupt else "clean_rollout"):
                 pert = self._rollout(prompts, [b["pert"] for b in batch], G)
                 shuf = self._rollout(prompts, [b["shuffled"] for b in batch], cfg.shuffled_group_size) \
                     if cfg.temporal_grpo else None
@@ -539,9 +551,9 @@ class RL:
                 up, out = self.buffer.reevaluate(self.assess_entry)
                 self.queue.extend((e.sample_id, e.spec) for e in up)
                 promoted, evicted = len(up), len(out)
-        return self._record(batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer)
+        return self._record(batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer, corrupt)
 
-    def _record(self, batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer):
+    def _record(self, batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer, corrupt=True):
         """Sums and counts of this rank's step, reduced over ranks by `reduce_record`."""
         s = defaultdict(float)
         for key in ("acc_perturbed", "acc_clean", "r_format", "r_accuracy", "r_alignment", "r_temporal", "r_total",
@@ -552,12 +564,12 @@ class RL:
         s["discarded"] = sum(b["decision"] == "discard" for b in batch)
         s["deferred"] = sum(b["decision"] == "defer" for b in batch)
         s["promoted_trained"] = sum(b["promoted"] for b in selected)
-        for b in batch:
-            s["acc_perturbed_sum"] += sum(b["acc"])
-            s["acc_perturbed_n"] += len(b["acc"])
-            if b["clean_acc"] is not None:
-                s["acc_clean_sum"] += sum(b["clean_acc"])
-                s["acc_clean_n"] += len(b["clean_acc"])
+        for b in batch:  # rollout accuracy on each branch's video (--mode grpo has the clean one only)
+            for key, acc in (("acc_perturbed", b["acc"] if corrupt else None),
+                             ("acc_clean", b["clean_acc"] if corrupt else b["acc"])):
+                if acc is not None:
+                    s[f"{key}_sum"] += sum(acc)
+                    s[f"{key}_n"] += len(acc)
         for b in selected:
             for key in ("format", "accuracy", "alignment", "temporal"):
                 vals = b["comp"].get(key) or []
@@ -578,6 +590,16 @@ class RL:
         for k, v in timer.seconds.items():
             s[f"sec_{k}"] = v
         return s
+
+
+def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model):
+    """This rank's RL stage for cfg.mode: its shard, the alignment judge (dual-branch modes; App. C.1,
+    verdicts cached so a resumed run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
+    judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
+        if cfg.mode in ("rova", "dual") else None
+    params, opt, sched = make_optimizer(cfg, model, cfg.lr, cfg.rl_steps)
+    return RL(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
+              ref_model, judge, params, opt, sched)
 
 
 def reduce_record(s, device, world):
@@ -677,7 +699,6 @@ def main(argv=None):
                          f"(more than --max-bad-fraction {cfg.max_bad_fraction}); first: {missing[0][1]}")
     if not samples:
         raise SystemExit(f"no usable training samples in {cfg.data}")
-    by_id = {s.id: s for s in samples}
     shard = samples[rank::world]
     clips = Clips(cfg, len(missing), total)
 
@@ -751,12 +772,9 @@ def main(argv=None):
             save_model(model, processor, ref_dir)
         barrier()
         ref_model = policy.frozen_copy(policy.load_policy(str(ref_dir), device=device)[0])
-    judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(out / "judge_cache.sqlite")) \
-        if cfg.mode in ("rova", "dual") else None  # App. C.1; verdicts cached: a resumed run asks nothing twice
-    params, opt, sched = make_optimizer(cfg, model, cfg.lr, cfg.rl_steps)
-    rl = RL(cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, params, opt, sched)
+    rl = build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model)
     if ckpt and state["stage"] == "rl":
-        _load_optimizer(ckpt, opt, sched)
+        _load_optimizer(ckpt, rl.opt, rl.sched)
         rl.load(per_rank[0]["rl"])
         set_rng_state(per_rank[0]["rng"], per_rank[1], spec_rng)
     bar = _bar(cfg.rl_steps, state["step"], f"RL ({cfg.mode})", rank)
@@ -764,13 +782,13 @@ def main(argv=None):
         t0 = time.perf_counter()
         s = rl.step(state["step"], spec_rng)
         state["step"] += 1
-        rec = {"stage": "rl", "step": state["step"], "lr": sched.get_last_lr()[0]} | reduce_record(s, device, world)
+        rec = {"stage": "rl", "step": state["step"], "lr": rl.sched.get_last_lr()[0]} | reduce_record(s, device, world)
         rec["bad_videos"] = clips.bad
         rec["sec_step"] = time.perf_counter() - t0
         _log_step(out, rec, writer, bar, rank)
         steps_this_run += 1
         if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
-            save_checkpoint(cfg, rank, model, processor, opt, sched, dict(state),
+            save_checkpoint(cfg, rank, model, processor, rl.opt, rl.sched, dict(state),
                             _rank_state({"rl": rl.state()}, spec_rng))
         if cfg.stop_after and steps_this_run >= cfg.stop_after and state["step"] < cfg.rl_steps:
             log(f"--stop-after {cfg.stop_after}: exiting as if killed")
@@ -863,7 +881,7 @@ def _log_step(out, rec, writer, bar, rank):
                 writer.add_scalar(f"{rec['stage']}/{k}", v, rec["step"])
     if bar is not None:
         bar.update(1)
-        keys = ("nll",) if rec["stage"] == "sft" else ("r_total", "acc_perturbed", "rho")
+        keys = ("nll",) if rec["stage"] == "sft" else ("r_total", "acc_perturbed", "acc_clean", "rho")
         bar.set_postfix({k: round(rec[k], 3) for k in keys if rec.get(k) is not None})
 
 

@@ -47,7 +47,7 @@ def weights(folder):
     return out
 
 
-@pytest.mark.parametrize("mode", ["rova", "dual", "grpo"])
+@pytest.mark.parametrize("mode", ["rova", "dual", "grpo", "grpo-aug"])
 def test_each_mode_takes_steps(assets, tmp_path, mode):
     out = tmp_path / mode
     extra = ["--mode", mode, "--reeval-period", "1"] + (["--temporal-grpo"] if mode == "dual" else [])
@@ -55,11 +55,17 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
     recs = records(out)
     assert [r["step"] for r in recs] == [1, 2]
     for key in ("r_total", "acc_perturbed", "rho", "discard_rate", "defer_rate", "buffer_size", "promoted",
-                "evicted", "kl", "clip_fraction", "judge_missing", "sec_perturbation", "sec_perturbed_rollout",
+                "evicted", "kl", "clip_fraction", "judge_missing", "sec_perturbation",
                 "sec_self_assessment", "sec_alignment_reward", "sec_backward", "sec_memory_reevaluation"):
         assert key in recs[0], key
-    if mode == "grpo":
-        assert recs[0]["acc_clean"] is None and recs[0]["rho"] == 1.0  # single branch, no curriculum
+    assert ("sec_perturbed_rollout" in recs[0]) == (mode != "grpo")
+    if mode == "grpo":  # single branch on the clean video, no curriculum, no corruption
+        assert recs[0]["acc_perturbed"] is None and recs[0]["acc_clean"] is not None and recs[0]["rho"] == 1.0
+        assert recs[0]["sec_clean_rollout"] > 0 and "sec_perturbed_rollout" not in recs[0]
+        assert recs[0]["r_alignment"] == 0.0  # r^A = 0 without a clean branch
+    if mode == "grpo-aug":  # single branch on the corrupted video, no curriculum, no alignment reward
+        assert recs[0]["acc_clean"] is None and recs[0]["acc_perturbed"] is not None and recs[0]["rho"] == 1.0
+        assert "sec_clean_rollout" not in recs[0] and recs[0]["r_alignment"] == 0.0
     if mode == "dual":
         assert recs[0]["acc_clean"] is not None and recs[0]["rho"] == 1.0 and recs[0]["r_temporal"] is not None
     if mode == "rova":  # the untrained tiny model fails everything: deferred to the buffer, re-evaluated

@@ -1,0 +1,278 @@
+"""The paper's claims at CPU scale (Table 2, 3, 13, 14): standard GRPO, GRPO on corrupted clips, naive
+dual-branch and ROVA, trained from one SFT checkpoint for the same number of steps over several seeds,
+each evaluated on PVRBench (static protocol) of the synthetic benchmark; then the step-cost benchmark.
+
+    python benchmarks/reproduce.py                 # about 45 minutes on a 2-core laptop; writes docs/RESULTS.md
+    python benchmarks/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md   # a 2-minute check
+
+Every stage is one of the project's own commands (printed, and listed in the results), run as a
+subprocess; a stage whose output exists is skipped, and an interrupted training run resumes from its
+last checkpoint (--resume auto), an interrupted evaluation from its sample store, so running the same
+command again after a kill loses at most one checkpoint interval. Stages:
+
+1. SFT: `python train.py --out OUT/sft --rl-steps 0` (the CPU demo's tiny model, synthetic benchmark and
+   SFT warm-up; its final/ is every RL run's start and reference model).
+2. RL: `python train.py --model OUT/sft/final --data OUT/sft/synthetic/train.json --sft-epochs 0
+   --mode M --seed S ...` for each mode and seed, with the demo's RL settings (100 steps, 4 videos x 8
+   rollouts, lr 1e-4, 8 frames of 56x56, re-evaluation every 10 steps).
+3. Evaluation: `python eval_pvrbench.py --model RUN/final --benchmark synthetic=OUT/sft/synthetic
+   --assign all --judge none` (every held-out question clean and under all 12 subtypes).
+4. Cost: `python benchmarks/bench_step.py --model OUT/sft/final ...` (grpo / dual / rova interleaved).
+
+The measured tables go to OUT/results.md and, between the markers `<!-- reproduce:begin -->` and
+`<!-- reproduce:end -->`, into --results (docs/RESULTS.md); text outside the markers is kept.
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("grpo", "grpo-aug", "dual", "rova")
+CATEGORIES = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
+BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+
+# The train.py demo's RL settings (train.DEMO), spelled out because --model/--data turn the preset off.
+RL_FLAGS = dict(frames=8, max_pixels=56 * 56, lr=1e-4, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64,
+                reeval_period=10, unanswerable_below=0.0, video_cache=4096, save_every=25)
+SMOKE = dict(demo_clips=16, sft_epochs=1.0, rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, save_every=1,
+             reeval_period=2, bench_steps=2, eval_limit=3, seeds="0")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    a = ap.add_argument
+    a("--out", default="runs/reproduce", help="working folder (every stage's output)")
+    a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose marked section is rewritten")
+    a("--seeds", default="0,1,2", help="comma list of RL seeds")
+    a("--modes", default=",".join(MODES), help="comma list of train.py modes")
+    a("--rl-steps", type=int, default=RL_FLAGS["rl_steps"])
+    a("--demo-clips", type=int, default=480, help="clips of the synthetic benchmark (train.py --demo-clips)")
+    a("--sft-epochs", type=float, default=None, help="default: train.py's demo (10)")
+    a("--bench-steps", type=int, default=30, help="timed steps per mode of bench_step.py")
+    a("--eval-limit", type=int, default=0, help="questions evaluated (0: all)")
+    a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
+    args = ap.parse_args(argv)
+    args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps)
+    if args.smoke:
+        for k, v in SMOKE.items():
+            if k in args.rl:
+                args.rl[k] = v
+            else:
+                setattr(args, k, v)
+    args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = set(args.modes) - set(MODES)
+    if bad:
+        ap.error(f"unknown modes {sorted(bad)}; choose from {', '.join(MODES)}")
+    return args
+
+
+def flags(d):
+    return [x for k, v in d.items() for x in ("--" + k.replace("_", "-"), str(v))]
+
+
+class Stages:
+    """Runs commands, skipping those whose output exists; keeps wall times across resumed runs."""
+
+    def __init__(self, out):
+        self.out = out
+        self.timings_path = out / "timings.json"
+        self.timings = json.loads(self.timings_path.read_text()) if self.timings_path.is_file() else {}
+        self.commands = []
+
+    def run(self, name, cmd, done):
+        shown = " ".join(cmd).replace(sys.executable, "python").replace(str(ROOT) + "/", "")
+        self.commands.append(shown)
+        if done():
+            print(f"[{name}] done already, skipped", flush=True)
+            return
+        print(f"[{name}] {shown}", flush=True)
+        t0 = time.time()
+        with open(self.out / "logs" / f"{name}.log", "a") as logf:
+            rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT).returncode
+        if rc != 0 or not done():
+            raise SystemExit(f"[{name}] failed (exit {rc}); see {self.out / 'logs' / (name + '.log')}")
+        self.timings[name] = self.timings.get(name, 0.0) + time.time() - t0
+        self.timings_path.write_text(json.dumps(self.timings, indent=1))
+        print(f"[{name}] {self.timings[name]:.0f} s", flush=True)
+
+
+def latest_results(folder):
+    found = sorted(glob.glob(str(folder / "*_results.json")))
+    return json.loads(Path(found[-1]).read_text()) if found else None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    st = Stages(out)
+    sft = out / "sft"
+    sft_cmd = [py, "train.py", "--out", str(sft), "--rl-steps", "0", "--demo-clips", str(args.demo_clips),
+               "--resume", "auto"] + (["--sft-epochs", str(args.sft_epochs)] if args.sft_epochs is not None else [])
+    if args.smoke:
+        sft_cmd += ["--eval-limit", "4"]
+    st.run("sft", sft_cmd, lambda: (sft / "summary.json").is_file())
+    synth, start = sft / "synthetic", sft / "final"
+
+    runs = {}
+    for seed in args.seeds:
+        for mode in args.modes:
+            name = f"{mode}-s{seed}"
+            run = out / "runs" / name
+            runs[name] = (mode, seed, run)
+            st.run(f"rl-{name}", [py, "train.py", "--model", str(start), "--data", str(synth / "train.json"),
+                                  "--out", str(run), "--mode", mode, "--seed", str(seed), "--sft-epochs", "0",
+                                  "--resume", "auto", *flags(args.rl)],
+                   lambda run=run: (run / "summary.json").is_file())
+
+    evals = {"sft": start} | {name: run / "final" for name, (_, _, run) in runs.items()}
+    for name, model in evals.items():
+        cmd = [py, "eval_pvrbench.py", "--model", str(model), "--model-name", name, "--benchmark",
+               f"synthetic={synth}", "--out", str(out / "eval"), "--judge", "none",
+               "--assign", "cycle" if args.smoke else "all"]
+        if args.eval_limit:
+            cmd += ["--limit", str(args.eval_limit)]
+        st.run(f"eval-{name}", cmd, lambda name=name: latest_results(out / "eval" / name) is not None)
+
+    bench_json = out / "bench_step.json"
+    bench = [py, "benchmarks/bench_step.py", "--model", str(start), "--data", str(synth / "train.json"),
+             "--work", str(out / "bench_step"), "--json", str(bench_json), "--steps", str(args.bench_steps)]
+    for k in ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels", "reeval_period"):
+        bench += ["--" + k.replace("_", "-"), str(args.rl[k])]
+    if args.smoke:
+        bench += ["--warmup", "0"]
+    st.run("bench-step", bench, bench_json.is_file)
+
+    text = render(args, out, runs, st)
+    (out / "results.md").write_text(text)
+    write_marked(Path(args.results), text)
+    print(f"tables in {out / 'results.md'} and {args.results}")
+
+
+# ----------------------------------------------------------------------------- tables
+
+def mean_sd(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def fmt(m, sd=None, digits=3):
+    if m is None:
+        return "–"
+    return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def pct(m, sd=None):
+    if m is None:
+        return "–"
+    return f"{100 * m:.0f}%" + (f" ± {100 * sd:.0f}" if sd is not None else "")
+
+
+def accuracy_row(res):
+    acc = res["results"]["pvrbench"]["accuracy"]
+    row = {key: acc["categories"].get(key) for key, _ in CATEGORIES}
+    row.update(avg=acc["avg"], orig=acc["orig"], drop=acc["drop"])
+    return row
+
+
+def training_stats(run):
+    recs = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x.strip()]
+    recs = [r for r in recs if r["stage"] == "rl"]
+    q = max(1, len(recs) // 4)
+
+    def avg(key, part):
+        return mean_sd([r.get(key) for r in part])[0]
+
+    return {"acc_clean_first": avg("acc_clean", recs[:q]), "acc_clean_last": avg("acc_clean", recs[-q:]),
+            "acc_pert_first": avg("acc_perturbed", recs[:q]), "acc_pert_last": avg("acc_perturbed", recs[-q:]),
+            "r_alignment": avg("r_alignment", recs), "sim_a": avg("sim_a", recs), "sim_r": avg("sim_r", recs),
+            "rho": avg("rho", recs), "defer": avg("defer_rate", recs), "discard": avg("discard_rate", recs),
+            "sec_step": avg("sec_step", recs), "steps": len(recs)}
+
+
+def render(args, out, runs, st):
+    L = [f"Measured by `python benchmarks/reproduce.py{' --smoke' if args.smoke else ''}` "
+         f"({time.strftime('%Y-%m-%d')}; seeds {', '.join(map(str, args.seeds))}; {args.rl['rl_steps']} RL steps per run; "
+         f"total wall time {sum(st.timings.values()) / 60:.1f} min over the stages below).", ""]
+    sft_res = latest_results(out / "eval" / "sft")
+    per_mode = {m: [] for m in args.modes}
+    for name, (mode, seed, run) in runs.items():
+        res = latest_results(out / "eval" / name)
+        per_mode[mode].append((seed, accuracy_row(res), training_stats(run)))
+    n_q = sft_res["n_samples"] if sft_res else None
+    L += ["### Accuracy under perturbation (Table 2's columns)", "",
+          f"PVRBench static protocol on the synthetic benchmark's held-out questions, every question clean and under "
+          f"each of the 12 subtypes ({n_q} scored samples per model); task-mean accuracy (MRA for counting) as "
+          "eval_pvrbench.py; mean ± standard deviation over seeds.", "",
+          "| Model | " + " | ".join(lbl for _, lbl in CATEGORIES) + " | Avg. | drop | Orig. |",
+          "|---|" + "---|" * (len(CATEGORIES) + 3)]
+    if sft_res:
+        r = accuracy_row(sft_res)
+        L.append("| SFT checkpoint (start of every run) | " + " | ".join(fmt(r[k]) for k, _ in CATEGORIES)
+                 + f" | {fmt(r['avg'])} | {pct(r['drop'])} | {fmt(r['orig'])} |")
+    for mode in args.modes:
+        rows = [r for _, r, _ in per_mode[mode]]
+        cells = [fmt(*mean_sd([r[k] for r in rows])) for k, _ in CATEGORIES]
+        L.append(f"| + {mode} | " + " | ".join(cells) + f" | {fmt(*mean_sd([r['avg'] for r in rows]))} | "
+                 f"{pct(*mean_sd([r['drop'] for r in rows]))} | {fmt(*mean_sd([r['orig'] for r in rows]))} |")
+    L += ["", "Per seed (Avg. / Orig.):", "", "| mode | " + " | ".join(f"seed {s}" for s in args.seeds) + " |",
+          "|---|" + "---|" * len(args.seeds)]
+    for mode in args.modes:
+        by_seed = {s: r for s, r, _ in per_mode[mode]}
+        L.append(f"| {mode} | " + " | ".join(f"{fmt(by_seed[s]['avg'])} / {fmt(by_seed[s]['orig'])}" for s in args.seeds)
+                 + " |")
+    L += ["", "### Training dynamics (from each run's log.jsonl; means over seeds)", "",
+          "Rollout accuracy (mean reward 1[a = g] over the G rollouts, first vs last quarter of the steps), "
+          "alignment reward r^A and its answer part Sim^a, the effective training ratio rho and the curriculum's "
+          "rates, and the mean step time during training.", "",
+          "| mode | clean rollouts | corrupted rollouts | r^A | Sim^a | rho | deferred | discarded | s/step |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    for mode in args.modes:
+        ts = [t for _, _, t in per_mode[mode]]
+
+        def m(key):
+            return mean_sd([t[key] for t in ts])[0]
+
+        def arrow(a, b):
+            return "–" if m(a) is None else f"{m(a):.2f} → {m(b):.2f}"
+
+        L.append(f"| {mode} | {arrow('acc_clean_first', 'acc_clean_last')} | {arrow('acc_pert_first', 'acc_pert_last')} "
+                 f"| {fmt(m('r_alignment'), digits=2)} | {fmt(m('sim_a'), digits=2)} | {fmt(m('rho'), digits=2)} "
+                 f"| {fmt(m('defer'), digits=2)} | {fmt(m('discard'), digits=2)} | {fmt(m('sec_step'), digits=2)} |")
+    bench_path = out / "bench_step.json"
+    if bench_path.is_file():
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import bench_step
+        b = json.loads(bench_path.read_text())
+        L += ["", "### Cost per step (Table 13, Table 14)", "",
+              f"`benchmarks/bench_step.py`: {b['config']['steps']} timed steps per mode after {b['config']['warmup']} "
+              "warm-up steps, the three modes interleaved in one process from the SFT checkpoint.", "", "```",
+              bench_step.report(b), "```"]
+    L += ["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
+    L += [f"| {k} | {v:.0f} |" for k, v in st.timings.items()]
+    L += ["", "```"] + st.commands + ["```"]
+    return "\n".join(L) + "\n"
+
+
+def write_marked(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = path.read_text() if path.is_file() else f"# Results\n\n{BEGIN}\n{END}\n"
+    if BEGIN not in old or END not in old:
+        old = old.rstrip() + f"\n\n{BEGIN}\n{END}\n"
+    head, rest = old.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    path.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()
