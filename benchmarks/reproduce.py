@@ -18,6 +18,8 @@ command again after a kill loses at most one checkpoint interval. Stages:
 3. Evaluation: `python eval_pvrbench.py --model RUN/final --benchmark synthetic=OUT/sft/synthetic
    --assign all --judge none` (every held-out question clean and under all 12 subtypes).
 4. Cost: `python benchmarks/bench_step.py --model OUT/sft/final ...` (grpo / dual / rova interleaved).
+5. Diagnosis: `python benchmarks/diagnose.py --model OUT/sft/final ...` (what each training signal can
+   teach the SFT checkpoint: GRPO signal per category, alignment reward, curriculum decisions).
 
 The measured tables go to OUT/results.md and, between the markers `<!-- reproduce:begin -->` and
 `<!-- reproduce:end -->`, into --results (docs/RESULTS.md); text outside the markers is kept.
@@ -41,7 +43,7 @@ BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 RL_FLAGS = dict(frames=8, max_pixels=56 * 56, lr=1e-4, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64,
                 reeval_period=10, unanswerable_below=0.0, video_cache=4096, save_every=25)
 SMOKE = dict(demo_clips=16, sft_epochs=1.0, rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, save_every=1,
-             reeval_period=2, bench_steps=2, eval_limit=3, seeds="0")
+             reeval_period=2, bench_steps=2, eval_limit=3, diagnose_samples=4, seeds="0")
 
 
 def parse_args(argv=None):
@@ -56,6 +58,7 @@ def parse_args(argv=None):
     a("--sft-epochs", type=float, default=None, help="default: train.py's demo (10)")
     a("--bench-steps", type=int, default=30, help="timed steps per mode of bench_step.py")
     a("--eval-limit", type=int, default=0, help="questions evaluated (0: all)")
+    a("--diagnose-samples", type=int, default=96, help="training questions of diagnose.py")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     args = ap.parse_args(argv)
     args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps)
@@ -151,6 +154,13 @@ def main(argv=None):
         bench += ["--warmup", "0"]
     st.run("bench-step", bench, bench_json.is_file)
 
+    diag_json = out / "diagnose.json"
+    diag = [py, "benchmarks/diagnose.py", "--model", str(start), "--data", str(synth / "train.json"),
+            "--json", str(diag_json), "--samples", str(args.diagnose_samples)]
+    for k in ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels"):
+        diag += ["--" + k.replace("_", "-"), str(args.rl[k])]
+    st.run("diagnose", diag, diag_json.is_file)
+
     text = render(args, out, runs, st)
     (out / "results.md").write_text(text)
     write_marked(Path(args.results), text)
@@ -225,6 +235,16 @@ def render(args, out, runs, st):
         cells = [fmt(*mean_sd([r[k] for r in rows])) for k, _ in CATEGORIES]
         L.append(f"| + {mode} | " + " | ".join(cells) + f" | {fmt(*mean_sd([r['avg'] for r in rows]))} | "
                  f"{pct(*mean_sd([r['drop'] for r in rows]))} | {fmt(*mean_sd([r['orig'] for r in rows]))} |")
+    subtypes = [k for k in (sft_res or {}).get("results", {}).get("pvrbench", {}).get("overall", {}) if k != "clean"]
+    if subtypes:
+        L += ["", "Per subtype (mean over seeds; Table 8's order):", "",
+              "| Model | " + " | ".join(subtypes) + " |", "|---|" + "---|" * len(subtypes)]
+        L.append("| SFT | " + " | ".join(fmt(sft_res["results"]["pvrbench"]["overall"][k], digits=2) for k in subtypes) + " |")
+        for mode in args.modes:
+            res = [latest_results(out / "eval" / f"{mode}-s{seed}") for seed in args.seeds]
+            L.append(f"| {mode} | " + " | ".join(
+                fmt(mean_sd([r["results"]["pvrbench"]["overall"].get(k) for r in res])[0], digits=2)
+                for k in subtypes) + " |")
     L += ["", "Per seed (Avg. / Orig.):", "", "| mode | " + " | ".join(f"seed {s}" for s in args.seeds) + " |",
           "|---|" + "---|" * len(args.seeds)]
     for mode in args.modes:
@@ -258,6 +278,14 @@ def render(args, out, runs, st):
               f"`benchmarks/bench_step.py`: {b['config']['steps']} timed steps per mode after {b['config']['warmup']} "
               "warm-up steps, the three modes interleaved in one process from the SFT checkpoint.", "", "```",
               bench_step.report(b), "```"]
+    diag_path = out / "diagnose.json"
+    if diag_path.is_file():
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import diagnose
+        L += ["", "### What the training signals can teach the SFT checkpoint", "",
+              "`benchmarks/diagnose.py`: the rollout groups of RL's first steps on the SFT checkpoint, measured once "
+              "without training (train.py's spec stream, judge and curriculum thresholds).", "", "```",
+              diagnose.report(json.loads(diag_path.read_text())), "```"]
     L += ["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
     L += [f"| {k} | {v:.0f} |" for k, v in st.timings.items()]
     L += ["", "```"] + st.commands + ["```"]

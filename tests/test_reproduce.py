@@ -29,7 +29,19 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(tmp_path):
     assert bench["rova_over_grpo"] == bench["modes"]["rova"]["sec_per_step"] / bench["modes"]["grpo"]["sec_per_step"]
     timings = json.loads((tmp_path / "r" / "timings.json").read_text())
     assert set(timings) == {"sft", "rl-grpo-aug-s0", "rl-rova-s0", "eval-sft", "eval-grpo-aug-s0", "eval-rova-s0",
-                            "bench-step"}
+                            "bench-step", "diagnose"}
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done already, skipped") == len(timings)
     assert json.loads((tmp_path / "r" / "timings.json").read_text()) == timings
+
+
+def test_diagnose_within_group_correlation_by_hand():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import diagnose
+    assert diagnose.within_corr([[0, 1, 2]], [[0, 2, 4]]) == 1.0
+    # group means removed: dx = (-.5, .5, .5, -.5), dy = (-.5, .5, -.5, .5) -> sum dx dy = 0
+    assert diagnose.within_corr([[0, 1], [1, 0]], [[0, 1], [0, 1]]) == 0.0
+    # a shift of one whole group does not count: (0, 1) and (10, 11) vs (1, 0) and (0, 1) -> 0
+    assert diagnose.within_corr([[0, 1], [10, 11]], [[1, 0], [0, 1]]) == 0.0
+    assert diagnose.within_corr([[1, 1]], [[0, 1]]) is None
+    assert diagnose.varies([0, 0.5]) and not diagnose.varies([1.0, 1.0])
