@@ -59,6 +59,8 @@ def parse_args(argv=None):
     a("--bench-steps", type=int, default=30, help="timed steps per mode of bench_step.py")
     a("--eval-limit", type=int, default=0, help="questions evaluated (0: all)")
     a("--diagnose-samples", type=int, default=96, help="training questions of diagnose.py")
+    a("--variant", action="append", default=[], metavar="NAME='MODE FLAGS'",
+      help="an extra row: a mode with other train.py flags, e.g. rova-amin0.125='rova --a-min 0.125' (repeatable)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     args = ap.parse_args(argv)
     args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps)
@@ -73,6 +75,13 @@ def parse_args(argv=None):
     bad = set(args.modes) - set(MODES)
     if bad:
         ap.error(f"unknown modes {sorted(bad)}; choose from {', '.join(MODES)}")
+    args.rows = {m: (m, []) for m in args.modes}  # table row -> (train.py mode, extra train.py flags)
+    for v in args.variant:
+        label, _, spec = v.partition("=")
+        words = spec.split()
+        if not label or not words or words[0] not in MODES or label in args.rows:
+            ap.error(f"--variant wants NAME='MODE [train.py flags]' with a new NAME and a mode of {MODES}, got {v!r}")
+        args.rows[label] = (words[0], words[1:])
     return args
 
 
@@ -127,13 +136,13 @@ def main(argv=None):
 
     runs = {}
     for seed in args.seeds:
-        for mode in args.modes:
-            name = f"{mode}-s{seed}"
+        for row, (mode, extra) in args.rows.items():
+            name = f"{row}-s{seed}"
             run = out / "runs" / name
-            runs[name] = (mode, seed, run)
+            runs[name] = (row, seed, run)
             st.run(f"rl-{name}", [py, "train.py", "--model", str(start), "--data", str(synth / "train.json"),
                                   "--out", str(run), "--mode", mode, "--seed", str(seed), "--sft-epochs", "0",
-                                  "--resume", "auto", *flags(args.rl)],
+                                  "--resume", "auto", *flags(args.rl), *extra],
                    lambda run=run: (run / "summary.json").is_file())
 
     evals = {"sft": start} | {name: run / "final" for name, (_, _, run) in runs.items()}
@@ -215,7 +224,7 @@ def render(args, out, runs, st):
          f"({time.strftime('%Y-%m-%d')}; seeds {', '.join(map(str, args.seeds))}; {args.rl['rl_steps']} RL steps per run; "
          f"total wall time {sum(st.timings.values()) / 60:.1f} min over the stages below).", ""]
     sft_res = latest_results(out / "eval" / "sft")
-    per_mode = {m: [] for m in args.modes}
+    per_mode = {m: [] for m in args.rows}
     for name, (mode, seed, run) in runs.items():
         res = latest_results(out / "eval" / name)
         per_mode[mode].append((seed, accuracy_row(res), training_stats(run)))
@@ -230,7 +239,7 @@ def render(args, out, runs, st):
         r = accuracy_row(sft_res)
         L.append("| SFT checkpoint (start of every run) | " + " | ".join(fmt(r[k]) for k, _ in CATEGORIES)
                  + f" | {fmt(r['avg'])} | {pct(r['drop'])} | {fmt(r['orig'])} |")
-    for mode in args.modes:
+    for mode in args.rows:
         rows = [r for _, r, _ in per_mode[mode]]
         cells = [fmt(*mean_sd([r[k] for r in rows])) for k, _ in CATEGORIES]
         L.append(f"| + {mode} | " + " | ".join(cells) + f" | {fmt(*mean_sd([r['avg'] for r in rows]))} | "
@@ -240,14 +249,14 @@ def render(args, out, runs, st):
         L += ["", "Per subtype (mean over seeds; Table 8's order):", "",
               "| Model | " + " | ".join(subtypes) + " |", "|---|" + "---|" * len(subtypes)]
         L.append("| SFT | " + " | ".join(fmt(sft_res["results"]["pvrbench"]["overall"][k], digits=2) for k in subtypes) + " |")
-        for mode in args.modes:
+        for mode in args.rows:
             res = [latest_results(out / "eval" / f"{mode}-s{seed}") for seed in args.seeds]
             L.append(f"| {mode} | " + " | ".join(
                 fmt(mean_sd([r["results"]["pvrbench"]["overall"].get(k) for r in res])[0], digits=2)
                 for k in subtypes) + " |")
     L += ["", "Per seed (Avg. / Orig.):", "", "| mode | " + " | ".join(f"seed {s}" for s in args.seeds) + " |",
           "|---|" + "---|" * len(args.seeds)]
-    for mode in args.modes:
+    for mode in args.rows:
         by_seed = {s: r for s, r, _ in per_mode[mode]}
         L.append(f"| {mode} | " + " | ".join(f"{fmt(by_seed[s]['avg'])} / {fmt(by_seed[s]['orig'])}" for s in args.seeds)
                  + " |")
@@ -257,7 +266,7 @@ def render(args, out, runs, st):
           "rates, and the mean step time during training.", "",
           "| mode | clean rollouts | corrupted rollouts | r^A | Sim^a | rho | deferred | discarded | s/step |",
           "|---|---|---|---|---|---|---|---|---|"]
-    for mode in args.modes:
+    for mode in args.rows:
         ts = [t for _, _, t in per_mode[mode]]
 
         def m(key):
