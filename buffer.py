@@ -79,18 +79,32 @@ class MemoryBuffer:
         """Alg. 2 l.13: re-evaluate only when the memory is full or every `period` steps."""
         return bool(self.entries) and (len(self.entries) >= self.capacity or (step > 0 and step % self.period == 0))
 
-    def reevaluate(self, assess_fn):
+    def reevaluate(self, assess_fn=None, *, assess_batch=None, batch_size: int = 16):
         """Alg. 2 l.14-21 over every entry, with `assess_fn(entry) -> "easy" | "informative" |
-        "difficult"` (the policy's re-assessment d' of the regenerated video, Eq. 5).
+        "difficult"` (the policy's re-assessment d' of the regenerated video, Eq. 5), or batched
+        (Table 14: "Yes (batched)") with `assess_batch(entries) -> [label or Exception, ...]` on
+        chunks of `batch_size` entries in buffer order.
         Returns (promoted, evicted): the entries to train on now, and those removed. An entry whose
-        assessment raises (e.g. its video can no longer be read) is evicted and logged, never fatal."""
+        assessment raises or returns an Exception (e.g. its video can no longer be read) is evicted
+        and logged, never fatal; a chunk whose `assess_batch` raises is re-assessed entry by entry."""
+        if (assess_fn is None) == (assess_batch is None):
+            raise ValueError("give exactly one of assess_fn and assess_batch")
+        entries = list(self.entries)
+        if assess_batch is None:
+            labels = [_call(lambda e=e: assess_fn(e)) for e in entries]
+        else:
+            labels = []
+            for i in range(0, len(entries), max(1, int(batch_size))):
+                chunk = entries[i:i + max(1, int(batch_size))]
+                got = _call(lambda: list(assess_batch(chunk)))
+                if isinstance(got, Exception) or len(got) != len(chunk):
+                    got = [_call(lambda e=e: assess_batch([e])[0]) for e in chunk]
+                labels += got
         promoted, evicted, kept = [], [], []
         self.counters["rounds"] += 1
-        for entry in list(self.entries):
-            try:
-                label = assess_fn(entry)
-            except Exception as e:  # noqa: BLE001 - one unreadable sample must not stop training
-                log.warning("buffer: re-assessing %s failed (%s); evicted", entry.sample_id, e)
+        for entry, label in zip(entries, labels):
+            if isinstance(label, Exception):  # one unreadable sample must not stop training
+                log.warning("buffer: re-assessing %s failed (%s); evicted", entry.sample_id, label)
                 self.counters["evicted_error"] += 1
                 evicted.append(entry)
                 continue
@@ -128,3 +142,11 @@ class MemoryBuffer:
         self.capacity, self.n_max, self.period = int(state["capacity"]), int(state["n_max"]), int(state["period"])
         self.entries = [BufferEntry(**e) for e in state["entries"]]
         self.counters.update(state["counters"])
+
+
+def _call(fn):
+    """fn(), or the exception it raised."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        return e

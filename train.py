@@ -427,18 +427,29 @@ class RL:
         inputs = policy.make_inputs(self.processor, prompts, videos)
         return policy.rollout(self.model, self.processor, inputs, n=n, **self.gen)
 
-    def assess_entry(self, entry):
-        """Eq. 5 / Alg. 2 l.15: d' of a buffered sample, on its regenerated corrupted video."""
-        s = self.by_id[entry.sample_id]
-        frames = self.clips.get(s)
-        if frames is None:
-            raise FileNotFoundError(f"video of {s.id} is unreadable")
-        pert = perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec))
-        roll = self._rollout([data.build_messages(s)], [pert], self.cfg.reeval_rollouts)
-        acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in roll.texts]
-        c = answerability(self.model, self.processor, [pert], [question_text(s)])[0]
-        return judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max,
-                                  unanswerable_below=self.cfg.unanswerable_below).difficulty
+    def assess_entries(self, entries):
+        """Eq. 5 / Alg. 2 l.15: d' of buffered samples, each on its regenerated corrupted video, in one
+        batched rollout (reeval_rollouts each) and one answerability forward; an unreadable video
+        gives its entry an exception (evicted by the buffer)."""
+        out, todo = [], []
+        for entry in entries:
+            s = self.by_id[entry.sample_id]
+            frames = self.clips.get(s)
+            if frames is None:
+                out.append(FileNotFoundError(f"video of {s.id} is unreadable"))
+                continue
+            out.append(None)
+            todo.append((len(out) - 1, s, perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec))))
+        if todo:
+            k = self.cfg.reeval_rollouts
+            roll = self._rollout([data.build_messages(s) for _, s, _ in todo], [p for _, _, p in todo], k)
+            conf = answerability(self.model, self.processor, [p for _, _, p in todo],
+                                 [question_text(s) for _, s, _ in todo])
+            for n, ((i, s, _), c) in enumerate(zip(todo, conf)):
+                acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in roll.texts[n * k:(n + 1) * k]]
+                out[i] = judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max,
+                                            unanswerable_below=self.cfg.unanswerable_below).difficulty
+        return out
 
     def step(self, step, spec_rng):
         cfg, timer, G = self.cfg, Timer(), self.cfg.group_size
@@ -548,7 +559,9 @@ class RL:
         promoted = evicted = 0
         with timer("memory_reevaluation"):  # Eq. 5-6, Alg. 2 l.12-21
             if cfg.mode == "rova" and self.buffer.due(step + 1):
-                up, out = self.buffer.reevaluate(self.assess_entry)
+                # batched as a step's rollouts: batch_size x group_size sequences per generate call
+                up, out = self.buffer.reevaluate(assess_batch=self.assess_entries, batch_size=max(
+                    1, cfg.batch_size * cfg.group_size // max(1, cfg.reeval_rollouts)))
                 self.queue.extend((e.sample_id, e.spec) for e in up)
                 promoted, evicted = len(up), len(out)
         return self._record(batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer, corrupt)

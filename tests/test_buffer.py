@@ -123,3 +123,37 @@ def test_state_round_trip_through_json():
     assert buf.state_dict() == other.state_dict()
     with pytest.raises(ValueError):
         MemoryBuffer(capacity=0)
+
+
+def test_batched_reevaluation_matches_the_per_entry_one():
+    plan = {f"s{i}": lab for i, lab in enumerate(["easy", "informative", "difficult", "difficult", "informative"])}
+    a, b = MemoryBuffer(), MemoryBuffer()
+    for buf in (a, b):
+        for i in range(5):
+            buf.add(f"s{i}", spec(i))
+    calls = []
+
+    def assess_batch(entries):
+        calls.append([e.sample_id for e in entries])
+        return [plan[e.sample_id] for e in entries]
+    one = a.reevaluate(lambda e: plan[e.sample_id])
+    many = b.reevaluate(assess_batch=assess_batch, batch_size=2)
+    assert calls == [["s0", "s1"], ["s2", "s3"], ["s4"]]
+    assert [[e.sample_id for e in x] for x in one] == [[e.sample_id for e in x] for x in many] == [["s1", "s4"], ["s0"]]
+    assert a.state_dict() == b.state_dict()
+    with pytest.raises(ValueError, match="exactly one"):
+        b.reevaluate()
+
+
+def test_batched_reevaluation_evicts_only_the_failing_entries(caplog):
+    buf = MemoryBuffer()
+    for name in ("ok", "gone", "boom", "ok2"):
+        buf.add(name, spec(len(name)))
+
+    def assess_batch(entries):
+        if any(e.sample_id == "boom" for e in entries):  # a whole chunk fails: retried entry by entry
+            raise RuntimeError("generation failed")
+        return [FileNotFoundError("video gone") if e.sample_id == "gone" else "informative" for e in entries]
+    promoted, evicted = buf.reevaluate(assess_batch=assess_batch, batch_size=4)
+    assert [e.sample_id for e in promoted] == ["ok", "ok2"] and [e.sample_id for e in evicted] == ["gone", "boom"]
+    assert buf.stats()["evicted_error"] == 2 and "video gone" in caplog.text and "generation failed" in caplog.text
