@@ -347,7 +347,8 @@ def make_plan(sources, subtypes, assign, eta):
 
 def read_clip(group, args):
     """(frames, fps seen by the model) or a VideoError; fps: qwen-vl-utils' sample fps, or --fps."""
-    frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels)
+    frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels,
+                                             sampler=args.frame_sampler, keyframe_eps=args.keyframe_eps)
     if args.fps != "video":
         return frames, float(args.fps)
     return frames, (len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0)
@@ -603,6 +604,9 @@ def parse_args(argv=None):
       "(round-robin within each task); all: clean + every subtype")
     a("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
     a("--frames", type=int, default=None, help="frames per video (App. D: 32; synthetic: 8)")
+    a("--frame-sampler", default="uniform", choices=["uniform", "keyframes"], help="uniform (qwen-vl-utils) or "
+      "Embodied-R's key frames (at most --frames; video.keyframes)")
+    a("--keyframe-eps", type=float, default=0.5, help="overlap threshold of --frame-sampler keyframes")
     a("--max-pixels", type=int, default=None, help="pixels per frame (App. D: 256x28x28; synthetic: 56x56)")
     a("--fps", default=None, help="fps given to the model for M-RoPE: 'video' (qwen-vl-utils' sample fps) or a number "
       "(synthetic: 2.0, as train.py)")
@@ -677,6 +681,8 @@ def main(argv=None):
                      for n, p in paths.items()}, subtypes=subtypes, assign=args.assign, frames=args.frames,
                  max_pixels=args.max_pixels, fps=args.fps, eta=args.eta, style=args.style,
                  max_new_tokens=args.max_new_tokens)
+    if args.frame_sampler != "uniform":  # (left out for uniform: earlier runs' stores keep their hash)
+        keyed.update(frame_sampler=args.frame_sampler, keyframe_eps=args.keyframe_eps)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / name
     run_dir = model_dir / f"run_{run_hash}"

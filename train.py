@@ -98,7 +98,10 @@ class Config:
     reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)")
     reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation (DESIGN.md 2)")
     eta: float = _arg(0.7, "perturbation intensity (App. D: 0.7)")
-    frames: int = _arg(16, "frames per video (App. D: 16 in training)")
+    frames: int = _arg(16, "frames per video (App. D: 16 in training); at most this many with --frame-sampler keyframes")
+    frame_sampler: str = _arg("uniform", "uniform (qwen-vl-utils) | keyframes (Embodied-R Sec. 2.1: ORB + RANSAC "
+                                         "overlap < eps at 1 fps)")
+    keyframe_eps: float = _arg(0.5, "overlap threshold of --frame-sampler keyframes (Embodied-R's code: 0.5)")
     max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)")
     max_new_tokens: int = _arg(256, "tokens per rollout")
     temperature: float = _arg(1.0, "sampling temperature of rollouts")
@@ -140,6 +143,8 @@ def parse_args(argv=None) -> Config:
     cfg = Config(**vars(ap.parse_args(argv)))
     if cfg.mode not in MODES:
         ap.error(f"--mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.frame_sampler not in ("uniform", "keyframes"):
+        ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     return cfg
@@ -242,7 +247,8 @@ class Clips:
             self.cache.move_to_end(sample.video)
             return self.cache[sample.video]
         try:
-            frames, _, _ = video.read_frames(sample.video, num_frames=self.cfg.frames, max_pixels=self.cfg.max_pixels)
+            frames, _, _ = video.read_frames(sample.video, num_frames=self.cfg.frames, max_pixels=self.cfg.max_pixels,
+                                             sampler=self.cfg.frame_sampler, keyframe_eps=self.cfg.keyframe_eps)
         except Exception as e:  # noqa: BLE001 - a bad file is skipped, never fatal (up to max_bad_fraction)
             self.bad += 1
             self.bad_ids.append(sample.id)
@@ -649,7 +655,8 @@ def evaluate(cfg, model, processor, samples, limit, batch_size=16):
         chunk, clips = [], []
         for k, s in enumerate(samples[start:start + batch_size]):
             try:
-                frames, _, _ = video.read_frames(s.video, num_frames=cfg.frames, max_pixels=cfg.max_pixels)
+                frames, _, _ = video.read_frames(s.video, num_frames=cfg.frames, max_pixels=cfg.max_pixels,
+                                                 sampler=cfg.frame_sampler, keyframe_eps=cfg.keyframe_eps)
             except Exception as e:  # noqa: BLE001
                 log(f"evaluation: skipping {s.id}: {e}")
                 continue
