@@ -424,6 +424,79 @@ class APIModel:
             return list(pool.map(one, range(len(prompts))))
 
 
+class TextOnly:
+    """A text-only answerer for the semantic-bias filter (Embodied-R Sec. 3.1): the question and its
+    options with the official short-answer prompt, no video. spec: "openai:MODEL" (OpenAI-compatible
+    chat completions, no images) or a local checkpoint (an AutoModelForImageTextToText given a text-only
+    chat, or an AutoModelForCausalLM), greedy, 16 new tokens."""
+
+    def __init__(self, spec, base_url=None, retries=5, timeout=120.0):
+        self.spec = spec
+        if spec.startswith("openai:"):
+            self.client = judges.OpenAIJudge(base_url=base_url or os.environ.get("OPENAI_BASE_URL")
+                                             or "https://api.openai.com/v1", model=spec.split(":", 1)[1],
+                                             max_retries=retries, timeout=timeout)
+            return
+        import transformers
+        self.client = None
+        try:
+            self.tok = transformers.AutoProcessor.from_pretrained(spec)
+            self.model = transformers.AutoModelForImageTextToText.from_pretrained(spec).eval()
+        except (ValueError, OSError, KeyError):
+            self.tok = transformers.AutoTokenizer.from_pretrained(spec)
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(spec).eval()
+        tok = getattr(self.tok, "tokenizer", self.tok)
+        tok.padding_side = "left"
+
+    def __call__(self, samples, batch_size=16):
+        prompts = [data.build_prompt(s, "official") for s in samples]
+        if self.client is not None:
+            return [self.client.complete(p, 16) for p in prompts]
+        import torch
+        tok = getattr(self.tok, "tokenizer", self.tok)
+        out = []
+        for i in range(0, len(prompts), batch_size):
+            chats = [self.tok.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": p}]}]
+                                                  if hasattr(self.tok, "tokenizer") else [{"role": "user", "content": p}],
+                                                  add_generation_prompt=True, tokenize=False)
+                     for p in prompts[i:i + batch_size]]
+            enc = tok(chats, return_tensors="pt", padding=True, add_special_tokens=False)
+            with torch.no_grad():
+                ids = self.model.generate(**enc, max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
+            out += tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        return out
+
+
+def debias(sources, answerer, cache_path, name):
+    """Embodied-R's semantic-bias filter (Sec. 3.1): drop the multiple-choice questions that a text-only
+    model answers correctly without seeing the video (numeric questions are kept: a blind number is not
+    "answered"). Answers are appended to `cache_path` (JSONL) as they come, so a rerun asks nothing twice.
+    Returns (kept sources, report)."""
+    cache_path = Path(cache_path)
+    done = {}
+    if cache_path.is_file():
+        for line in cache_path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[(r["source"], r["id"])] = r["answer"]
+    kept, report = {}, {"model": name, "checked": 0, "dropped": 0, "sources": {}}
+    for src, samples in sources.items():
+        mc = [s for s in samples if s.problem_type == "multiple choice"]
+        todo = [s for s in mc if (src, s.id) not in done]
+        if todo:
+            answers = answerer(todo)
+            with open(cache_path, "a") as f:
+                for s, a in zip(todo, answers):
+                    done[(src, s.id)] = a
+                    f.write(json.dumps({"source": src, "id": s.id, "answer": a}) + "\n")
+        blind = {s.id for s in mc if done[(src, s.id)] is not None and data.score_sample(done[(src, s.id)], s) >= 1.0}
+        kept[src] = [s for s in samples if s.id not in blind]
+        report["sources"][src] = {"checked": len(mc), "dropped": len(blind)}
+        report["checked"] += len(mc)
+        report["dropped"] += len(blind)
+    return kept, report
+
+
 def resolve_model(args):
     """(spec, display name). Default: the train demo's checkpoint, else an untrained tiny model."""
     if args.model:
@@ -625,6 +698,8 @@ def parse_args(argv=None):
     a("--judge", default="local", help="local | openai:MODEL | hf:PATH | none (Table 2's reasoning quality)")
     a("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")
     a("--judge-frames", type=int, default=4, help="frames shown to an openai: judge (0: text only)")
+    a("--debias", default="", help="semantic-bias filter (Embodied-R Sec. 3.1): drop the multiple-choice questions "
+      "this text-only model (openai:NAME or a local checkpoint) answers correctly without the video")
     a("--out", default="runs/eval", help="results go to OUT/<model>/")
     a("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit")
     a("--compare", nargs="+", default=None, metavar="RESULTS", help="lay several results.json side by side")
@@ -670,6 +745,14 @@ def main(argv=None):
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
     subtypes = parse_subtypes(args.subtypes)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
+    debiased = None
+    if args.debias:
+        tag = re.sub(r"[^A-Za-z0-9._+-]+", "_", args.debias).strip("_")
+        (Path(args.out) / "debias").mkdir(parents=True, exist_ok=True)
+        sources, debiased = debias(sources, lambda xs: TextOnly(args.debias, args.base_url or None)(xs),
+                                   Path(args.out) / "debias" / f"{tag}.jsonl", args.debias)
+        print(f"--debias {args.debias}: {debiased['dropped']} of {debiased['checked']} multiple-choice questions "
+              "answered correctly without the video, dropped", flush=True)
     groups, manifest = make_plan(sources, subtypes, args.assign, args.eta)
     if args.export:
         return export(groups, manifest, args)
@@ -683,6 +766,8 @@ def main(argv=None):
                  max_new_tokens=args.max_new_tokens)
     if args.frame_sampler != "uniform":  # (left out for uniform: earlier runs' stores keep their hash)
         keyed.update(frame_sampler=args.frame_sampler, keyframe_eps=args.keyframe_eps)
+    if args.debias:
+        keyed.update(debias=args.debias)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / name
     run_dir = model_dir / f"run_{run_hash}"
@@ -736,7 +821,7 @@ def main(argv=None):
                       "model_name": name, "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
                       "judge_stats": getattr(judge, "stats", None)},
            "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": manifest_sha, "rows": len(manifest)},
-           "versions": versions(), "date": ts, "n_samples": results["n_samples"], "n_errors": results["n_errors"],
+           "debias": debiased, "versions": versions(), "date": ts, "n_samples": results["n_samples"], "n_errors": results["n_errors"],
            "timing": {"total_s": elapsed, "generate_s": state["sec_generate"], "judge_s": state["sec_judge"],
                       "generated": state["generated"]}}
     shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")

@@ -375,3 +375,35 @@ def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
         assert len(FakeAPI.requests) == 6 and outputs(tmp_path / "down")[1]["n_errors"] == 0
     finally:
         server.shutdown()
+
+
+def test_debias_drops_the_questions_a_blind_model_answers(tmp_path):
+    import eval_pvrbench as ev
+    synth = tmp_path / "synth"
+    data.make_synthetic(synth, n=8, seed=3, num_frames=4, size=56, eval_fraction=0.5)
+    samples, _ = data.load_vsibench(synth / "eval.jsonl", synth / "videos")
+    mc = [s for s in samples if s.problem_type == "multiple choice"]
+    assert mc, "the synthetic eval split has multiple-choice questions"
+    asked = []
+
+    def blind(xs):  # answers the first MC question right, the others wrong, and one not at all
+        asked.extend(s.id for s in xs)
+        return [s.answer if s.id == mc[0].id else (None if k == 1 else "Z") for k, s in enumerate(xs)]
+    kept, report = ev.debias({"synthetic": samples}, blind, tmp_path / "cache.jsonl", "scripted")
+    assert [s.id for s in kept["synthetic"]] == [s.id for s in samples if s.id != mc[0].id]
+    assert report["checked"] == len(mc) and report["dropped"] == 1 and sorted(asked) == sorted(s.id for s in mc)
+    asked.clear()
+    again, report2 = ev.debias({"synthetic": samples}, blind, tmp_path / "cache.jsonl", "scripted")
+    assert asked == [] and report2 == report and [s.id for s in again["synthetic"]] == [s.id for s in kept["synthetic"]]
+
+
+def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
+    import eval_pvrbench as ev
+    tiny = policy.build_tiny(tmp_path / "tiny")
+    synth = tmp_path / "synth"
+    data.make_synthetic(synth, n=4, seed=4, num_frames=4, size=56, eval_fraction=0.5)
+    out = ev.main(["--model", str(tiny), "--benchmark", f"synthetic={synth}", "--out", str(tmp_path / "eval"),
+                   "--subtypes", "fog", "--judge", "none", "--frames", "4", "--max-new-tokens", "4",
+                   "--debias", str(tiny)])
+    assert out["debias"]["model"] == str(tiny) and out["debias"]["checked"] >= 1
+    assert (tmp_path / "eval" / "debias").is_dir()
