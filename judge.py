@@ -15,8 +15,11 @@ five metrics with the same kind of judge. Three backends share one interface:
 Every backend has ``answer_consistency(ref, cand) -> 1 | 0 | None``, ``reasoning_consistency(ref,
 cand) -> 1.0 | 0.5 | 0.0 | None``, their ``*_batch(pairs)`` forms (results in input order) and
 ``reasoning_quality(question, clean_trace, perturbed_trace) -> {fragility, consistency, belief,
-recovery, attention}``. A verdict that cannot be had (an unparsable reply, a failed request) is None
-and counted in ``stats["missing"]``; it is never an exception to the caller (grpo.py imputes it).
+recovery, attention}``, and ``answer_from_reasoning(question, reasoning, options) -> answer | None``
+with its batch form (Embodied-R Sec. 2.3's logical-consistency check: the answer a reference model
+reads off a reasoning text without the video). A verdict that cannot be had (an unparsable reply, a
+failed request) is None and counted in ``stats["missing"]``; it is never an exception to the caller
+(grpo.py imputes it).
 
 The prompts of Figs. 8-10 are images in the paper; ours are written from their captions and App. C's
 description of them.
@@ -135,6 +138,34 @@ objects, regions and frames; 0 = it relies on irrelevant details, perturbation a
 Output only a JSON object with exactly these five keys and numbers from 0 to 5, for example:
 {{"fragility": 1, "consistency": 4, "belief": 3, "recovery": 4, "attention": 5}}"""
 
+# Embodied-R Sec. 2.3, the logical-consistency reward r''': the reference model sees the question q and
+# the rollout's reasoning p_i only (no video) and gives its own answer a'_i; the rollout scores 1 iff
+# a'_i = a_i = g (grpo.consistency_reward). The paper does not print its prompt; this one is ours.
+ANSWER_FROM_REASONING_PROMPT = """You are given a question about a video and a reasoning process that someone \
+wrote while answering it. You cannot see the video: use only the reasoning below.
+
+Question:
+{question}
+
+Reasoning:
+{reasoning}
+
+Which final answer does this reasoning lead to? Do not solve the question yourself and do not correct the \
+reasoning: give the answer that the reasoning itself supports. For a multiple-choice question output only \
+the option letter; for a numerical question output only the number.
+
+Output only the answer inside <answer></answer> tags, for example <answer>B</answer> or \
+<answer>3.5</answer>, and nothing else."""
+
+
+def question_with_options(question, options=None) -> str:
+    """The question as ANSWER_FROM_REASONING_PROMPT shows it: the question, then "Options:" and one
+    option per line ("A. sofa") when `options` are given (the Video-R1 prompt's layout)."""
+    q = str(question or "").strip()
+    opts = [str(o).strip() for o in options or [] if str(o).strip()]
+    return q + ("\nOptions:\n" + "\n".join(opts) if opts else "")
+
+
 ANSWER_SCALE = (0, 1)
 REASONING_SCALE = (0.0, 0.5, 1.0)
 
@@ -225,6 +256,47 @@ def parse_quality(text, keys=QUALITY_KEYS, lo: float = 0.0, hi: float = 5.0) -> 
     return out
 
 
+_ANSWER_SAID = re.compile(r"\b(?:final\s+)?answer\s*(?:is|:)\s*(.+)", re.IGNORECASE)
+
+
+def _option_texts(options) -> dict:
+    """{"a": "sofa", ...}: the normalised text of each labelled option ("A. sofa")."""
+    out = {}
+    for o in options or []:
+        letter = data.option_letter(str(o))
+        if letter:
+            out[letter.lower()] = _norm_text(re.sub(r"^\s*\(?[A-Z][.):\uff0e\uff1a]", "", str(o), count=1))
+    return out
+
+
+def parse_reasoned_answer(text, options=None) -> str | None:
+    """The reference model's answer (ANSWER_FROM_REASONING_PROMPT) from its reply: the content of
+    <answer></answer> (data.extract_answer), else what follows "answer is"/"answer:", else a reply of
+    at most 3 words as a whole. With `options` ("A. sofa", ...) an option ("b", "(B)", "B. sofa") or an
+    option's text ("sofa") becomes its upper-case letter. Trailing punctuation is dropped; None when
+    nothing is left."""
+    text = _clean_reply(text)
+    if not text:
+        return None
+    if re.search(r"<answer>", text, re.IGNORECASE):
+        span = data.extract_answer(re.sub(r"(?i)</?answer>", lambda m: m.group(0).lower(), text))
+    else:
+        m = _ANSWER_SAID.search(text)
+        span = m.group(1).split("\n")[0] if m else (text if len(text.split()) <= 3 else "")
+    span = span.strip().rstrip(".!;,").strip()
+    if not span:
+        return None
+    if options:
+        letters = _option_texts(options)
+        opt = _option(span)
+        if opt and (not letters or opt[0] in letters):
+            return opt[0].upper()
+        hit = [k for k, v in letters.items() if v and v == _norm_text(span)]
+        if len(hit) == 1:
+            return hit[0].upper()
+    return span
+
+
 # --------------------------------------------------------------------------- the verdict cache
 class VerdictCache:
     """A persistent cache of judge replies: one SQLite file, one row per prompt, keyed by the sha256
@@ -302,6 +374,11 @@ class _Judge:
         """Sim^r (Fig. 9): 1.0 / 0.5 / 0.0; None = no verdict."""
         return self.reasoning_consistency_batch([(reference, candidate)])[0]
 
+    def answer_from_reasoning(self, question, reasoning, options=None):
+        """Embodied-R Sec. 2.3: a'_i, the answer a reference model reads off the reasoning alone
+        (the question and its options, no video); None = no answer."""
+        return self.answer_from_reasoning_batch([(question, reasoning, options)])[0]
+
     def reasoning_quality(self, question, clean_trace, perturbed_trace, **kw) -> dict:
         """PVRBench's five 0-5 metrics of the perturbed trace against the clean one (None = not judged)."""
         return self.reasoning_quality_batch([(question, clean_trace, perturbed_trace)], **kw)[0]
@@ -353,6 +430,15 @@ class _PromptJudge(_Judge):
         prompts = [REASONING_CONSISTENCY_PROMPT.format(reference=r, candidate=c) for r, c in pairs]
         return self._missing([parse_reasoning_score(t) for t in self._ask(prompts, self.max_tokens)])
 
+    def answer_from_reasoning_batch(self, items) -> list:
+        """a'_i for each (question, reasoning[, options]) item, in input order (None = unparsable or
+        failed, counted in stats["missing"]). Replies are short: max(max_tokens, 32) tokens."""
+        items = [_reasoning_item(it) for it in items]
+        prompts = [ANSWER_FROM_REASONING_PROMPT.format(question=question_with_options(q, o), reasoning=r)
+                   for q, r, o in items]
+        replies = self._ask(prompts, max(self.max_tokens, 32))
+        return self._missing([parse_reasoned_answer(t, o) for t, (_, _, o) in zip(replies, items)])
+
     def reasoning_quality_batch(self, items, images=None) -> list:
         """One dict per (question, clean_trace, perturbed_trace); `images` (frames shown to a vision
         judge) go with every item, so batch only items of one video. A reply with any metric missing
@@ -364,6 +450,14 @@ class _PromptJudge(_Judge):
 
     def close(self) -> None:
         self.cache.close()
+
+
+def _reasoning_item(item):
+    """(question, reasoning, options) from a 2- or 3-tuple (options None when absent)."""
+    q, r, *rest = item
+    if len(rest) > 1:
+        raise ValueError(f"an answer_from_reasoning item is (question, reasoning[, options]), got {len(item)} parts")
+    return q, r, (rest[0] if rest else None)
 
 
 def _jpegs(images) -> list[bytes]:
@@ -738,7 +832,10 @@ class LocalJudge(_Judge):
     perturbed reasoning (None if either is empty); consistency = 5 if the perturbed trace's own answer
     (or, for an option letter, the option's text from the question) is stated in its reasoning, 1 if
     only another option's text is, 2.5 if neither, 0 with no <answer>; belief, recovery and attention
-    need the video or a capable judge: None."""
+    need the video or a capable judge: None.
+
+    answer_from_reasoning, a documented heuristic (:func:`last_stated_answer`): the option stated
+    last in the reasoning, by letter or text, or the last number when the question has no options."""
     name = "local"
 
     def __init__(self, model_path=None, thresholds=DEFAULT_THRESHOLDS):
@@ -773,6 +870,15 @@ class LocalJudge(_Judge):
             out[i] = 1.0 if s >= hi else 0.5 if s >= lo else 0.0
         return out
 
+    def answer_from_reasoning_batch(self, items) -> list:
+        """Embodied-R Sec. 2.3's a'_i without a language model, a documented heuristic
+        (:func:`last_stated_answer`): the option stated last in the reasoning (by letter or by its
+        text) for a multiple-choice question, the last number for any other; None (counted in
+        stats["missing"]) when the reasoning states none."""
+        items = [_reasoning_item(it) for it in items]
+        self._count("calls", len(items))
+        return self._missing([last_stated_answer(q, r, o) for q, r, o in items])
+
     def reasoning_quality_batch(self, items, images=None) -> list:
         """See the class docstring; `images` are ignored (the heuristic reads text only)."""
         self._count("calls", len(items))
@@ -785,6 +891,82 @@ class LocalJudge(_Judge):
             out.append({"fragility": frag, "consistency": _self_consistency(question, reasoning, answer),
                         "belief": None, "recovery": None, "attention": None})
         return out
+
+
+# LocalJudge's answer_from_reasoning (Embodied-R Sec. 2.3 offline). A letter counts as stated when it
+# follows "option"/"choice"/"answer (is)", sits in parentheses "(B)", stands alone before . ) : ! ; or
+# the end ("so it is B."), or precedes "is correct/right/the answer". A bare capital "A" inside a
+# sentence ("A red cube ...") is not a statement.
+_LETTER_SAID = re.compile(
+    r"(?i:\b(?:option|choice|answer)\b)\s*(?:(?i:is|would be|should be|must be)\b)?"
+    r"\s*[:\-]?\s*\(?([A-Z])\)?(?![\w'’])"
+    r"|\(([A-Z])\)"
+    r"|(?<![\w'’])([A-Z])(?=\s*(?:[.):;!]|$))"
+    r"|(?<![\w'’])([A-Z])(?=\s+is\s+(?:correct|right|the\s+answer)\b)")
+_NUMBER_SAID = re.compile(r"(?<![\w.,])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|(?<![\w.,])\.\d+")
+_NUMBER_WORD = re.compile(r"[a-z]+(?:-[a-z]+)*")
+_NOT_A_COUNT = {"the", "each", "this", "that", "which", "every", "no", "any", "another", "one"}  # "the red one"
+
+
+_IRREGULAR = {"goes": "go", "going": "go", "went": "go", "gone": "go", "does": "do", "doing": "do", "did": "do"}
+
+
+def _stem_token(t: str) -> str:
+    """One lower-case word as _stem treats it (number words as digits), plus a few irregular verbs."""
+    n = data.words_to_number(t)
+    return str(n) if n is not None else _IRREGULAR.get(t) or re.sub(r"(?<=\w{3})(?:ing|ed|s)$", "", t)
+
+
+def _stemmed_tokens(text: str):
+    """[(stemmed token, end offset)] of lower-cased `text`, articles dropped (as :func:`_stem`)."""
+    return [(_stem_token(m.group()), m.end()) for m in re.finditer(r"[^\W_]+", text) if m.group() not in _ARTICLES]
+
+
+def _last_number(text: str) -> str | None:
+    """The last number stated in `text` ("1,000" -> "1000", "three" -> "3"), or None."""
+    found = [(m.end(), m.group().replace(",", "").lstrip("+")) for m in _NUMBER_SAID.finditer(text)]
+    low = text.lower()
+    for m in _NUMBER_WORD.finditer(low):
+        n = data.words_to_number(m.group())
+        before = low[:m.start()].split()
+        if n is not None and not (n == 1 and before and before[-1].strip(",;:") in _NOT_A_COUNT):
+            found.append((m.end(), str(n)))
+    return max(found)[1] if found else None
+
+
+def last_stated_answer(question, reasoning, options=None) -> str | None:
+    """The answer a reader takes from `reasoning` alone: with options (``options`` as "A. sofa", else
+    labelled lines in the question, else inline options as UrbanVideo writes them), the upper-case
+    letter of the option stated LAST, by its letter (see _LETTER_SAID) or its text (matched on
+    stemmed words, number words as digits; the longer option wins a tie); without options, the last
+    number (digits or number words); None when nothing is stated. A heuristic: negations ("not left,
+    right" is fine; "right, not left" reads as left) and hedges are not understood."""
+    text = unicodedata.normalize("NFKC", str(reasoning or ""))
+    if not text.strip():
+        return None
+    opts = _option_texts(options) if options else {}
+    if not opts:
+        opts = {k.lower(): _norm_text(v) for k, v in _OPTION_LINE.findall(str(question or ""))}
+    if not opts:
+        opts = _option_texts(data.parse_inline_options(str(question or ""))[1])
+    if not opts:
+        return _last_number(text)
+    best = None                                             # (end offset, span length, letter)
+    for m in _LETTER_SAID.finditer(text):
+        letter = next(g for g in m.groups() if g).lower()
+        if letter in opts:
+            best = max(best or (-1, 0, ""), (m.end(), 1, letter))
+    toks = _stemmed_tokens(text.lower())
+    words = [t for t, _ in toks]
+    for letter, body in opts.items():
+        pat = [_stem_token(t) for t in body.split()]
+        if not pat:
+            continue
+        for i in range(len(words) - len(pat), -1, -1):      # the last occurrence
+            if words[i:i + len(pat)] == pat:
+                best = max(best or (-1, 0, ""), (toks[i + len(pat) - 1][1], len(body), letter))
+                break
+    return best[2].upper() if best else None
 
 
 def _stem(s: str) -> str:
