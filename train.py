@@ -86,6 +86,11 @@ class Config:
     beta: float = _arg(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)")
     w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)")
     w_acc: float = _arg(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
+    reward_weights: str = _arg("", "format:accuracy:consistency[:alignment] weights, normalised to sum 1, or a "
+                                   "schedule by data epoch: 'embodied-r' (Embodied-R Sec. 2.3: 7:3:0 epochs 1-2, "
+                                   "3:7:0 epochs 3-4, 1:7:2 from 5) or '1-2=7:3:0,3-=1:7:2'; consistency = "
+                                   "Embodied-R's logical-consistency reward (asks --judge); without an alignment "
+                                   "weight r^A gets the accuracy weight (App. D's ratio). Empty: --w-format/--w-acc")
     alpha_r: float = _arg(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)")
     alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)")
     tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)")
@@ -143,6 +148,11 @@ def parse_args(argv=None) -> Config:
     cfg = Config(**vars(ap.parse_args(argv)))
     if cfg.mode not in MODES:
         ap.error(f"--mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
+    if cfg.reward_weights:
+        try:
+            grpo.parse_reward_weights(cfg.reward_weights)
+        except ValueError as e:
+            ap.error(f"--reward-weights: {e}")
     if cfg.frame_sampler not in ("uniform", "keyframes"):
         ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
@@ -420,6 +430,15 @@ class RL:
         self.buffer = membuf.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.gen = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+        self.schedule = grpo.parse_reward_weights(cfg.reward_weights) if cfg.reward_weights else None
+
+    def weights(self):
+        """(w_format, w_acc, w_consistency, w_alignment) for the data epoch being read (counted from 1):
+        --reward-weights' schedule, else App. D's w_F, w_Acc with no consistency reward and r^A at 1."""
+        if self.schedule is None:
+            return self.cfg.w_format, self.cfg.w_acc, 0.0, 1.0
+        w = grpo.reward_weights(self.cursor.epoch + 1, self.schedule)
+        return (w[0], w[1], w[2], w[3]) if len(w) == 4 else (w[0], w[1], w[2], w[1])
 
     def state(self):
         return {"cursor": self.cursor.state(), "buffer": self.buffer.state_dict(), "queue": self.queue}
@@ -515,14 +534,16 @@ class RL:
         idx = [i for i, b in enumerate(batch) if b["decision"] == "train"]  # by position: items hold arrays
         selected = [batch[i] for i in idx]
         missing = 0
+        w_f, w_a, w_c, w_al = self.weights()
         with timer("alignment_reward"):  # Alg. 1 for the selected samples only (App. G)
             for i in idx:
                 b = batch[i]
                 s = b["sample"]
-                rewards, comp = grpo.total_reward(
+                rewards, comp = grpo.total_reward(  # w_al r^A = (w_al alpha_r) Sim^r + (w_al alpha_a) Sim^a
                     b["texts"], s.answer, s.problem_type, reference_texts=b["clean_texts"] if dual else None,
-                    judge=self.judge if dual else None, w_format=cfg.w_format, w_acc=cfg.w_acc,
-                    alpha_r=cfg.alpha_r, alpha_a=cfg.alpha_a, source=s.source)
+                    judge=self.judge if (dual or w_c) else None, w_format=w_f, w_acc=w_a,
+                    alpha_r=w_al * cfg.alpha_r, alpha_a=w_al * cfg.alpha_a, source=s.source,
+                    w_consistency=w_c, question=s.question, options=s.options or None)
                 if cfg.temporal_grpo:
                     k = cfg.shuffled_group_size
                     shuf_acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source)
@@ -570,12 +591,15 @@ class RL:
                     1, cfg.batch_size * cfg.group_size // max(1, cfg.reeval_rollouts)))
                 self.queue.extend((e.sample_id, e.spec) for e in up)
                 promoted, evicted = len(up), len(out)
-        return self._record(batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer, corrupt)
+        rec = self._record(batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer, corrupt)
+        rec.update(w_format=w_f, w_acc=w_a, w_consistency=w_c, w_alignment=w_al if dual else 0.0)
+        return rec
 
     def _record(self, batch, selected, loss_stats, missing, promoted, evicted, n_rows, timer, corrupt=True):
         """Sums and counts of this rank's step, reduced over ranks by `reduce_record`."""
         s = defaultdict(float)
-        for key in ("acc_perturbed", "acc_clean", "r_format", "r_accuracy", "r_alignment", "r_temporal", "r_total",
+        for key in ("acc_perturbed", "acc_clean", "r_format", "r_accuracy", "r_alignment", "r_consistency",
+                    "r_temporal", "r_total",
                     "sim_r", "sim_a", "kl", "clip_fraction", "ratio", "loss"):
             s[f"{key}_sum"], s[f"{key}_n"] = 0.0, 0.0  # every key in every record (None when there is no data)
         s["samples"] = len(batch)
@@ -590,7 +614,7 @@ class RL:
                     s[f"{key}_sum"] += sum(acc)
                     s[f"{key}_n"] += len(acc)
         for b in selected:
-            for key in ("format", "accuracy", "alignment", "temporal"):
+            for key in ("format", "accuracy", "alignment", "consistency", "temporal"):
                 vals = b["comp"].get(key) or []
                 s[f"r_{key}_sum"] += sum(vals)
                 s[f"r_{key}_n"] += len(vals)
@@ -614,8 +638,9 @@ class RL:
 def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model):
     """This rank's RL stage for cfg.mode: its shard, the alignment judge (dual-branch modes; App. C.1,
     verdicts cached so a resumed run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
+    consistency = bool(cfg.reward_weights) and any(w[2] > 0 for _, _, w in grpo.parse_reward_weights(cfg.reward_weights))
     judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
-        if cfg.mode in ("rova", "dual") else None
+        if cfg.mode in ("rova", "dual") or consistency else None
     params, opt, sched = make_optimizer(cfg, model, cfg.lr, cfg.rl_steps)
     return RL(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
               ref_model, judge, params, opt, sched)
@@ -631,7 +656,7 @@ def reduce_record(s, device, world):
             base = k[:-4]
             rec[base] = tot[k] / tot[base + "_n"] if tot.get(base + "_n") else None
         elif not k.endswith("_n"):
-            rec[k] = tot[k] / world if k.startswith("sec_") else tot[k]
+            rec[k] = tot[k] / world if k.startswith(("sec_", "w_")) else tot[k]  # w_*: the same on every rank
     n = tot.get("samples", 0)
     rec["rho"] = tot.get("selected", 0) / n if n else None  # effective training ratio rho_t (App. G)
     rec["discard_rate"] = tot.get("discarded", 0) / n if n else None

@@ -166,3 +166,18 @@ def test_a_batch_larger_than_the_shard_repeats_samples_safely(assets, tmp_path):
     train.main(args(assets, out, "--mode", "dual", "--rl-steps", "1", "--batch-size", "40"))
     rec = records(out)[0]
     assert rec["samples"] == 40 and rec["rho"] == 1.0 and rec["loss"] is not None
+
+
+def test_reward_weights_schedule_and_the_consistency_reward(assets, tmp_path):
+    out = tmp_path / "w"
+    train.main(args(assets, out, "--mode", "grpo-aug", "--reward-weights", "1=7:3:0,2-=1:7:2"))
+    recs = records(out)
+    # the shard is read in its first epoch here: 7:3:0 normalised; no consistency reward asked
+    assert recs[0]["w_format"] == pytest.approx(0.7) and recs[0]["w_acc"] == pytest.approx(0.3)
+    assert recs[0]["w_consistency"] == 0 and recs[0]["r_consistency"] is None
+    out2 = tmp_path / "c"
+    train.main(args(assets, out2, "--mode", "grpo", "--reward-weights", "1:7:2"))
+    rec = records(out2)[0]
+    assert rec["w_consistency"] == pytest.approx(0.2) and rec["r_consistency"] is not None  # judged (local judge)
+    with pytest.raises(SystemExit):
+        train.parse_args(["--reward-weights", "7:x:0"])
