@@ -35,13 +35,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("grpo", "grpo-aug", "dual", "rova")
+sys.path.insert(0, str(ROOT))
+import train  # noqa: E402  (its modes and the CPU demo's settings)
+
+MODES = ("grpo", "grpo-aug", "dual", "rova")  # train.MODES, in the tables' order
+assert set(MODES) == set(train.MODES)
 CATEGORIES = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
 
-# The train.py demo's RL settings (train.DEMO), spelled out because --model/--data turn the preset off.
-RL_FLAGS = dict(frames=8, max_pixels=56 * 56, lr=1e-4, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64,
-                reeval_period=10, unanswerable_below=0.0, video_cache=4096, save_every=25)
+# The train.py demo's RL settings (train.DEMO), passed as flags because --model/--data turn the preset off.
+RL_FLAGS = {k: train.DEMO[k] for k in ("frames", "max_pixels", "lr", "rl_steps", "batch_size", "group_size",
+                                     "max_new_tokens", "reeval_period", "unanswerable_below", "video_cache")}
+RL_FLAGS["save_every"] = 25
 SMOKE = dict(demo_clips=16, sft_epochs=1.0, rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, save_every=1,
              reeval_period=2, bench_steps=2, eval_limit=3, diagnose_samples=4, seeds="0")
 
