@@ -174,6 +174,13 @@ def _thin(indices: list, k: int) -> list:
     return [indices[i] for i in pos]
 
 
+def _presample(total: int, fps: float, sample_fps: float) -> list:
+    """Frame indices at about ``sample_fps`` out of ``total`` frames at ``fps`` (every frame when the fps
+    is unknown or not above ``sample_fps``), the last frame always included."""
+    step = max(float(fps) / sample_fps, 1.0) if fps and fps > 0 else 1.0
+    return sorted(set(np.round(np.arange(0, total, step)).astype(int).clip(0, total - 1).tolist()) | {total - 1})
+
+
 def keyframes(source, eps: float = 0.5, min_frames: int = 4, max_frames: int = 32, sample_fps: float = 1.0,
               fps: float | None = None, match_size: int = 320) -> np.ndarray:
     """Embodied-R's key-frame extractor (Sec. 2.1): the indices of the frames to keep.
@@ -202,8 +209,7 @@ def keyframes(source, eps: float = 0.5, min_frames: int = 4, max_frames: int = 3
             total, vfps = len(vr), float(vr.get_avg_fps())
         except Exception as exc:
             raise VideoError(f"video file {path} cannot be decoded as a video ({_decode_reason(exc, path)})") from exc
-        step = max(vfps / sample_fps, 1.0) if vfps > 0 else 1.0
-        cand = sorted(set(np.round(np.arange(0, total, step)).astype(int).clip(0, total - 1).tolist()) | {total - 1})
+        cand = _presample(total, vfps, sample_fps)
         try:
             frames = vr.get_batch(cand).asnumpy()
         except Exception as exc:
@@ -211,11 +217,7 @@ def keyframes(source, eps: float = 0.5, min_frames: int = 4, max_frames: int = 3
     else:
         frames = _as_clip(source)
         total = len(frames)
-        if fps:
-            step = max(float(fps) / sample_fps, 1.0)
-            cand = sorted(set(np.round(np.arange(0, total, step)).astype(int).clip(0, total - 1).tolist()) | {total - 1})
-        else:
-            cand = list(range(total))
+        cand = _presample(total, fps, sample_fps) if fps else list(range(total))
         frames = frames[cand]
     h, w = frames.shape[1:3]
     scale = min(1.0, match_size / max(h, w))
