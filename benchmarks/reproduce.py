@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import train  # noqa: E402  (its modes and the CPU demo's settings)
 
 MODES = ("grpo", "grpo-aug", "dual", "rova")  # train.MODES, in the tables' order
@@ -285,7 +285,6 @@ def render(args, out, runs, st):
                  f"| {fmt(m('defer'), digits=2)} | {fmt(m('discard'), digits=2)} | {fmt(m('sec_step'), digits=2)} |")
     bench_path = out / "bench_step.json"
     if bench_path.is_file():
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         import bench_step
         b = json.loads(bench_path.read_text())
         L += ["", "### Cost per step (Table 13, Table 14)", "",
@@ -294,7 +293,6 @@ def render(args, out, runs, st):
               bench_step.report(b), "```"]
     diag_path = out / "diagnose.json"
     if diag_path.is_file():
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         import diagnose
         L += ["", "### What the training signals can teach the SFT checkpoint", "",
               "`benchmarks/diagnose.py`: the rollout groups of RL's first steps on the SFT checkpoint, measured once "
