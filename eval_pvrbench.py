@@ -70,6 +70,7 @@ import numpy as np
 
 import data
 import judge as judges
+import perceive
 import perturb
 import video
 
@@ -382,21 +383,38 @@ def export(groups, manifest, args):
 
 class HFModel:
     """Any AutoModelForImageTextToText checkpoint (policy.load_policy), optionally with a peft LoRA adapter;
-    batched greedy generation (policy.rollout, do_sample=False)."""
+    batched greedy generation (policy.rollout, do_sample=False). A text-only LM (Embodied-R's reasoner,
+    train.py --policy text) reads `perceiver`'s text of each clip, clean or corrupted, in the video's place
+    (perceive.py; texts cached in `perception_cache`, keyed by frame content, question and perceiver)."""
 
-    def __init__(self, path, adapter=None):
+    def __init__(self, path, adapter=None, perceiver="", perception_cache=None):
         import policy
         self.policy = policy
         self.model, self.processor = policy.load_policy(path)
         if adapter:
             from peft import PeftModel
             self.model = PeftModel.from_pretrained(self.model, adapter).eval()
+        self.text = policy.is_text_model(self.model)
+        if self.text and not perceiver:
+            raise SystemExit(f"{path} is a text-only LM (Embodied-R's reasoner): give --perceiver "
+                             f"({' | '.join(perceive.PERCEIVER_SPECS)}) to turn the videos into text")
+        if perceiver and not self.text:
+            raise SystemExit(f"--perceiver is for text-only models; {path} is a VLM and sees the videos itself")
+        if self.text:
+            self.perceiver = perceive.make_perceiver(perceiver)
+            self.cache = perceive.PerceptionCache(perception_cache)
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""
         try:
             messages = [data.build_messages(s, style) for s in samples]
-            inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
+            if self.text:  # Embodied-R Sec. 2.2: the perception text replaces the video
+                messages = [perceive.text_messages(m, perceive.perceive(c, question_text(s), self.perceiver,
+                                                                        cache=self.cache))
+                            for m, s, c in zip(messages, samples, clips)]
+                inputs = self.policy.make_inputs(self.processor, messages, None)
+            else:
+                inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
             out = self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
                                       do_sample=False)
             return [(t, None) for t in out.texts]
@@ -691,6 +709,9 @@ def parse_args(argv=None):
     a("--model", default="", help=f"checkpoint path or openai:NAME (default: {DEMO_CHECKPOINT}, else an untrained "
       "tiny model)")
     a("--adapter", default="", help="a peft LoRA adapter folder for --model")
+    a("--perceiver", default="", help="a text-only --model (Embodied-R, train.py --policy text) reads this perception "
+      "model's text of each video: hf:PATH | openai:MODEL | cv (perceive.py)")
+    a("--perception-cache", default="", help="SQLite cache of perception texts (default OUT/perception_cache.sqlite)")
     a("--model-name", default="", help="name of the results folder (default: from --model)")
     a("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
     a("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
@@ -768,6 +789,8 @@ def main(argv=None):
         keyed.update(frame_sampler=args.frame_sampler, keyframe_eps=args.keyframe_eps)
     if args.debias:
         keyed.update(debias=args.debias)
+    if args.perceiver:
+        keyed.update(perceiver=args.perceiver)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / name
     run_dir = model_dir / f"run_{run_hash}"
@@ -785,7 +808,8 @@ def main(argv=None):
     if pending:
         model = (APIModel(spec.split(":", 1)[1], args.base_url or os.environ.get("OPENAI_BASE_URL")
                           or "https://api.openai.com/v1", args.api_retries, args.api_timeout, args.batch_size)
-                 if spec.startswith("openai:") else HFModel(spec, args.adapter or None))
+                 if spec.startswith("openai:") else HFModel(spec, args.adapter or None, args.perceiver, args.perception_cache
+                                                            or str(Path(args.out) / "perception_cache.sqlite")))
     judge = None if args.judge == "none" else judges.make_judge(
         args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"))
     state = {"generated": 0, "sec_generate": 0.0, "sec_judge": 0.0, "manifest": {

@@ -211,6 +211,45 @@ def render(first_description: str, pairs) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- the reasoner's prompt
+# What the text policy (Embodied-R's LM, Sec. 2.3) reads where a VLM would see the video. The paper
+# prints no reasoning prompt; ours keeps the project's own prompt (Video-R1's template, the benchmark's
+# question) and puts the perception text, introduced by this line, in the video's place.
+OBSERVATIONS_HEADER = "Observations of the video, one line per key frame:"
+
+
+def text_messages(messages, text: str) -> list[dict]:
+    """Chat messages for a text-only LM: each ``{"type": "video"}`` (or image) item of ``messages``
+    (``data.build_messages``' layout) is replaced by :data:`OBSERVATIONS_HEADER` and the perception
+    ``text``; text items are kept in order; every message's content becomes one string (the form every
+    text chat template takes)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            parts = []
+            for item in content:
+                if item.get("type") in ("video", "image"):
+                    parts.append(f"{OBSERVATIONS_HEADER}\n{text}\n")
+                elif item.get("type") == "text":
+                    parts.append(item["text"])
+                else:
+                    raise ValueError(f"text_messages: unsupported content item {item.get('type')!r}")
+            content = "\n".join(parts)
+        out.append({**m, "content": content})
+    return out
+
+
+def tokenizer_corpus() -> list[str]:
+    """Text with every fixed word of the perception stage (header, rendering, actions, and the cv
+    backend's vocabulary): what a tiny offline reasoner's tokenizer is trained on (policy.build_tiny)."""
+    corpus = [OBSERVATIONS_HEADER, "Frame 0: Observe: (no description)",
+              "Frame 1: After move forward, Observe: nothing new. Relevant: none",
+              ", ".join(ACTIONS), "After " + ", After ".join(ACTIONS)]
+    cv = globals().get("cv_corpus")
+    return corpus + (list(cv()) if cv else [])
+
+
 # --------------------------------------------------------------------------- backends
 def _as_images(images) -> list[np.ndarray]:
     out = []

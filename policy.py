@@ -16,6 +16,11 @@ The temporal position of a video patch is ``tokens_per_second * second_per_grid_
 ``second_per_grid_ts`` (seconds per temporal patch) is always passed with videos (DESIGN.md 4).
 :func:`token_logprobs` extends ``mm_token_type_ids`` with zeros over the completion, so the
 completion tokens get exactly the text positions generate() gave them.
+
+Text policies (Embodied-R's reasoner, ``train.py --policy text``): a checkpoint without a vision tower
+(e.g. ``Qwen/Qwen2.5-3B-Instruct``) loads with AutoModelForCausalLM, and its "processor" is its
+AutoTokenizer; every function here takes either (:func:`tokenizer_of`, :func:`is_text_model`), and the
+prompts of a text policy are chat messages whose content is a string (no video).
 """
 from __future__ import annotations
 
@@ -34,6 +39,8 @@ DEFAULT_FPS = 2.0  # frames per second of the given frames when unknown: qwen-vl
 # LoRA on the language model's attention and MLP projections only, never on the vision tower (whose MLP
 # also has gate/up/down_proj in Qwen2.5-VL). peft full-matches this against each module's name.
 LM_LORA_TARGETS = r".*language_model\..*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# A text-only LM (Embodied-R's reasoner) has no vision tower: every attention / MLP projection.
+TEXT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Kept in the compute dtype under 4-bit: the vision tower, the projector and the (possibly tied) LM head.
 NO_QUANT_MODULES = ["lm_head", r".*visual", r".*vision_tower", r".*multi_modal_projector"]
 
@@ -104,8 +111,21 @@ def _tiny_tokenizer(texts, vocab_size):
         chat_template=CHAT_TEMPLATE, model_max_length=32768)
 
 
+def _perception_corpus():
+    try:  # Embodied-R's perception text (perceive.py): what a text policy reads instead of a video
+        import perceive
+        return list(perceive.tokenizer_corpus())
+    except (ImportError, AttributeError):
+        return []
+
+
+ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2")  # the last is a text-only LM (Embodied-R's reasoner)
+
+
 def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
     """Write a tiny random-weight video VLM (~1 MB) that reloads offline with the Auto classes.
+    ``arch="qwen2"``: the same text model without a vision tower (a Qwen2ForCausalLM and its tokenizer,
+    which is also trained on perceive.py's perception vocabulary): Embodied-R's reasoner in miniature.
 
     Text model: 2 layers, 64 wide (4 heads of 16, mrope_section [2, 3, 3] sums to head_dim / 2); vision
     tower: 2 blocks, 32 wide; tied embeddings. Processor: byte-level BPE tokenizer trained on ``texts``
@@ -117,11 +137,12 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
     """
     import transformers as tf
 
-    if arch not in ("qwen2_5_vl", "qwen2_vl", "qwen3_vl"):
-        raise ValueError(f"arch must be 'qwen2_5_vl', 'qwen2_vl' or 'qwen3_vl', got {arch!r}")
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(map(repr, ARCHS))}, got {arch!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = _tiny_tokenizer(_corpus(texts), vocab_size)
+    corpus = _corpus(texts) + (_perception_corpus() if arch == "qwen2" and texts is None else [])
+    tokenizer = _tiny_tokenizer(corpus, vocab_size)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     unit = 32 if arch == "qwen3_vl" else 28  # a merged 2x2 group of 16- or 14-pixel patches
     size = {"shortest_edge": (2 * unit) ** 2, "longest_edge": 64 * unit * unit}  # 56x56 .. 64 units per frame
@@ -133,6 +154,18 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    generation = tf.GenerationConfig(
+        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=ids["<|endoftext|>"])
+    if arch == "qwen2":  # text only: 1-D RoPE, no vision tokens in use
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e6}
+        torch.manual_seed(seed)
+        model = tf.AutoModelForCausalLM.from_config(tf.Qwen2Config(**text, tie_word_embeddings=True),
+                                                    dtype=torch.float32)
+        model.generation_config = generation
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        return str(out_dir)
     specials = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                     vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
                     tie_word_embeddings=True)
@@ -157,9 +190,7 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
         processor_cls = tf.Qwen3VLProcessor
     torch.manual_seed(seed)
     model = tf.AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
-    model.generation_config = tf.GenerationConfig(
-        eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"],
-        bos_token_id=ids["<|endoftext|>"])
+    model.generation_config = generation
     model.save_pretrained(out_dir)
     processor = processor_cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
                               chat_template=CHAT_TEMPLATE)
@@ -187,8 +218,10 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
     (alpha default 2 r); the vision tower stays frozen under LoRA and un-quantized under 4-bit (NF4, double
     quantization, compute in ``dtype``). Without LoRA every parameter is trainable (full fine-tune).
     The model is returned in eval mode; the processor pads on the left, for generation.
+    A checkpoint without a vision tower (its config has no ``vision_config``, e.g. Qwen2.5-3B-Instruct)
+    loads as AutoModelForCausalLM with its AutoTokenizer as the "processor", LoRA on all its projections.
     """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
     device = torch.device(device) if device is not None else _default_device()
     if device.type == "cuda" and device.index is None:
@@ -200,9 +233,14 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
             bnb_4bit_use_double_quant=True, llm_int8_skip_modules=NO_QUANT_MODULES)
-    model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
-    processor = AutoProcessor.from_pretrained(name_or_path)
-    processor.tokenizer.padding_side = "left"
+    text_only = getattr(AutoConfig.from_pretrained(name_or_path), "vision_config", None) is None
+    if text_only:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
+        processor = AutoTokenizer.from_pretrained(name_or_path)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
+        processor = AutoProcessor.from_pretrained(name_or_path)
+    tokenizer_of(processor).padding_side = "left"
     if load_in_4bit:
         from peft import prepare_model_for_kbit_training
         # bitsandbytes 0.50 on an AVX512-BF16 CPU repacks a Linear4bit's weight in place at its first eval-mode
@@ -223,7 +261,8 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
     if lora_r > 0:
         from peft import LoraConfig, get_peft_model
         config = LoraConfig(r=lora_r, lora_alpha=lora_alpha if lora_alpha is not None else 2 * lora_r,
-                            lora_dropout=lora_dropout, target_modules=LM_LORA_TARGETS, bias="none",
+                            lora_dropout=lora_dropout, bias="none",
+                            target_modules=TEXT_LORA_TARGETS if text_only else LM_LORA_TARGETS,
                             task_type="CAUSAL_LM")
         with warnings.catch_warnings():  # the same deprecated probe (is_gradient_checkpointing)
             warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
@@ -244,6 +283,16 @@ def frozen_copy(model):
 def model_device(model):
     """The device of the model's first parameter (inputs follow the model)."""
     return next(model.parameters()).device
+
+
+def tokenizer_of(processor):
+    """The tokenizer of a VLM processor, or the tokenizer itself (a text policy's "processor")."""
+    return getattr(processor, "tokenizer", processor)
+
+
+def is_text_model(model) -> bool:
+    """True for a language model without a vision tower (a text policy: Embodied-R's reasoner)."""
+    return getattr(model.config, "vision_config", None) is None
 
 
 # ----------------------------------------------------------------------------- batches
@@ -270,6 +319,10 @@ def make_inputs(processor, prompts, videos, fps=None):
     from transformers.video_utils import VideoMetadata
 
     texts = [processor.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    if tokenizer_of(processor) is processor:  # a text policy: its tokenizer, no video
+        if videos and any(v is not None for v in videos):
+            raise ValueError("a text-only model's tokenizer cannot take videos (perceive them into text first)")
+        return processor(texts, padding=True, padding_side="left", return_tensors="pt", add_special_tokens=False)
     kwargs = dict(text=texts, padding=True, padding_side="left", return_tensors="pt", do_sample_frames=False)
     if videos:
         frames = [_as_frames(v) for v in videos]
@@ -330,12 +383,20 @@ def repeat_inputs(inputs, n, image_token_id, video_token_id, merge_size=2):
     return type(inputs)(out) if hasattr(inputs, "data") else out
 
 
+def repeat_for(model, inputs, n):
+    """:func:`repeat_inputs` with the model's own vision token ids (none for a text policy)."""
+    cfg = model.config
+    merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", 2)
+    return repeat_inputs(inputs, n, getattr(cfg, "image_token_id", None), getattr(cfg, "video_token_id", None),
+                         merge)
+
+
 def _to(inputs, device):
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
 
 
 def _token_ids(processor, model):
-    tok = processor.tokenizer
+    tok = tokenizer_of(processor)
     vision = [i for i in tok.convert_tokens_to_ids(VISION_TOKENS) if i is not None and i != tok.unk_token_id]
     eos = {tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id}
     gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -371,10 +432,9 @@ def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top
     """
     from transformers import GenerationConfig
 
-    tok = processor.tokenizer
+    tok = tokenizer_of(processor)
     vision, eos, pad = _token_ids(processor, model)
-    prompt_inputs = repeat_inputs(inputs, n, model.config.image_token_id, model.config.video_token_id,
-                                  model.config.vision_config.spatial_merge_size)
+    prompt_inputs = repeat_for(model, inputs, n)
     prompt_inputs = _to(prompt_inputs, model_device(model))
     greedy = (not do_sample) or temperature == 0
     sampling = {} if greedy else dict(temperature=float(temperature), top_p=float(top_p), top_k=0)
@@ -448,7 +508,7 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="command", required=True)
     tiny = sub.add_parser("build-tiny", help="write a tiny random VLM that loads offline (tests, CPU demos)")
     tiny.add_argument("--out", required=True, help="output directory")
-    tiny.add_argument("--arch", default="qwen2_5_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+    tiny.add_argument("--arch", default="qwen2_5_vl", choices=list(ARCHS), help="qwen2: a text-only LM")
     tiny.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     print(build_tiny(args.out, arch=args.arch, seed=args.seed))

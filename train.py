@@ -18,6 +18,14 @@ single-branch GRPO on corrupted videos (the same dynamic corruption sampling as 
 no alignment reward, no curriculum: the "generic data augmentation" of Sec. 1, absent from the tables).
 Every mode draws the same corruption specs and data order for a given --seed.
 
+Embodied-R (its paper's Sec. 2; `--policy text`): the policy is a text-only LM (AutoModelForCausalLM,
+Qwen2.5-3B-Instruct in that paper) that never sees pixels; each video a step uses, clean or corrupted,
+first goes through a frozen perception model (perceive.py: `--perceiver hf:PATH | openai:MODEL | cv`),
+whose text replaces the video in the prompt. Every mode works unchanged on those texts; `--mode rova`
+is then "Embodied-R + ROVA" (ROVA Table 2): the dual branch aligns the LM's outputs on the clean and
+the perturbed perception. Embodied-R's own recipe adds `--frame-sampler keyframes` and
+`--reward-weights embodied-r` (its logical-consistency reward and staged weights).
+
 Distributed: torchrun sets the process group up from the environment (NCCL on GPUs, gloo on CPU);
 each rank has its own data shard and buffer. Because the curriculum selects a different number of
 samples on each rank (possibly none), gradients are averaged with an explicit all-reduce weighted by
@@ -47,6 +55,7 @@ import buffer as membuf
 import data
 import grpo
 import judge as judges
+import perceive
 import perturb
 import policy
 import video
@@ -61,8 +70,15 @@ def _arg(default, help_):
 @dataclass
 class Config:
     """Every default is App. D's unless said otherwise; each field is a command-line flag."""
-    model: str = _arg("", "policy: any AutoModelForImageTextToText path (Qwen2.5-VL, Qwen2-VL, Qwen3-VL); "
-                          "empty with --data empty: the demo's tiny model")
+    model: str = _arg("", "policy: any AutoModelForImageTextToText path (Qwen2.5-VL, Qwen2-VL, Qwen3-VL), or with "
+                          "--policy text an AutoModelForCausalLM (Qwen2.5-3B-Instruct); empty with --data empty: "
+                          "the demo's tiny model")
+    policy: str = _arg("vlm", "vlm: the model sees the video | text: Embodied-R, the model reads --perceiver's text "
+                              "of the video (clean and corrupted alike)")
+    perceiver: str = _arg("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv (classical "
+                              "vision, a CPU stand-in; the demo's default); Embodied-R: Qwen2.5-VL-72B-Instruct")
+    perception_cache: str = _arg("", "--policy text: SQLite cache of perception texts (default: "
+                                     "OUT/perception_cache.sqlite; keyed by frame content, question, perceiver)")
     data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset); empty: the demo")
     video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)")
     eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy before and after")
@@ -153,6 +169,11 @@ def parse_args(argv=None) -> Config:
             grpo.parse_reward_weights(cfg.reward_weights)
         except ValueError as e:
             ap.error(f"--reward-weights: {e}")
+    if cfg.policy not in ("vlm", "text"):
+        ap.error(f"--policy must be vlm or text, got {cfg.policy!r}")
+    if cfg.policy == "text" and cfg.model and not cfg.perceiver:
+        ap.error("--policy text reads a perception model's text of each video: give --perceiver "
+                 f"({' | '.join(perceive.PERCEIVER_SPECS)})")
     if cfg.frame_sampler not in ("uniform", "keyframes"):
         ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
@@ -273,6 +294,33 @@ class Clips:
         return frames
 
 
+class Observer:
+    """What the policy is shown of a clip (clean or corrupted): the frames themselves (--policy vlm), or
+    Embodied-R's perception text of them (--policy text; Embodied-R Sec. 2.2, Eq. 1: perceive.py with
+    --perceiver), which replaces the video in every prompt (perceive.text_messages). Texts are cached
+    on disk by frame content, question and perceiver, so the clean video of a sample is perceived once
+    and a resumed run asks nothing twice."""
+
+    def __init__(self, cfg: Config):
+        self.text = cfg.policy == "text"
+        self.stats: dict = {}
+        if self.text:
+            self.backend = perceive.make_perceiver(cfg.perceiver)
+            self.cache = perceive.PerceptionCache(cfg.perception_cache or Path(cfg.out) / "perception_cache.sqlite")
+
+    def __call__(self, sample, frames):
+        if not self.text:
+            return frames
+        return perceive.perceive(frames, question_text(sample), self.backend, cache=self.cache, stats=self.stats)
+
+    def inputs(self, processor, messages, observations):
+        """The model's batch for chat messages (each with one video item) and their observations."""
+        if not self.text:
+            return policy.make_inputs(processor, messages, observations)
+        return policy.make_inputs(processor, [perceive.text_messages(m, o) for m, o in zip(messages, observations)],
+                                  None)
+
+
 class Cursor:
     """A seeded, resumable walk over this rank's shard: epoch e visits a fresh permutation."""
 
@@ -379,14 +427,15 @@ def barrier():
 
 # ----------------------------------------------------------------------------- the steps
 
-def sft_step(cfg, model, processor, batch, clips):
-    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
+def sft_step(cfg, model, processor, batch, clips, observer):
+    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)
+    (with --policy text: given the clean video's perception text)."""
     items = [(s, clips.get(s)) for s in batch]
-    items = [(s, f) for s, f in items if f is not None]
+    items = [(s, observer(s, f)) for s, f in items if f is not None]
     if not items:
         return None, 0
-    tok = processor.tokenizer
-    inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
+    tok = policy.tokenizer_of(processor)
+    inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     targets = [tok(data.sft_target(s), add_special_tokens=False)["input_ids"] + [eos] for s, _ in items]
     length = max(len(t) for t in targets)
@@ -402,13 +451,14 @@ def sft_step(cfg, model, processor, batch, clips):
     return nll.item(), len(items)
 
 
-def answerability(model, processor, videos, questions):
-    """c of Eq. 3: the policy's P(YES) on the answerability prompt (Fig. 10) with the perturbed video."""
+def answerability(model, processor, videos, questions, observer=None):
+    """c of Eq. 3: the policy's P(YES) on the answerability prompt (Fig. 10) with the perturbed video
+    (`videos`: what `observer` made of them, the frames or the perception texts)."""
     prompts = [[{"role": "user", "content": [{"type": "video"},
                                              {"type": "text", "text": judges.ANSWERABILITY_PROMPT.format(question=q)}]}]
                for q in questions]
-    inputs = policy.make_inputs(processor, prompts, videos)
-    yes, no = judges.answerability_token_ids(processor.tokenizer)
+    inputs = observer.inputs(processor, prompts, videos) if observer else policy.make_inputs(processor, prompts, videos)
+    yes, no = judges.answerability_token_ids(policy.tokenizer_of(processor))
     with torch.no_grad():
         logits = model(**{k: v.to(policy.model_device(model)) if hasattr(v, "to") else v for k, v in inputs.items()},
                        use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
@@ -422,8 +472,10 @@ def answers_of(texts, sample):
 class RL:
     """One rank's RL state (Alg. 2): shard cursor, corruption-spec stream, memory buffer, promotion queue."""
 
-    def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, params, opt, sched):
+    def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, params, opt, sched,
+                 observer=None):
         self.cfg, self.rank, self.device, self.shard, self.by_id, self.clips = cfg, rank, device, shard, by_id, clips
+        self.observer = observer or Observer(cfg)
         self.model, self.processor, self.ref_model, self.judge = model, processor, ref_model, judge
         self.params, self.opt, self.sched = params, opt, sched
         self.cursor = Cursor(len(shard), cfg.seed * 1000 + 2 * rank + 1)
@@ -449,7 +501,7 @@ class RL:
         self.queue = [tuple(q) for q in st["queue"]]
 
     def _rollout(self, prompts, videos, n):
-        inputs = policy.make_inputs(self.processor, prompts, videos)
+        inputs = self.observer.inputs(self.processor, prompts, videos)
         return policy.rollout(self.model, self.processor, inputs, n=n, **self.gen)
 
     def assess_entries(self, entries):
@@ -464,12 +516,13 @@ class RL:
                 out.append(FileNotFoundError(f"video of {s.id} is unreadable"))
                 continue
             out.append(None)
-            todo.append((len(out) - 1, s, perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec))))
+            todo.append((len(out) - 1, s,
+                         self.observer(s, perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec)))))
         if todo:
             k = self.cfg.reeval_rollouts
             roll = self._rollout([data.build_messages(s) for _, s, _ in todo], [p for _, _, p in todo], k)
             conf = answerability(self.model, self.processor, [p for _, _, p in todo],
-                                 [question_text(s) for _, s, _ in todo])
+                                 [question_text(s) for _, s, _ in todo], self.observer)
             for n, ((i, s, _), c) in enumerate(zip(todo, conf)):
                 acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in roll.texts[n * k:(n + 1) * k]]
                 out[i] = judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max,
@@ -501,6 +554,12 @@ class RL:
                                                    dict(spec.params) if corrupt else {})
                     b["shuffled"] = perturb.apply(frames, shuffled)
                 batch.append(b)
+        if self.observer.text:
+            with timer("perception"):  # Embodied-R Sec. 2.2: each video the step uses becomes text (cached)
+                for b in batch:
+                    for key in ("clean", "pert", "shuffled"):
+                        if key in b:
+                            b[key] = self.observer(b["sample"], b[key])
         prompts = [data.build_messages(b["sample"]) for b in batch]
         if batch:
             if dual:
@@ -522,7 +581,7 @@ class RL:
             judged = [b for b in batch if cfg.mode == "rova" and not b["promoted"]]
             if judged:
                 conf = answerability(self.model, self.processor, [b["pert"] for b in judged],
-                                     [question_text(b["sample"]) for b in judged])
+                                     [question_text(b["sample"]) for b in judged], self.observer)
                 for b, c in zip(judged, conf):
                     s = b["sample"]
                     a = judges.self_assess(b["acc"], c, answers_of(b["texts"], s), answers_of(b["clean_texts"], s),
@@ -558,9 +617,8 @@ class RL:
             if selected:
                 rows = [i * G + j for i in idx for j in range(G)]
                 model = self.model
-                inputs = policy.make_inputs(self.processor, [prompts[i] for i in idx], [batch[i]["pert"] for i in idx])
-                inputs = policy.repeat_inputs(inputs, G, model.config.image_token_id, model.config.video_token_id,
-                                              model.config.vision_config.spatial_merge_size)
+                inputs = self.observer.inputs(self.processor, [prompts[i] for i in idx], [batch[i]["pert"] for i in idx])
+                inputs = policy.repeat_for(model, inputs, G)
                 ids, mask = pert.completion_ids[rows], pert.completion_mask[rows]
                 adv = grpo.group_advantages([b["rewards"] for b in selected]).view(-1)
                 model.train()
@@ -635,7 +693,7 @@ class RL:
         return s
 
 
-def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model):
+def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, observer=None):
     """This rank's RL stage for cfg.mode: its shard, the alignment judge (dual-branch modes; App. C.1,
     verdicts cached so a resumed run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
     consistency = bool(cfg.reward_weights) and any(w[2] > 0 for _, _, w in grpo.parse_reward_weights(cfg.reward_weights))
@@ -643,7 +701,7 @@ def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_mod
         if cfg.mode in ("rova", "dual") or consistency else None
     params, opt, sched = make_optimizer(cfg, model, cfg.lr, cfg.rl_steps)
     return RL(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
-              ref_model, judge, params, opt, sched)
+              ref_model, judge, params, opt, sched, observer)
 
 
 def reduce_record(s, device, world):
@@ -670,7 +728,7 @@ def question_text(s):
 
 # ----------------------------------------------------------------------------- evaluation (before / after)
 
-def evaluate(cfg, model, processor, samples, limit, batch_size=16):
+def evaluate(cfg, model, processor, samples, limit, observer, batch_size=16):
     """A quick check for the demo: greedy accuracy pooled over questions, on clean videos and under
     PVRBench's static corruption (each question gets one of the 12 subtypes in turn). The benchmark's
     own aggregation (per-task means, categories, reasoning quality) is eval_pvrbench.py's."""
@@ -693,7 +751,8 @@ def evaluate(cfg, model, processor, samples, limit, batch_size=16):
             vids = clips if cond == "clean" else [  # Sec. 4 static protocol: one corruption per (video, subtype)
                 perturb.apply(f, perturb.static_spec(data.video_identity(s), sub, eta=cfg.eta))
                 for f, (s, sub) in zip(clips, chunk)]
-            inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _ in chunk], vids)
+            inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in chunk],
+                                     [observer(s, v) for v, (s, _) in zip(vids, chunk)])
             out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
             scores[cond] += [data.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
     return {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
@@ -704,11 +763,12 @@ def evaluate(cfg, model, processor, samples, limit, batch_size=16):
 def prepare_demo(cfg, rank):
     """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once)."""
     out = Path(cfg.out)
-    tiny, synth = out / "tiny", out / "synthetic"
+    text = cfg.policy == "text"
+    tiny, synth = out / ("tiny-text" if text else "tiny"), out / "synthetic"
     if rank == 0:
         if not (tiny / "config.json").is_file():
-            log(f"demo: building the tiny model in {tiny}")
-            policy.build_tiny(tiny)
+            log(f"demo: building the tiny {'text LM' if text else 'model'} in {tiny}")
+            policy.build_tiny(tiny, arch="qwen2" if text else "qwen2_5_vl")
         if not (synth / "summary.json").is_file():
             log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
             data.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56)
@@ -729,6 +789,8 @@ def main(argv=None):
         for k, v in DEMO.items():  # the demo preset, except what the user set explicitly
             if getattr(cfg, k) == getattr(defaults, k):
                 setattr(cfg, k, v)
+        if cfg.policy == "text" and not cfg.perceiver:
+            cfg.perceiver = "cv"  # the demo's perception: classical vision, no model to download
         prepare_demo(cfg, rank)
     elif not (cfg.model and cfg.data):
         raise SystemExit("give both --model and --data (or neither, for the demo)")
@@ -754,6 +816,10 @@ def main(argv=None):
     per_rank = (json.loads((ckpt / f"rank{rank}.json").read_text()),
                 torch.load(ckpt / f"rank{rank}_rng.pt", weights_only=True)) if ckpt else None
     model, processor = load_model(cfg, device, weights=str(ckpt / "model") if ckpt else None)
+    if policy.is_text_model(model) != (cfg.policy == "text"):
+        raise SystemExit(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}: "
+                         f"use --policy {'text' if policy.is_text_model(model) else 'vlm'}")
+    observer = Observer(cfg)
     if ckpt:
         log(f"resuming from {ckpt} ({state['stage']} step {state['step']})")
         _truncate_log(out / "log.jsonl", state)
@@ -769,7 +835,7 @@ def main(argv=None):
     if cfg.eval_data:
         eval_samples, _ = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or Path(cfg.eval_data).parent)
     if eval_samples and rank == 0 and not (out / "eval_before.json").is_file():
-        before = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit)
+        before = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit, observer)
         (out / "eval_before.json").write_text(json.dumps(before))
     steps_this_run = 0
 
@@ -785,7 +851,8 @@ def main(argv=None):
         bar = _bar(sft_total, state["step"], "SFT", rank)
         while state["step"] < sft_total:
             t0 = time.perf_counter()
-            nll, n = sft_step(cfg, model, processor, [shard[i] for i in cursor.take(cfg.sft_batch_size)], clips)
+            nll, n = sft_step(cfg, model, processor, [shard[i] for i in cursor.take(cfg.sft_batch_size)], clips,
+                              observer)
             if sync_gradients(params, n, device) > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 opt.step()
@@ -807,7 +874,7 @@ def main(argv=None):
         ckpt = per_rank = None
         if eval_samples and rank == 0 and sft_total > 0:
             (out / "eval_after_sft.json").write_text(json.dumps(evaluate(cfg, model, processor, eval_samples,
-                                                                         cfg.eval_limit)))
+                                                                         cfg.eval_limit, observer)))
 
     # ---- stage 2: RL (Alg. 2)
     ref_model = None
@@ -817,7 +884,7 @@ def main(argv=None):
             save_model(model, processor, ref_dir)
         barrier()
         ref_model = policy.frozen_copy(policy.load_policy(str(ref_dir), device=device)[0])
-    rl = build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model)
+    rl = build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, observer)
     if ckpt and state["stage"] == "rl":
         _load_optimizer(ckpt, rl.opt, rl.sched)
         rl.load(per_rank[0]["rl"])
@@ -852,7 +919,7 @@ def main(argv=None):
             summary["before"] = json.loads((out / "eval_before.json").read_text())
             if (out / "eval_after_sft.json").is_file():
                 summary["after_sft"] = json.loads((out / "eval_after_sft.json").read_text())
-            summary["after"] = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit)
+            summary["after"] = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit, observer)
             b, a = summary["before"], summary["after"]
             m = summary.get("after_sft")
             log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
