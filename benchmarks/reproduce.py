@@ -23,6 +23,16 @@ command again after a kill loses at most one checkpoint interval. Stages:
 
 The measured tables go to OUT/results.md and, between the markers `<!-- reproduce:begin -->` and
 `<!-- reproduce:end -->`, into --results (docs/RESULTS.md); text outside the markers is kept.
+
+`--policy text` runs the same stages for Embodied-R's pipeline (Embodied-R Sec. 2; ROVA Table 2's
+"Embodied-R" and "Embodied-R + ROVA" rows): a tiny text-only LM (`train.py --policy text`) that reads a
+frozen perceiver's text of each clean or corrupted video (`--perceiver`, default cv, perceive.py's
+classical-vision stand-in), trained and evaluated from its own SFT checkpoint; perception texts are
+shared by every stage through OUT/perception_cache.sqlite. Its tables go between
+`<!-- reproduce-text:begin -->` and `<!-- reproduce-text:end -->`; bench-step and diagnose are VLM-only
+and skipped.
+
+    python benchmarks/reproduce.py --policy text --modes grpo,rova --out runs/reproduce-text
 """
 import argparse
 import glob
@@ -41,7 +51,7 @@ import train  # noqa: E402  (its modes and the CPU demo's settings)
 MODES = ("grpo", "grpo-aug", "dual", "rova")  # train.MODES, in the tables' order
 assert set(MODES) == set(train.MODES)
 CATEGORIES = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
-BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"
+BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"  # --policy text: reproduce-text
 
 # The train.py demo's RL settings (train.DEMO), passed as flags because --model/--data turn the preset off.
 RL_FLAGS = {k: train.DEMO[k] for k in ("frames", "max_pixels", "lr", "rl_steps", "batch_size", "group_size",
@@ -66,8 +76,12 @@ def parse_args(argv=None):
     a("--diagnose-samples", type=int, default=96, help="training questions of diagnose.py")
     a("--variant", action="append", default=[], metavar="NAME='MODE FLAGS'",
       help="an extra row: a mode with other train.py flags, e.g. rova-amin0.125='rova --a-min 0.125' (repeatable)")
+    a("--policy", default="vlm", choices=["vlm", "text"], help="text: Embodied-R's perception + text LM pipeline "
+      "(train.py --policy text) instead of the VLM")
+    a("--perceiver", default="cv", help="--policy text: the perception model (hf:PATH | openai:MODEL | cv)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     args = ap.parse_args(argv)
+    args.command = " ".join(["python benchmarks/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
     args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps)
     if args.smoke:
         for k, v in SMOKE.items():
@@ -132,8 +146,12 @@ def main(argv=None):
     py = sys.executable
     st = Stages(out)
     sft = out / "sft"
+    text = args.policy == "text"
+    cache = ["--perceiver", args.perceiver, "--perception-cache", str(out / "perception_cache.sqlite")] if text else []
+    text_flags = ["--policy", "text", *cache] if text else []
     sft_cmd = [py, "train.py", "--out", str(sft), "--rl-steps", "0", "--demo-clips", str(args.demo_clips),
-               "--resume", "auto"] + (["--sft-epochs", str(args.sft_epochs)] if args.sft_epochs is not None else [])
+               "--resume", "auto", *text_flags] + (["--sft-epochs", str(args.sft_epochs)]
+                                                  if args.sft_epochs is not None else [])
     if args.smoke:
         sft_cmd += ["--eval-limit", "4"]
     st.run("sft", sft_cmd, lambda: (sft / "summary.json").is_file())
@@ -147,18 +165,20 @@ def main(argv=None):
             runs[name] = (row, seed, run)
             st.run(f"rl-{name}", [py, "train.py", "--model", str(start), "--data", str(synth / "train.json"),
                                   "--out", str(run), "--mode", mode, "--seed", str(seed), "--sft-epochs", "0",
-                                  "--resume", "auto", *flags(args.rl), *extra],
+                                  "--resume", "auto", *flags(args.rl), *text_flags, *extra],
                    lambda run=run: (run / "summary.json").is_file())
 
     evals = {"sft": start} | {name: run / "final" for name, (_, _, run) in runs.items()}
     for name, model in evals.items():
         cmd = [py, "eval_pvrbench.py", "--model", str(model), "--model-name", name, "--benchmark",
                f"synthetic={synth}", "--out", str(out / "eval"), "--judge", "none",
-               "--assign", "cycle" if args.smoke else "all"]
+               "--assign", "cycle" if args.smoke else "all", *cache]
         if args.eval_limit:
             cmd += ["--limit", str(args.eval_limit)]
         st.run(f"eval-{name}", cmd, lambda name=name: latest_results(out / "eval" / name) is not None)
 
+    if text:  # bench_step / diagnose measure the VLM's step
+        return finish(args, out, runs, st)
     bench_json = out / "bench_step.json"
     bench = [py, "benchmarks/bench_step.py", "--model", str(start), "--data", str(synth / "train.json"),
              "--work", str(out / "bench_step"), "--json", str(bench_json), "--steps", str(args.bench_steps)]
@@ -174,10 +194,14 @@ def main(argv=None):
     for k in ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels"):
         diag += ["--" + k.replace("_", "-"), str(args.rl[k])]
     st.run("diagnose", diag, diag_json.is_file)
+    return finish(args, out, runs, st)
 
+
+def finish(args, out, runs, st):
     text = render(args, out, runs, st)
     (out / "results.md").write_text(text)
-    write_marked(Path(args.results), text)
+    tag = "reproduce-text" if args.policy == "text" else "reproduce"
+    write_marked(Path(args.results), text, f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->")
     print(f"tables in {out / 'results.md'} and {args.results}")
 
 
@@ -225,7 +249,7 @@ def training_stats(run):
 
 
 def render(args, out, runs, st):
-    L = [f"Measured by `python benchmarks/reproduce.py{' --smoke' if args.smoke else ''}` "
+    L = [f"Measured by `{args.command}` "
          f"({time.strftime('%Y-%m-%d')}; seeds {', '.join(map(str, args.seeds))}; {args.rl['rl_steps']} RL steps per run; "
          f"total wall time {sum(st.timings.values()) / 60:.1f} min over the stages below).", ""]
     sft_res = latest_results(out / "eval" / "sft")
@@ -304,14 +328,14 @@ def render(args, out, runs, st):
     return "\n".join(L) + "\n"
 
 
-def write_marked(path, text):
+def write_marked(path, text, begin=BEGIN, end=END):
     path.parent.mkdir(parents=True, exist_ok=True)
-    old = path.read_text() if path.is_file() else f"# Results\n\n{BEGIN}\n{END}\n"
-    if BEGIN not in old or END not in old:
-        old = old.rstrip() + f"\n\n{BEGIN}\n{END}\n"
-    head, rest = old.split(BEGIN, 1)
-    tail = rest.split(END, 1)[1]
-    path.write_text(f"{head}{BEGIN}\n{text}{END}{tail}")
+    old = path.read_text() if path.is_file() else f"# Results\n\n{begin}\n{end}\n"
+    if begin not in old or end not in old:
+        old = old.rstrip() + f"\n\n{begin}\n{end}\n"
+    head, rest = old.split(begin, 1)
+    tail = rest.split(end, 1)[1]
+    path.write_text(f"{head}{begin}\n{text}{end}{tail}")
 
 
 if __name__ == "__main__":

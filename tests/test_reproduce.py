@@ -45,3 +45,20 @@ def test_diagnose_within_group_correlation_by_hand():
     assert diagnose.within_corr([[0, 1], [10, 11]], [[1, 0], [0, 1]]) == 0.0
     assert diagnose.within_corr([[1, 1]], [[0, 1]]) is None
     assert diagnose.varies([0, 0.5]) and not diagnose.varies([1.0, 1.0])
+
+
+def test_reproduce_smoke_text_policy(tmp_path):
+    """Embodied-R's pipeline (--policy text, the cv perceiver): SFT, RL, evaluation, its own marked section."""
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\n<!-- reproduce:begin -->\nvlm tables\n<!-- reproduce:end -->\n")
+    cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--policy", "text", "--modes", "rova",
+           "--out", str(tmp_path / "r"), "--results", str(results)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    text = results.read_text()
+    assert "<!-- reproduce:begin -->\nvlm tables\n<!-- reproduce:end -->" in text  # the VLM section is kept
+    section = text.split("<!-- reproduce-text:begin -->", 1)[1].split("<!-- reproduce-text:end -->", 1)[0]
+    assert "| + rova |" in section and "--policy text" in section and "--perceiver cv" in section
+    assert set(json.loads((tmp_path / "r" / "timings.json").read_text())) == {"sft", "rl-rova-s0", "eval-sft",
+                                                                             "eval-rova-s0"}
+    assert (tmp_path / "r" / "perception_cache.sqlite").is_file()
