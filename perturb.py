@@ -9,6 +9,15 @@ Four styles m in P = {lighting, camera, occlusion, weather} (Eq. 2), twelve subt
 
 plus temporal shuffle (Eq. 1), which combines with any of them (Eq. 2: V' = {f_pi(t) (.) P_t}).
 
+Robust-TO (the follow-up; its corruption protocol is motion blur, Gaussian noise, glare, occlusion and low
+light) uses two corruptions PVRBench lacks. They are here as EXTRA_SUBTYPES, category "sensor":
+
+    sensor     motion_blur, noise
+
+They are accepted wherever a subtype is (PerturbSpec, static_spec, apply, masks, the CLI) but are not
+in CATEGORIES / SUBTYPES, so Table 8 and the dynamic protocol's style draw (sample_spec) are unchanged.
+PROTOCOLS names the subtype list of each benchmark.
+
 Reading of Sec. 3.1 (see README, "Paper readings"): the paper's f' = f (.) P with P = B (.) C is read as
 compositing, f'_t = (1 - B_t C_t) f_t + B_t C_t E_t(f_t), where B_t in {0,1} is the layout (where),
 C_t in [0,1] the per-pixel strength (how much) and E_t the style's effect layer (fog airlight, rain
@@ -19,8 +28,9 @@ E_t = warp_t(f_t), C_t = 1, B_t = 1 wherever the warp moved content. `masks()` r
 Every effect is animated coherently over the frames of the clip (one animation tick per frame of the
 array): rain and snow fall, fog drifts, shadows and occluders move on smooth paths, the camera
 shakes along a smooth random walk, light changes slowly. Nothing is re-drawn independently per frame
-(sensor noise at night excepted, as in a real camera). Effects are spatially aware through a depth
-map in [0, 1] (0 = near, 1 = far): the caller's true depth, or a ground-plane proxy with a sky cue.
+(sensor noise excepted, at night and in Robust-TO's `noise`, as in a real camera). Effects are
+spatially aware through a depth map in [0, 1] (0 = near, 1 = far): the caller's true depth, or a
+ground-plane proxy with a sky cue.
 
 A `PerturbSpec` (the paper's V~, Eq. 4) is a few hundred bytes of JSON; the same spec on the same
 frames gives bit-identical output in any process and in any order of calls: all randomness comes
@@ -48,7 +58,17 @@ CATEGORIES = {  # Table 8
     "weather": ("fog", "rain", "snow"),
 }
 SUBTYPES = tuple(s for subs in CATEGORIES.values() for s in subs)
+# Robust-TO's additions (not in PVRBench's Table 8, never drawn by sample_spec): camera motion blur and
+# sensor noise. Their category "sensor" is deliberately not a key of CATEGORIES (Table 8 has four styles).
+EXTRA_SUBTYPES = ("motion_blur", "noise")
+EXTRA_CATEGORY = "sensor"
 CATEGORY_OF = {s: c for c, subs in CATEGORIES.items() for s in subs}
+CATEGORY_OF.update({s: EXTRA_CATEGORY for s in EXTRA_SUBTYPES})
+# The subtypes of each benchmark's corruption protocol. Robust-TO's five corruption types mapped onto
+# this engine: motion blur, Gaussian noise (heteroscedastic sensor noise), glare = overexposure (its
+# glare source and bloom), occlusion = a static lens occluder, low light = night.
+PROTOCOLS = {"pvrbench": SUBTYPES, "robust-to": ("motion_blur", "noise", "overexposure", "static", "night")}
+_ALL_SUBTYPES = SUBTYPES + EXTRA_SUBTYPES
 DEFAULT_ETA = 0.7  # App. D: perturbation intensity eta = 0.7
 SPEC_VERSION = 1
 
@@ -124,13 +144,19 @@ def _draw_params(subtype: str, eta: float, seed: int) -> dict:
                              mist=0.3 * eta * u(0.85, 1.15)),
         "snow": lambda: dict(density=eta * u(0.85, 1.15), wind=u(-1.0, 1.0), flake=u(0.85, 1.2),
                              haze=0.4 * eta * u(0.85, 1.15)),
+        # Robust-TO's sensor corruptions. motion_blur: the fraction of the frame interval the shutter is
+        # open (scales the measured camera motion into blur), and the length of the hand-shake blur as a
+        # fraction of the longer frame side. noise: var = shot * I + read^2 (I and read in 0..255 units).
+        "motion_blur": lambda: dict(shutter=eta * u(0.5, 0.8), shake=0.035 * eta * u(0.85, 1.15)),
+        "noise": lambda: dict(shot=2.5 * eta * u(0.85, 1.15), read=6.0 * eta * u(0.85, 1.15)),
     }
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in table[subtype]().items()}
 
 
 def _check_subtype(subtype):
-    if subtype is not None and subtype not in SUBTYPES:
-        raise ValueError(f"unknown perturbation subtype {subtype!r}; valid subtypes: {', '.join(SUBTYPES)}")
+    if subtype is not None and subtype not in _ALL_SUBTYPES:
+        raise ValueError(f"unknown perturbation subtype {subtype!r}; valid subtypes: {', '.join(SUBTYPES)} "
+                         f"(PVRBench), {', '.join(EXTRA_SUBTYPES)} (Robust-TO)")
 
 
 @dataclass
@@ -199,7 +225,8 @@ class PerturbSpec:
 
 def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
     """Dynamic protocol (training, Sec. 4): a fresh spec per iteration. The style is uniform over the
-    four categories (Eq. 2, App. B.2.1), the subtype uniform within it, unless given."""
+    four categories (Eq. 2, App. B.2.1), the subtype uniform within it, unless given. The draw never
+    yields Robust-TO's EXTRA_SUBTYPES; one of them is used only when asked for by name."""
     rng = seed_or_rng if isinstance(seed_or_rng, np.random.Generator) else np.random.default_rng(seed_or_rng)
     _check_subtype(subtype)
     if category is not None and category not in CATEGORIES:
@@ -213,7 +240,8 @@ def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuff
 
 def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
     """Static protocol (PVRBench, Sec. 4): one fixed spec per (video, subtype), the same on every
-    machine and Python version (the seed is a SHA-256 of the ids, never Python's salted hash())."""
+    machine and Python version (the seed is a SHA-256 of the ids, never Python's salted hash()).
+    Robust-TO's EXTRA_SUBTYPES get their seeds by the same rule."""
     _check_subtype(subtype)
     return PerturbSpec(subtype=subtype, eta=eta, seed=_hash48("pvrbench", video_id, subtype), shuffle=shuffle)
 
@@ -285,6 +313,31 @@ class _CV:
 
     def add_signed(self, f, g128):  # f + (g - 128), saturating; g uint8 centred on 128
         return cv2.addWeighted(f, 1.0, g128, 1.0, -128.0)
+
+    def filter(self, f, pieces):
+        """Correlation with a kernel given as pieces (y0, x0, K): out(y, x) = sum over pieces of
+        sum K[v, u] f(y + y0 + v, x + x0 + u), reflect-101 border. OpenCV filters a uint8 image with a
+        kernel of up to ~11x11 by direct summation over its non-zero taps (cheap for a thin line) and
+        with a DFT above that (~15x slower at 448 px), so a long kernel comes as small pieces, each
+        filtered on a window of the padded frame, summed in 16-bit fixed point (1/64), rounded once."""
+        h, w = f.shape[:2]
+        r = max(0, *(max(-y0, -x0, y0 + k.shape[0] - 1, x0 + k.shape[1] - 1) for y0, x0, k in pieces))
+        padded = cv2.copyMakeBorder(f, r, r, r, r, cv2.BORDER_REFLECT_101) if r else f
+
+        def corr(y0, x0, k, ddepth):
+            win = padded[r + y0:r + y0 + h + k.shape[0] - 1, r + x0:r + x0 + w + k.shape[1] - 1]
+            return cv2.filter2D(win, ddepth, k, anchor=(0, 0))[:h, :w]
+
+        if len(pieces) == 1:
+            return np.ascontiguousarray(corr(*pieces[0], -1))
+        acc = None
+        for y0, x0, k in pieces:
+            g = corr(y0, x0, k * np.float32(64), cv2.CV_16S)
+            acc = g if acc is None else cv2.add(acc, g)
+        return cv2.convertScaleAbs(acc, alpha=1 / 64)
+
+    def add_noise(self, f, std, n):  # f + std[f] * n, rounded, saturating; std float32 [256, 3], n float32 [H,W,3]
+        return cv2.add(f, cv2.multiply(cv2.LUT(f, std.reshape(256, 1, 3)), n), dtype=cv2.CV_8U)
 
 
 _HOST = _CV()  # for host-side layers (particles), whatever the frames' backend
@@ -361,6 +414,27 @@ class _Torch:
 
     def add_signed(self, f, g128):
         return (f.int() + self.asarray(g128).int() - 128).clamp_(0, 255).to(self.torch.uint8)
+
+    def filter(self, f, pieces):  # the pieces summed into one kernel, one depthwise convolution
+        h, w = f.shape[:2]
+        y0 = min(p[0] for p in pieces)
+        x0 = min(p[1] for p in pieces)
+        y1 = max(p[0] + p[2].shape[0] for p in pieces)
+        x1 = max(p[1] + p[2].shape[1] for p in pieces)
+        kernel = np.zeros((y1 - y0, x1 - x0), np.float32)
+        for py, px, k in pieces:
+            kernel[py - y0:py - y0 + k.shape[0], px - x0:px - x0 + k.shape[1]] += k
+        r = max(0, -y0, -x0, y1 - 1, x1 - 1)
+        img = f.permute(2, 0, 1)[None].float()
+        if r:
+            img = self.F.pad(img, (r, r, r, r), mode="reflect")  # = OpenCV's BORDER_REFLECT_101
+        win = img[..., r + y0:r + y1 - 1 + h, r + x0:r + x1 - 1 + w]
+        k = self.asarray(kernel)[None, None].expand(3, 1, -1, -1)
+        return self._u8(self.F.conv2d(win, k, groups=3)[0].permute(1, 2, 0))
+
+    def add_noise(self, f, std, n):
+        s = self.asarray(std).gather(0, f.reshape(-1, 3).long()).reshape(f.shape)
+        return self._u8(f.float() + s * self.asarray(n))
 
 
 def _check_frames(frames):
@@ -902,9 +976,152 @@ def _snow(ctx):
     yield from _particles(ctx, _SNOW_LAYERS, tracks, draw, ctx.p["haze"], (238, 241, 246))
 
 
+# ----------------------------------------------------------------------------- sensor (Robust-TO's additions)
+
+_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
+
+
+def _capture_order(ctx) -> np.ndarray:
+    """cap[t]: the capture index of output frame t. With shuffle (Eq. 1) frame t is capture perm[t]."""
+    return temporal_permutation(ctx.T, ctx.spec.seed) if ctx.spec.shuffle else np.arange(ctx.T)
+
+
+def _global_motion(ctx, cap) -> np.ndarray:
+    """Global image motion at each output frame, [T, 2] (x, y) in px per frame: phase correlation
+    (cv2.phaseCorrelate, Hann window) of consecutive frames in capture order, on greyscale frames
+    block-averaged to <= 64 px, each step weighted by the confidence of its correlation peak (a scene
+    cut or unrelated frames give a low peak and no motion); a frame's motion is the mean of the steps
+    into and out of it. In capture order because blur happens at capture: under shuffle a frame keeps
+    its own blur."""
+    T, H, W, ops = ctx.T, ctx.H, ctx.W, ctx.ops
+    k = max(1, math.ceil(max(H, W) / 64))  # an integer factor: both backends average the same blocks
+    hs, ws = H // k, W // k
+    if T < 2 or min(hs, ws) < 8:
+        return np.zeros((T, 2))
+    where = np.argsort(cap)  # capture i is output frame where[i]
+    grey = []
+    for i in range(T):
+        f = ctx.frames[int(where[i])][:hs * k, :ws * k]
+        grey.append(ops.host(ops.resize(f, ws, hs) if k > 1 else f).astype(np.float32) @ _LUMA)
+    window = cv2.createHanningWindow((ws, hs), cv2.CV_32F)
+    steps = np.zeros((T - 1, 2))
+    for i in range(T - 1):
+        (dx, dy), peak = cv2.phaseCorrelate(grey[i], grey[i + 1], window)
+        steps[i] = np.array([dx, dy]) * k * float(np.clip((peak - 0.1) / 0.2, 0, 1))
+    ends = np.vstack([steps[:1], steps, steps[-1:]])
+    return (0.5 * (ends[:-1] + ends[1:]))[cap]
+
+
+def _line_pieces(bx: float, by: float, max_area: int = 121) -> list:
+    """Linear motion-blur kernel along the vector (bx, by) px, centred on the pixel: the segment from
+    -b/2 to +b/2 sampled at 4 points per px, bilinearly splatted, summing to 1. Returned as pieces
+    (y0, x0, K float32) along the segment, each with at most max_area taps (see _CV.filter)."""
+    length = math.hypot(bx, by)
+    n = max(2, math.ceil(4 * length) + 1)
+    for m in range(1, n + 1):
+        nn = m * math.ceil(n / m)
+        s = (np.arange(nn) + 0.5) / nn - 0.5
+        pieces = []
+        for idx in np.split(np.arange(nn), m):
+            xs, ys = s[idx] * bx, s[idx] * by
+            ix, iy = np.floor(xs).astype(int), np.floor(ys).astype(int)
+            fx, fy = xs - ix, ys - iy
+            x0, y0 = ix.min(), iy.min()
+            k = np.zeros((iy.max() - y0 + 2, ix.max() - x0 + 2))
+            for dy, wy in ((0, 1 - fy), (1, fy)):
+                for dx, wx in ((0, 1 - fx), (1, fx)):
+                    np.add.at(k, (iy - y0 + dy, ix - x0 + dx), wy * wx / nn)
+            rows, cols = np.nonzero(k.any(1))[0], np.nonzero(k.any(0))[0]  # trim all-zero borders
+            k = k[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
+            pieces.append((int(y0 + rows[0]), int(x0 + cols[0]), k.astype(np.float32)))
+        if all(k.size <= max_area for _, _, k in pieces):
+            return pieces
+    raise AssertionError("unreachable: a piece of one sample has at most 4 taps")
+
+
+def _motion_blur(ctx):
+    """Robust-TO's motion blur: each frame is blurred with a linear kernel along the camera's motion
+    during the exposure, b_t = shutter * v_t + shake_t. v_t is the global image motion measured
+    between consecutive frames (_global_motion); shake_t a hand-shake component on a smooth random
+    walk (length 0.4..1 x `shake` of the longer side, direction wandering +-0.6 rad about a random
+    one), so a static clip still gets blur whose direction and length drift smoothly. A line kernel
+    has no sign, so the shake's sign is free: it is chosen once per clip to point along the clip's
+    mean motion, so that a steady pan is never cancelled by the shake for a whole clip. Both terms
+    scale with eta (through `shutter` and `shake`), so the blur grows with eta: eta = 0 is no change.
+    The length is capped at 0.1 of the longer side. E_t = the blurred frame, C = 1 (like a camera
+    warp: every pixel is replaced by a mix of its neighbours), B = 1 wherever there is blur."""
+    p, ops, T, H, W = ctx.p, ctx.ops, ctx.T, ctx.H, ctx.W
+    cap = _capture_order(ctx)
+    rng = ctx.rng("shake")
+    theta0 = rng.uniform(0, np.pi)
+    walk = _walk(rng, T, 2, 0.02, 0.06)  # over capture time, like the motion
+    shake = p["shake"] * max(H, W)
+    motion = _global_motion(ctx, cap) if p["shutter"] > 0 else np.zeros((T, 2))
+    cap_len = min(0.1 * max(H, W), 2.0 * (min(H, W) - 3))  # the kernel also stays inside a reflection
+    if motion.sum(0) @ np.array([math.cos(theta0), math.sin(theta0)]) < 0:  # order-free: a sum over frames
+        theta0 += np.pi
+    for t in range(T):
+        c = cap[t]
+        theta = theta0 + 0.6 * walk[1, c]
+        direction = np.array([math.cos(theta), math.sin(theta)])
+        b = p["shutter"] * motion[t] + shake * (0.7 + 0.3 * walk[0, c]) * direction
+        length = float(np.hypot(*b))
+        if cap_len <= 0 or length < 1e-3:
+            yield _Layer(0.0, (0, 0, 0))
+            continue
+        if length > cap_len:
+            b *= cap_len / length
+        pieces = _line_pieces(float(b[0]), float(b[1]))
+        yield _Layer(1.0, lambda f, pieces=pieces: ops.filter(f, pieces))
+
+
+_UNIT_NOISE_CACHE = {}
+_NOISE_PAD = 32  # frame t reads the bank at one of (_NOISE_PAD + 1)^2 offsets
+
+
+def _unit_noise_bank(h, w):
+    """Sensor noise of unit variance per channel, float32 [h, w, 3]: a luminance part shared by the
+    three channels and a weaker (0.4) independent chroma part, as `_noise_bank` draws for the night
+    effect. A fixed seed: a pure function of its arguments, cached."""
+    key = (h, w)
+    if key not in _UNIT_NOISE_CACHE:
+        r = np.random.default_rng(_hash48("sensor-noise-unit", h, w))
+        n = r.standard_normal((h, w, 1), np.float32) + r.standard_normal((h, w, 3), np.float32) * np.float32(0.4)
+        if len(_UNIT_NOISE_CACHE) > 4:
+            _UNIT_NOISE_CACHE.clear()
+        _UNIT_NOISE_CACHE[key] = n * np.float32(1 / math.sqrt(1 + 0.4 ** 2))
+    return _UNIT_NOISE_CACHE[key]
+
+
+def _noise(ctx):
+    """Robust-TO's Gaussian noise as a sensor makes it: shot noise (Poisson, variance proportional to
+    the signal) plus read noise, f' = f + sqrt(shot * f + read^2) n, n ~ N(0, 1) per pixel (so bright
+    pixels are noisier than dark ones), both terms growing with eta. Drawn fresh per frame like the
+    night effect's noise: each frame reads a fixed noise bank at its own offset (all distinct within
+    a clip up to 1089 frames) with its own sign, both from the spec's seeded stream, so the clip is
+    deterministic given the spec. E_t = the noisy frame, C = 1, B = 1 (when eta > 0)."""
+    p, ops, T, H, W = ctx.p, ctx.ops, ctx.T, ctx.H, ctx.W
+    if p["shot"] <= 0 and p["read"] <= 0:
+        yield from (_Layer(0.0, (0, 0, 0)) for _ in range(T))
+        return
+    level = np.arange(256, dtype=np.float32)[:, None]
+    std = np.repeat(np.sqrt(np.float32(p["shot"]) * level + np.float32(p["read"]) ** 2), 3, 1)
+    std = {1: ops.asarray(std), -1: ops.asarray(-std)}
+    bank = ops.asarray(_unit_noise_bank(H + _NOISE_PAD, W + _NOISE_PAD))  # on the frames' device, once
+    rng = ctx.rng("noise")
+    side = _NOISE_PAD + 1
+    offsets = rng.choice(side * side, T, replace=T > side * side)
+    signs = rng.choice([-1, 1], T)
+    for t in range(T):
+        oy, ox = divmod(int(offsets[t]), side)
+        nz = bank[oy:oy + H, ox:ox + W]
+        yield _Layer(1.0, lambda f, nz=nz, s=std[int(signs[t])]: ops.add_noise(f, s, nz))
+
+
 _EFFECTS = {"dusk": _dusk, "night": _night, "overexposure": _overexposure, "shadow": _shadow,
             "translation": _camera, "zoom": _camera, "rotation": _camera,
-            "static": _static, "dynamic": _dynamic, "fog": _fog, "rain": _rain, "snow": _snow}
+            "static": _static, "dynamic": _dynamic, "fog": _fog, "rain": _rain, "snow": _snow,
+            "motion_blur": _motion_blur, "noise": _noise}  # the last two: Robust-TO's EXTRA_SUBTYPES
 
 
 # ----------------------------------------------------------------------------- public API
@@ -985,16 +1202,20 @@ def masks(frames, spec, depth=None):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(
-        description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8), or render the "
-                    "contact sheet of all of them. With no INPUT, a procedural street clip (with its true "
-                    "depth) generated by the project is used.")
+        description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8) or Robust-TO's "
+                    "additions (motion_blur, noise), or render the contact sheet of a protocol's subtypes. "
+                    "With no INPUT, a procedural street clip (with its true depth) generated by the project "
+                    "is used.")
     ap.add_argument("input", nargs="?", help="input video (mp4, ...); default: the built-in sample clip")
-    ap.add_argument("--subtype", choices=SUBTYPES, help="perturbation subtype (Table 8)")
+    ap.add_argument("--subtype", choices=_ALL_SUBTYPES,
+                    help="perturbation subtype (Table 8, or Robust-TO's motion_blur / noise)")
     ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
     ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
     ap.add_argument("--out", help="output mp4 for --subtype")
-    ap.add_argument("--grid", help="output PNG: the contact sheet of clean + all 12 subtypes")
+    ap.add_argument("--grid", help="output PNG: the contact sheet of clean + the protocol's subtypes")
+    ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="pvrbench",
+                    help="subtypes of the --grid: pvrbench (Table 8's 12, default) or robust-to (its 5)")
     ap.add_argument("--frames", type=int, default=16, help="frames sampled uniformly from INPUT")
     ap.add_argument("--max-pixels", type=int, default=256 * 28 * 28, help="pixel budget per frame")
     ap.add_argument("--size", type=int, default=448, help="side of the built-in sample clip")
@@ -1022,7 +1243,7 @@ def main(argv=None):
         print(f"wrote {args.out}  spec={spec.to_json()}")
     if args.grid:
         rows, labels = [frames], ["clean"]
-        for sub in SUBTYPES:
+        for sub in PROTOCOLS[args.protocol]:
             spec = PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
             rows.append(apply(frames, spec, depth))
             labels.append(f"{CATEGORY_OF[sub]}/{sub}")
