@@ -192,6 +192,20 @@ def table_row(name, frames, pvr):
     return "| " + " | ".join(cells) + " |\n"
 
 
+# Robust-TO's five corruption types (its Table's columns), as this engine renders them
+ROBUST_TO_COLUMNS = (("motion_blur", "Blur"), ("noise", "Noise"), ("overexposure", "Glare"), ("static", "Occl."),
+                     ("night", "Low light"))
+
+
+def robust_to_table(name, frames, pvr):
+    """One row per model under --protocol robust-to: accuracy per corruption type, their mean and clean."""
+    head = "| Model | #Fr | " + " | ".join(lbl for _, lbl in ROBUST_TO_COLUMNS) + " | Avg. | Orig. |\n"
+    a, overall = pvr["accuracy"], pvr["overall"]
+    cells = [name, str(frames)] + [_f(overall.get(s)) for s, _ in ROBUST_TO_COLUMNS]
+    cells += [_f(a["avg"]) + _d(a["drop"]), _f(a["orig"])]
+    return head + "|---" * (len(ROBUST_TO_COLUMNS) + 4) + "|\n| " + " | ".join(cells) + " |\n"
+
+
 def bar_chart(path, groups, series, title):
     """A grouped bar chart drawn with Pillow: one group per task, one bar per (label, rgb, values) series."""
     from PIL import Image, ImageDraw, ImageFont
@@ -278,20 +292,24 @@ def parse_sources(spec, what="--benchmark"):
     return out
 
 
-def parse_subtypes(spec):
-    """"all", "none" (clean only), or a comma list of subtypes and categories; canonical order."""
+def parse_subtypes(spec, protocol="pvrbench"):
+    """"all" (the protocol's subtypes: PVRBench's 12, or Robust-TO's five), "none" (clean only), or a comma
+    list of subtypes (PVRBench's and Robust-TO's motion_blur / noise) and categories; canonical order."""
+    order = list(perturb.PROTOCOLS[protocol]) + [s for s in perturb.SUBTYPES + perturb.EXTRA_SUBTYPES
+                                                 if s not in perturb.PROTOCOLS[protocol]]
     if spec.strip() == "all":
-        return list(perturb.SUBTYPES)
+        return list(perturb.PROTOCOLS[protocol])
     chosen = set()
     for name in filter(None, (p.strip() for p in spec.split(","))):
         if name in perturb.CATEGORIES:
             chosen.update(perturb.CATEGORIES[name])
-        elif name in perturb.SUBTYPES:
+        elif name in order:
             chosen.add(name)
         elif name != "none":
-            raise SystemExit(f"--subtypes: unknown {name!r} (subtypes: {', '.join(perturb.SUBTYPES)}; categories: "
-                             f"{', '.join(perturb.CATEGORIES)}; or all / none)")
-    return [s for s in perturb.SUBTYPES if s in chosen]
+            raise SystemExit(f"--subtypes: unknown {name!r} (subtypes: {', '.join(perturb.SUBTYPES)}, "
+                             f"{', '.join(perturb.EXTRA_SUBTYPES)}; categories: {', '.join(perturb.CATEGORIES)}; "
+                             "or all / none)")
+    return [s for s in order if s in chosen]
 
 
 def load_source(name, path, root, limit):
@@ -425,6 +443,30 @@ class HFModel:
                 samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
 
 
+AGENT_PREFIX = "robust-to:"
+
+
+class AgentModel:
+    """Robust-TO's orchestrated agent (orchestrate.Agent) around a local checkpoint, `--model robust-to:PATH`:
+    of the frames read, the k most reliable and relevant (reliability.select_frames), decomposition,
+    tools, three-tier synthesis; the synthesis is the response scored. Errors as HFModel's."""
+
+    def __init__(self, path, adapter=None, k=4):
+        import orchestrate
+        self.inner = HFModel(path, adapter)
+        self.agent = orchestrate.Agent(self.inner.model, self.inner.processor, k=k)
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        try:
+            self.agent.synthesis_tokens = max_new_tokens
+            return [(t.synthesis, None) for t in self.agent.run(samples, clips)]
+        except (RuntimeError, ValueError) as e:
+            if len(samples) == 1:
+                return [(None, f"agent failed: {type(e).__name__}: {str(e)[:300]}")]
+            return [o for k in range(len(samples)) for o in self.generate(
+                samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
+
+
 class APIModel:
     """An OpenAI-compatible chat-completions model (OpenAI, vLLM): the frames as base64 JPEG image parts, then
     the prompt; temperature 0; retries with backoff. Reuses judge.OpenAIJudge's request code (the key is read
@@ -445,8 +487,8 @@ class APIModel:
 class TextOnly:
     """A text-only answerer for the semantic-bias filter (Embodied-R Sec. 3.1): the question and its
     options with the official short-answer prompt, no video. spec: "openai:MODEL" (OpenAI-compatible
-    chat completions, no images) or a local checkpoint (an AutoModelForImageTextToText given a text-only
-    chat, or an AutoModelForCausalLM), greedy, 16 new tokens."""
+    chat completions, no images) or a local checkpoint (policy.load_policy: a VLM given a text-only chat,
+    or a text LM), greedy, 16 new tokens."""
 
     def __init__(self, spec, base_url=None, retries=5, timeout=120.0):
         self.spec = spec
@@ -455,33 +497,20 @@ class TextOnly:
                                              or "https://api.openai.com/v1", model=spec.split(":", 1)[1],
                                              max_retries=retries, timeout=timeout)
             return
-        import transformers
-        self.client = None
-        try:
-            self.tok = transformers.AutoProcessor.from_pretrained(spec)
-            self.model = transformers.AutoModelForImageTextToText.from_pretrained(spec).eval()
-        except (ValueError, OSError, KeyError):
-            self.tok = transformers.AutoTokenizer.from_pretrained(spec)
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(spec).eval()
-        tok = getattr(self.tok, "tokenizer", self.tok)
-        tok.padding_side = "left"
+        import policy
+        self.client, self.policy = None, policy
+        self.model, self.processor = policy.load_policy(spec)
 
     def __call__(self, samples, batch_size=16):
         prompts = [data.build_prompt(s, "official") for s in samples]
         if self.client is not None:
             return [self.client.complete(p, 16) for p in prompts]
-        import torch
-        tok = getattr(self.tok, "tokenizer", self.tok)
         out = []
         for i in range(0, len(prompts), batch_size):
-            chats = [self.tok.apply_chat_template([{"role": "user", "content": [{"type": "text", "text": p}]}]
-                                                  if hasattr(self.tok, "tokenizer") else [{"role": "user", "content": p}],
-                                                  add_generation_prompt=True, tokenize=False)
-                     for p in prompts[i:i + batch_size]]
-            enc = tok(chats, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                ids = self.model.generate(**enc, max_new_tokens=16, do_sample=False, pad_token_id=tok.pad_token_id)
-            out += tok.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            inputs = self.policy.make_inputs(self.processor, [[{"role": "user", "content": p}]
+                                                              for p in prompts[i:i + batch_size]], None)
+            out += self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=16,
+                                       do_sample=False).texts
         return out
 
 
@@ -520,8 +549,10 @@ def resolve_model(args):
     if args.model:
         if args.model.startswith("openai:"):
             return args.model, args.model_name or args.model.split(":", 1)[1]
-        parts = Path(args.model.rstrip("/")).parts
+        agent = args.model.startswith(AGENT_PREFIX)
+        parts = Path(args.model[len(AGENT_PREFIX) if agent else 0:].rstrip("/")).parts
         name = "-".join(parts[-2:]) if parts[-1] == "final" and len(parts) > 1 else parts[-1]  # train.py's OUT/final
+        name = f"robust-to-{name}" if agent else name
         if args.adapter:
             name += "+" + Path(args.adapter.rstrip("/")).name
         return args.model, args.model_name or name
@@ -691,6 +722,9 @@ def parse_args(argv=None):
     a("--video-root", default="", help="DIR for all, or vsibench=DIR,urbanvideo=DIR (default: next to the file)")
     a("--subtypes", default="all", help="all (Table 8's 12), none, or a comma list of subtypes / categories "
       "(lighting, occlusion, camera, weather)")
+    a("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="--subtypes all means: pvrbench "
+      "(Table 8's 12) or robust-to (Robust-TO's five: motion_blur, noise, overexposure = glare, static = "
+      "occlusion, night = low light); robust-to adds a per-corruption table")
     a("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
       "(round-robin within each task); all: clean + every subtype")
     a("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
@@ -706,9 +740,11 @@ def parse_args(argv=None):
     a("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
     a("--batch-size", type=int, default=None, help="samples per generate call / API concurrency (default 8; "
       "synthetic 32)")
-    a("--model", default="", help=f"checkpoint path or openai:NAME (default: {DEMO_CHECKPOINT}, else an untrained "
-      "tiny model)")
+    a("--model", default="", help=f"checkpoint path, openai:NAME, or robust-to:PATH (Robust-TO's orchestrated agent "
+      f"around the checkpoint; orchestrate.py) (default: {DEMO_CHECKPOINT}, else an untrained tiny model)")
     a("--adapter", default="", help="a peft LoRA adapter folder for --model")
+    a("--agent-k", type=int, default=0, help="--model robust-to:PATH: frames the agent selects of --frames "
+      "(default half)")
     a("--perceiver", default="", help="a text-only --model (Embodied-R, train.py --policy text) reads this perception "
       "model's text of each video: hf:PATH | openai:MODEL | cv (perceive.py)")
     a("--perception-cache", default="", help="SQLite cache of perception texts (default OUT/perception_cache.sqlite)")
@@ -764,7 +800,7 @@ def main(argv=None):
         return compare(args.compare, Path(args.out))
     t_start = time.perf_counter()
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
-    subtypes = parse_subtypes(args.subtypes)
+    subtypes = parse_subtypes(args.subtypes, args.protocol)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
     debiased = None
     if args.debias:
@@ -779,7 +815,7 @@ def main(argv=None):
         return export(groups, manifest, args)
     spec, name = resolve_model(args)
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"
-    keyed = dict(model=spec, model_fp=_fingerprint(spec), adapter=args.adapter, adapter_fp=_fingerprint(args.adapter)
+    keyed = dict(model=spec, model_fp=_fingerprint(spec.removeprefix(AGENT_PREFIX)), adapter=args.adapter, adapter_fp=_fingerprint(args.adapter)
                  if args.adapter else None, base_url=args.base_url, sources={n: [str(p), _fingerprint(
                      Path(p) / "eval.jsonl" if n == "synthetic" else p), roots.get(n, roots.get(None))]
                      for n, p in paths.items()}, subtypes=subtypes, assign=args.assign, frames=args.frames,
@@ -791,6 +827,9 @@ def main(argv=None):
         keyed.update(debias=args.debias)
     if args.perceiver:
         keyed.update(perceiver=args.perceiver)
+    if spec.startswith(AGENT_PREFIX):
+        args.agent_k = args.agent_k or max(1, args.frames // 2)
+        keyed.update(agent_k=args.agent_k)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / name
     run_dir = model_dir / f"run_{run_hash}"
@@ -808,8 +847,11 @@ def main(argv=None):
     if pending:
         model = (APIModel(spec.split(":", 1)[1], args.base_url or os.environ.get("OPENAI_BASE_URL")
                           or "https://api.openai.com/v1", args.api_retries, args.api_timeout, args.batch_size)
-                 if spec.startswith("openai:") else HFModel(spec, args.adapter or None, args.perceiver, args.perception_cache
-                                                            or str(Path(args.out) / "perception_cache.sqlite")))
+                 if spec.startswith("openai:")
+                 else AgentModel(spec[len(AGENT_PREFIX):], args.adapter or None, args.agent_k)
+                 if spec.startswith(AGENT_PREFIX)
+                 else HFModel(spec, args.adapter or None, args.perceiver, args.perception_cache
+                              or str(Path(args.out) / "perception_cache.sqlite")))
     judge = None if args.judge == "none" else judges.make_judge(
         args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"))
     state = {"generated": 0, "sec_generate": 0.0, "sec_judge": 0.0, "manifest": {
@@ -853,7 +895,8 @@ def main(argv=None):
         _write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
                      [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
     (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
-    table = TABLE_HEADER + table_row(name, args.frames, results["pvrbench"])
+    table = (robust_to_table(name, args.frames, results["pvrbench"]) if args.protocol == "robust-to"
+             else TABLE_HEADER + table_row(name, args.frames, results["pvrbench"]))
     (model_dir / "table.md").write_text(table)
     chart(model_dir / "per_task.png", [out], [name])
     for src, block in results["sources"].items():

@@ -77,6 +77,13 @@ class Config:
                               "of the video (clean and corrupted alike)")
     perceiver: str = _arg("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv (classical "
                               "vision, a CPU stand-in; the demo's default); Embodied-R: Qwen2.5-VL-72B-Instruct")
+    agent: str = _arg("", "robust-to: train Robust-TO's orchestrated agent (orchestrate.py: frame selection, "
+                          "decomposition, tools, three-tier synthesis) with its confidence-cost reward; --mode grpo "
+                          "(clean videos) or grpo-aug (Robust-TO's five corruptions)")
+    agent_k: int = _arg(4, "--agent: frames the agent selects by reliability-relevance (of --frames)")
+    max_subqueries: int = _arg(4, "--agent: sub-queries kept from a decomposition")
+    w_reliability: float = _arg(0.5, "--agent: weight of the reliability of the evidence the answer rests on")
+    w_cost: float = _arg(0.1, "--agent: cost per sub-query beyond the frozen estimator's count")
     perception_cache: str = _arg("", "--policy text: SQLite cache of perception texts (default: "
                                      "OUT/perception_cache.sqlite; keyed by frame content, question, perceiver)")
     data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset); empty: the demo")
@@ -84,7 +91,8 @@ class Config:
     eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy before and after")
     eval_video_root: str = _arg("", "video root of --eval-data")
     eval_limit: int = _arg(96, "questions of --eval-data used for the before/after report")
-    out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/")
+    out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/ (the --policy text demo: "
+                                 "runs/rova-text)")
     mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
                             "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)")
     temporal_grpo: bool = _arg(False, "add T-GRPO's shuffled group (Video-R1; App. D: G~ = 4)")
@@ -174,6 +182,10 @@ def parse_args(argv=None) -> Config:
     if cfg.policy == "text" and cfg.model and not cfg.perceiver:
         ap.error("--policy text reads a perception model's text of each video: give --perceiver "
                  f"({' | '.join(perceive.PERCEIVER_SPECS)})")
+    if cfg.agent not in ("", "robust-to"):
+        ap.error(f"--agent must be robust-to (or empty), got {cfg.agent!r}")
+    if cfg.agent and (cfg.mode not in ("grpo", "grpo-aug") or cfg.policy != "vlm"):
+        ap.error("--agent robust-to trains a VLM policy with --mode grpo or grpo-aug")
     if cfg.frame_sampler not in ("uniform", "keyframes"):
         ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
@@ -693,6 +705,108 @@ class RL:
         return s
 
 
+class AgentRL(RL):
+    """--agent robust-to: GRPO on Robust-TO's agent (orchestrate.Agent over this policy). A step: the
+    batch's videos (clean for --mode grpo; for grpo-aug one of Robust-TO's five corruptions each,
+    perturb.PROTOCOLS["robust-to"], dynamic protocol); G agent rollouts per video (sampled
+    decompositions, the tools, a sampled synthesis each); the confidence-cost reward
+    (grpo.confidence_cost_reward) plus w_F times the format reward of the synthesis; Eq. 8's group
+    advantages; Eq. 7's loss on the decomposition and the synthesis tokens of every rollout (one
+    advantage per rollout for both). The sub-query budget comes from the frozen reference (the policy
+    as RL starts; with LoRA its adapters off; with neither, beta 0 and no LoRA, the policy when the
+    sample is first met), asked once per sample and kept."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        import orchestrate
+        cfg = self.cfg
+        self.agent = orchestrate.Agent(self.model, self.processor, k=cfg.agent_k, max_subqueries=cfg.max_subqueries,
+                                       synthesis_tokens=cfg.max_new_tokens)
+        self.expected: dict = {}
+
+    def _budget(self, batch):
+        todo = [b for b in batch if b["sample"].id not in self.expected]
+        if not todo:
+            return
+        args = ([b["sample"] for b in todo], [b["pert"] for b in todo])
+        if self.ref_model is None and hasattr(self.model, "disable_adapter"):
+            with self.model.disable_adapter():
+                counts = self.agent.expected_subqueries(*args)
+        else:
+            counts = self.agent.expected_subqueries(*args, model=self.ref_model)
+        for b, n in zip(todo, counts):
+            self.expected[b["sample"].id] = n
+
+    def step(self, step, spec_rng):
+        cfg, timer, G = self.cfg, Timer(), self.cfg.group_size
+        corrupt = cfg.mode == "grpo-aug"
+        batch = []
+        with timer("perturbation"):
+            for i in self.cursor.take(cfg.batch_size):
+                s = self.shard[i]
+                frames = self.clips.get(s)
+                if frames is None:
+                    continue
+                sub = str(spec_rng.choice(perturb.PROTOCOLS["robust-to"]))  # drawn in both modes: one stream
+                spec = perturb.sample_spec(spec_rng, subtype=sub, eta=cfg.eta)
+                batch.append(dict(sample=s, spec=spec, promoted=False, decision="train", clean_acc=None,
+                                  pert=perturb.apply(frames, spec) if corrupt else frames))
+        w_f, w_a, _, _ = self.weights()
+        loss_stats, n_rows, extra = {}, 0, defaultdict(float)
+        if batch:
+            with timer("estimator"):
+                self._budget(batch)
+            with timer("perturbed_rollout" if corrupt else "clean_rollout"):
+                traces, dec, syn = self.agent.sample([b["sample"] for b in batch], [b["pert"] for b in batch], G,
+                                                     cfg.temperature)
+            with timer("reward"):
+                for i, b in enumerate(batch):
+                    s, tr = b["sample"], traces[i * G:(i + 1) * G]
+                    parts = [grpo.confidence_cost_reward(
+                        t.synthesis, s.answer, s.problem_type, t.evidence, len(t.subqueries), self.expected[s.id],
+                        options=s.options or None, source=s.source, w_acc=w_a, w_rel=cfg.w_reliability,
+                        w_cost=cfg.w_cost) for t in tr]
+                    fmt = [grpo.format_reward(t.synthesis) for t in tr]
+                    b["acc"] = [c["accuracy"] for c in parts]
+                    b["rewards"] = [w_f * f + c["total"] for f, c in zip(fmt, parts)]
+                    b["comp"] = {"format": fmt, "accuracy": b["acc"], "sim_r": [], "sim_a": []}
+                    for key, vals in (("r_reliability", [c["reliability"] for c in parts]),
+                                      ("extra_subqueries", [c["extra_subqueries"] for c in parts]),
+                                      ("subqueries", [len(t.subqueries) for t in tr]),
+                                      ("evidence_high", [e.tier == "HIGH" for t in tr for e in t.evidence])):
+                        extra[f"{key}_sum"] += sum(vals)
+                        extra[f"{key}_n"] += len(vals)
+        with timer("backward"):  # Eq. 7-8 over both completions of every rollout
+            if batch:
+                adv = grpo.group_advantages([b["rewards"] for b in batch]).view(-1)
+                self.model.train()
+                for roll in (dec, syn):
+                    logp = policy.token_logprobs(self.model, roll.prompt_inputs, roll.completion_ids,
+                                                 roll.completion_mask, temperature=cfg.temperature)
+                    ref = policy.reference_logprobs(self.model, roll.prompt_inputs, roll.completion_ids,
+                                                    roll.completion_mask, ref_model=self.ref_model,
+                                                    temperature=cfg.temperature) if cfg.beta > 0 else logp.detach()
+                    mask = roll.completion_mask.to(logp.device)
+                    loss, st = grpo.grpo_loss(logp, logp.detach(), ref, adv.to(logp.device), mask, cfg.clip_eps,
+                                              cfg.beta)
+                    (loss * len(adv)).backward()
+                    for k, v in st.items():  # means over the two halves, weighted by rows
+                        loss_stats[k] = loss_stats.get(k, 0.0) + float(v) / 2
+                    loss_stats["loss"] = loss_stats.get("loss", 0.0) + loss.item() / 2
+                n_rows = 2 * len(adv)
+            if sync_gradients(self.params, n_rows, self.device) > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
+                self.opt.step()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+        rec = self._record(batch, batch, loss_stats, 0, 0, 0, n_rows, timer, corrupt)
+        rec.update(extra)
+        rec.update(w_format=w_f, w_acc=w_a, w_consistency=0.0, w_alignment=0.0)
+        return rec
+
+
 def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, observer=None):
     """This rank's RL stage for cfg.mode: its shard, the alignment judge (dual-branch modes; App. C.1,
     verdicts cached so a resumed run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
@@ -700,8 +814,8 @@ def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_mod
     judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
         if cfg.mode in ("rova", "dual") or consistency else None
     params, opt, sched = make_optimizer(cfg, model, cfg.lr, cfg.rl_steps)
-    return RL(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
-              ref_model, judge, params, opt, sched, observer)
+    return (AgentRL if cfg.agent else RL)(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips,
+                                          model, processor, ref_model, judge, params, opt, sched, observer)
 
 
 def reduce_record(s, device, world):
@@ -782,18 +896,20 @@ def main(argv=None):
     cfg = parse_args(argv)
     rank, world, device = setup_distributed()
     log = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
     if not cfg.model and not cfg.data:
         defaults = Config()
         for k, v in DEMO.items():  # the demo preset, except what the user set explicitly
             if getattr(cfg, k) == getattr(defaults, k):
                 setattr(cfg, k, v)
-        if cfg.policy == "text" and not cfg.perceiver:
-            cfg.perceiver = "cv"  # the demo's perception: classical vision, no model to download
+        if cfg.policy == "text":
+            cfg.perceiver = cfg.perceiver or "cv"  # the demo's perception: classical vision, no model to download
+            if cfg.out == Config().out:  # keep the VLM demo's runs/rova (eval_pvrbench.py's default) apart
+                cfg.out = "runs/rova-text"
         prepare_demo(cfg, rank)
     elif not (cfg.model and cfg.data):
         raise SystemExit("give both --model and --data (or neither, for the demo)")
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
     random.seed(cfg.seed * 1000 + rank)
     np.random.seed(cfg.seed * 1000 + rank)
     torch.manual_seed(cfg.seed * 1000 + rank)

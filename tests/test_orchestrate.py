@@ -1,0 +1,266 @@
+"""Robust-TO's orchestration (orchestrate.py): tiers at their thresholds, the evidence record, the
+decomposer's parser, routing, the offline tools on synthetic clips with known motion and objects, the
+synthesis prompt's rules, and the agent end to end on the tiny model."""
+import json
+
+import numpy as np
+import pytest
+
+import data
+import orchestrate as orc
+from orchestrate import HIGH, LOW, MEDIUM, Evidence, SubQuery, tier
+
+
+# --------------------------------------------------------------------------- tiers
+@pytest.mark.parametrize("conf, dist, want", [
+    (0.7, 0.0, HIGH), (0.7, 0.2999, HIGH), (1.0, 0.29, HIGH),       # HIGH: conf >= 0.7 and dist < 0.3
+    (0.6999, 0.0, MEDIUM), (0.7, 0.3, MEDIUM), (0.3, 0.5, MEDIUM),   # the boundaries fall out of HIGH
+    (0.5, 0.6999, MEDIUM),
+    (0.2999, 0.0, LOW), (0.9, 0.7, LOW), (0.0, 1.0, LOW),           # LOW: conf < 0.3 or dist >= 0.7
+])
+def test_tiers_at_the_thresholds(conf, dist, want):
+    assert tier(conf, dist) == want
+
+
+def test_evidence_record_clips_and_serialises():
+    e = Evidence("counter", "how many red objects?", "2 red objects", np.array([3, 5]), 1.4, -0.2)
+    assert e.confidence == 1.0 and e.disturbance == 0.0 and e.frame_ids == [3, 5]
+    d = e.to_dict()
+    assert d["tier"] == HIGH and json.loads(json.dumps(d))["frame_ids"] == [3, 5]
+
+
+# --------------------------------------------------------------------------- parsing
+def test_parse_subqueries_tolerates_fences_prose_and_bad_items():
+    reply = ('Sure! Here is the plan:\n```json\n[{"type": "action", "sub_query": "Which way does the camera turn?"},\n'
+             ' {"type": "Colour", "query": "How many red objects are visible?"}, "Which object appears first?",\n'
+             ' {"type": "action", "sub_query": "which way does the camera turn?"}, 7, {"type": "text"}]\n```')
+    subs = orc.parse_subqueries(reply)
+    assert [s.query for s in subs] == ["Which way does the camera turn?", "How many red objects are visible?",
+                                       "Which object appears first?"]
+    assert [s.type for s in subs] == ["action", "attribute", "temporal"]  # unknown "Colour" -> guessed
+    assert orc.parse_subqueries(reply, max_subqueries=1) == subs[:1]
+    assert orc.parse_subqueries("no json here") == [] and orc.parse_subqueries(None) == []
+    assert orc.parse_subqueries("[broken, [\"a real one\"]") == [SubQuery("attribute", "a real one")]
+    assert orc.parse_subqueries('[] then ["second list"]') == [SubQuery("attribute", "second list")]
+
+
+def test_parse_count():
+    assert orc.parse_count("3") == 3 and orc.parse_count("It needs two sub-queries.") == 2
+    assert orc.parse_count("0 or 100") is None and orc.parse_count("") is None
+
+
+def test_routing():
+    assert orc.route(SubQuery("action", "Which way does the camera turn?")) == "ego_motion"
+    assert orc.route(SubQuery("attribute", "How many red objects are there?")) == "counter"
+    assert orc.route(SubQuery("spatial", "Which object is closest to the blue cube?")) == "vlm"
+    assert orc.route(SubQuery("action", "Which way does the camera turn?"), available={"vlm"}) == "vlm"
+
+
+# --------------------------------------------------------------------------- tools
+def _scene(colours, xs, zs):
+    return [{"colour": c, "shape": "pillar", "pos": (x, z)} for c, x, z in zip(colours, xs, zs)]
+
+
+@pytest.mark.parametrize("yaw, want", [(0.045, "rotate left"), (-0.045, "rotate right"), (0.0, "move forward")])
+def test_ego_motion_tool_on_known_turns(yaw, want):
+    objects = _scene(["red", "blue", "green"], [-2.0, 1.5, 0.3], [6.0, 8.0, 11.0])
+    frames, _, _ = data.render_synthetic(objects, yaw, 0.2, num_frames=8, size=56)
+    ids = list(range(8))
+    e = orc.ego_motion_tool("Which way does the agent turn?", frames, ids, orc.Context())
+    assert e.tool == "ego_motion" and e.prediction.startswith(want) and e.frame_ids == ids
+    assert 0.5 < e.confidence <= 1.0
+    # the same clip with its frames in random order: the pairs disagree, the confidence falls
+    rng = np.random.default_rng(0)
+    shuffled = orc.ego_motion_tool("Which way?", frames[rng.permutation(8)], ids, orc.Context())
+    assert shuffled.confidence < e.confidence
+    assert orc.ego_motion_tool("Which way?", frames[:1], [0], orc.Context()) is None
+
+
+def test_counter_tool_counts_the_asked_colour():
+    objects = _scene(["red", "red", "blue"], [-1.5, 1.5, 0.0], [7.0, 7.0, 10.0])
+    frames, _, _ = data.render_synthetic(objects, 0.0, 0.05, num_frames=4, size=112)
+    ctx = orc.Context(question="How many red objects appear in the video?", disturbance=np.full(4, 0.1))
+    e = orc.counter_tool("How many red objects are visible?", frames, [0, 1, 2, 3], ctx)
+    assert e.prediction == "2 red objects" and e.confidence == 1.0 and e.disturbance == pytest.approx(0.1)
+    blue = orc.counter_tool("Count the blue ones", frames, [0, 1, 2, 3], ctx)
+    assert blue.prediction == "1 blue objects"
+    none = orc.counter_tool("How many things?", frames, [0, 1, 2, 3], orc.Context())
+    assert none.prediction == "3 coloured objects" and none.confidence == 0.5  # no colour named: halved
+
+
+def test_a_registered_user_tool_is_routed_by_name(monkeypatch):
+    monkeypatch.setitem(orc.TOOLS, "ocr", (lambda q, f, ids, ctx: Evidence("ocr", q, "EXIT", ids, 0.9), ("text",)))
+    fn, types = orc.TOOLS["ocr"]
+    assert types == ("text",) and fn("read the sign", None, [1], None).prediction == "EXIT"
+
+
+# --------------------------------------------------------------------------- synthesis prompt
+def test_synthesis_prompt_states_the_rules_and_tiers_each_record():
+    s = data.Sample(id="q", source="synthetic", video="v.mp4", question="Which action is the agent taking?",
+                    answer="A", problem_type="multiple choice", options=["A. Turn left", "B. Turn right"],
+                    task="route_planning")
+    ev = [Evidence("ego_motion", "Which way?", "rotate left (turn left)", [0, 1, 2], 0.9, 0.1),
+          Evidence("vlm", "Which way?", "right", [0, 1, 2], 0.5, 0.1),
+          Evidence("counter", "How many red?", "2 red objects", [4], 0.9, 0.8)]
+    text = orc.Agent.synthesis_text(None, s, ev)
+    for rule in ("Build your answer primarily from HIGH-tier evidence",
+                 "only if it is consistent with HIGH-tier conclusions; discard it if contradictory",
+                 "only when no HIGH-tier evidence exists, and explicitly note the uncertainty",
+                 "If all evidence is LOW-tier, state that the answer is uncertain", "<think>", "<answer>",
+                 "single option letter", "A. Turn left"):
+        assert rule in text, rule
+    assert "Tier: HIGH" in text and "Tier: MEDIUM" in text and "Tier: LOW" in text
+    assert text.index("rotate left") < text.index("Tier: HIGH") < text.index("right, Confidence: 0.50")
+    assert orc.format_evidence([]) == "(no evidence was collected)"
+
+
+# --------------------------------------------------------------------------- the confidence-cost reward
+OPTS = ["A. Turn left", "B. Turn right", "C. Go ahead"]
+
+
+def test_confidence_cost_reward_by_hand():
+    import grpo
+    ev = [Evidence("ego_motion", "q", "rotate left (turn left)", [0, 1], 0.8, 0.25),
+          Evidence("vlm", "q", "turn left, I think", [0], 0.4, 0.5),
+          Evidence("vlm", "q", "right", [0], 0.9, 0.0)]
+    r = grpo.confidence_cost_reward("<think>x</think><answer>A</answer>", "A", "multiple choice", ev, 3, 1, options=OPTS)
+    # 1 + 0.5 * max(0.8 * 0.75, 0.4 * 0.5) - 0.1 * (3 - 1)
+    assert r == pytest.approx({"total": 1 + 0.5 * 0.6 - 0.2, "accuracy": 1.0, "reliability": 0.6,
+                               "extra_subqueries": 2})
+    # a wrong answer that no evidence states: nothing; fewer sub-queries than expected cost nothing
+    r = grpo.confidence_cost_reward("<think>x</think><answer>C</answer>", "A", "multiple choice", ev, 1, 2, options=OPTS)
+    assert r == {"total": 0.0, "accuracy": 0.0, "reliability": 0.0, "extra_subqueries": 0}
+    # a wrong answer the evidence states still earns its reliability (the term is additive, not gated)
+    r = grpo.confidence_cost_reward("<think>x</think><answer>A</answer>", "B", "multiple choice", ev, 1, None,
+                                    options=OPTS, w_rel=1.0)
+    assert r["total"] == pytest.approx(0.6) and r["accuracy"] == 0.0
+    # numeric: the count in the prediction; dict records work too; no parseable answer -> no support
+    num = [{"prediction": "2 red objects", "confidence": 0.5, "disturbance": 0.5}]
+    assert grpo.confidence_cost_reward("<answer>2</answer>", "2", "regression", num, 1, 1)["reliability"] == 0.25
+    assert grpo.confidence_cost_reward("<answer>3</answer>", "2", "regression", num, 1, 1)["reliability"] == 0.0
+    assert grpo.confidence_cost_reward("no answer", "2", "regression", num, 1, 1)["reliability"] == 0.0
+
+
+def test_supports():
+    import grpo
+    assert grpo.supports("rotate right (turn right)", "B", "multiple choice", OPTS)
+    assert grpo.supports("(B)", "B", "multiple choice", OPTS) and not grpo.supports("right", "B", "multiple choice", OPTS)
+    assert grpo.supports("about 3.5 m", "3.5", "numerical") and not grpo.supports("35 m", "3.5", "numerical")
+    assert grpo.supports("The sign says EXIT", "exit", "free-form") and not grpo.supports("", "exit", "free-form")
+
+
+# --------------------------------------------------------------------------- the agent on the tiny model
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import policy
+    root = tmp_path_factory.mktemp("agent")
+    path = policy.build_tiny(root / "tiny")
+    data.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
+    model, processor = policy.load_policy(path)
+    return root, path, model, processor
+
+
+def _samples(root, n=3):
+    import video
+    samples, _ = data.load_vsibench(root / "synth" / "eval.jsonl", root / "synth" / "videos")
+    samples = samples[:n]
+    return samples, [video.read_frames(s.video, num_frames=8, max_pixels=56 * 56)[0] for s in samples]
+
+
+def test_agent_end_to_end_with_the_question_as_fallback_sub_query(tiny):
+    root, _, model, processor = tiny
+    samples, clips = _samples(root)
+    traces = orc.Agent(model, processor, k=4, decompose_tokens=8, synthesis_tokens=8).run(samples, clips)
+    assert len(traces) == len(samples)
+    for t, s in zip(traces, samples):
+        assert len(t.frame_ids) == 4 and t.frame_ids == sorted(t.frame_ids)
+        assert set(t.profile) >= {"avg_blur", "avg_bright", "avg_occl"}
+        assert isinstance(t.synthesis, str) and t.evidence  # the random model's plan never parses: the fallback
+        assert t.subqueries[0]["query"] == orc.question_with_options(s)
+        for e in t.evidence:
+            assert 0.0 <= e.confidence <= 1.0 and e.frame_ids == t.frame_ids and e.tier in (HIGH, MEDIUM, LOW)
+
+
+def test_agent_routes_a_scripted_plan_to_each_tool(tiny, monkeypatch):
+    root, _, model, processor = tiny
+    samples, clips = _samples(root, 2)
+    agent = orc.Agent(model, processor, k=8, synthesis_tokens=4)
+    plan = json.dumps([{"type": "action", "sub_query": "Which way does the camera turn?"},
+                       {"type": "attribute", "sub_query": "How many red objects are visible?"},
+                       {"type": "spatial", "sub_query": "What is in front of the camera?"}])
+
+    class Scripted:
+        texts = [plan] * len(samples)
+    monkeypatch.setattr(agent, "decompose", lambda *a, **k: Scripted())
+    prompts = []
+    real = agent._generate
+    monkeypatch.setattr(agent, "_generate", lambda texts, *a, **k: (prompts.extend(texts), real(texts, *a, **k))[1])
+    traces = agent.run(samples, clips)
+    for t in traces:
+        assert [e.tool for e in t.evidence] == ["ego_motion", "counter", "vlm"]
+    # the vlm tool's sub-queries went to the policy in one batch, then one synthesis prompt per question
+    asked = [p for p in prompts if p.startswith("Look at these frames")]
+    assert len(asked) == len(samples) and all("What is in front of the camera?" in p for p in asked)
+    synth = [p for p in prompts if p.startswith("Answer the question from the evidence")]
+    assert len(synth) == len(samples) and all("Tool: ego_motion" in p and "Tool: counter" in p for p in synth)
+
+
+def test_vlm_confidence_is_the_geometric_mean_token_probability(tiny):
+    import policy
+    import torch
+    root, _, model, processor = tiny
+    _, clips = _samples(root, 1)
+    agent = orc.Agent(model, processor, tool_tokens=6)
+    (pred, conf), = agent.ask(["What colour is the largest object?"], clips)
+    out = agent._generate([orc.VLM_TOOL_PROMPT.format(query="What colour is the largest object?")], clips, 6)
+    with torch.no_grad():
+        lp = policy.token_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
+    m = out.completion_mask.bool()
+    assert conf == pytest.approx(float(torch.exp(lp[m].mean())), rel=1e-5) and 0.0 < conf <= 1.0
+
+
+def test_eval_pvrbench_runs_the_agent_under_the_robust_to_protocol(tiny, tmp_path):
+    import eval_pvrbench as ev
+    root, path, _, _ = tiny
+    out = ev.main(["--model", f"robust-to:{path}", "--protocol", "robust-to", "--benchmark",
+                   f"synthetic={root / 'synth'}", "--out", str(tmp_path), "--judge", "none", "--limit", "3",
+                   "--max-new-tokens", "6"])
+    assert out["config"]["model_name"] == "robust-to-tiny" and out["n_errors"] == 0
+    conds = {r for r in out["results"]["pvrbench"]["overall"]}
+    assert conds <= {"clean", *perturb_protocol()} and len(conds) >= 2
+    table = (tmp_path / "robust-to-tiny" / "table.md").read_text()
+    assert "| Blur | Noise | Glare | Occl. | Low light |" in table
+
+
+def perturb_protocol():
+    import perturb
+    return perturb.PROTOCOLS["robust-to"]
+
+
+# --------------------------------------------------------------------------- training the agent
+@pytest.mark.parametrize("mode", ["grpo-aug", "grpo"])
+def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode):
+    import train
+    root, path, _, _ = tiny
+    data.make_synthetic(tmp_path / "synth", n=4, seed=5, num_frames=8, size=56, eval_fraction=0.25)
+    out = tmp_path / "run"
+    train.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--agent",
+                "robust-to", "--mode", mode, "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
+                "--sft-epochs", "0", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
+                "--max-new-tokens", "8", "--save-every", "1", "--video-cache", "0", "--lr", "1e-3"])
+    recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert r["selected"] == r["samples"] > 0 and r["loss"] is not None and r["r_total"] is not None
+        assert r["subqueries"] >= 1 and 0 <= r["evidence_high"] <= 1 and r["r_reliability"] is not None
+        assert (r["acc_perturbed"] is not None) == (mode == "grpo-aug")
+        assert r["sec_estimator"] >= 0 and r["sec_reward"] >= 0
+    assert (out / "final").is_dir()
+
+
+def test_agent_flags_are_checked():
+    import train
+    with pytest.raises(SystemExit):
+        train.parse_args(["--agent", "robust-to", "--mode", "rova"])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--agent", "other"])
