@@ -388,11 +388,14 @@ class Agent:
         return [(" ".join(t.split()) or "(no answer)", float(torch.exp(m))) for t, m in zip(out.texts, mean)]
 
     # ---- stages 2-5
+    @staticmethod
+    def decompose_text(question, n_frames, profile) -> str:
+        return DECOMPOSE_PROMPT.format(video_description=f"{n_frames} selected frames of the video (shown)",
+                                       avg_blur=profile["avg_blur"], avg_bright=profile["avg_bright"],
+                                       avg_occl=profile["avg_occl"], original_query=question)
+
     def decompose(self, questions, clips, profiles, do_sample=False, n=1, temperature=1.0):
-        texts = [DECOMPOSE_PROMPT.format(video_description=f"{len(c)} selected frames of the video (shown)",
-                                         avg_blur=p["avg_blur"], avg_bright=p["avg_bright"],
-                                         avg_occl=p["avg_occl"], original_query=q)
-                 for q, c, p in zip(questions, clips, profiles)]
+        texts = [self.decompose_text(q, len(c), p) for q, c, p in zip(questions, clips, profiles)]
         return self._generate(texts, clips, self.decompose_tokens, do_sample, n, temperature)
 
     def plan(self, decomposition: str, question: str) -> list[SubQuery]:

@@ -439,17 +439,12 @@ def barrier():
 
 # ----------------------------------------------------------------------------- the steps
 
-def sft_step(cfg, model, processor, batch, clips, observer):
-    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)
-    (with --policy text: given the clean video's perception text)."""
-    items = [(s, clips.get(s)) for s in batch]
-    items = [(s, observer(s, f)) for s, f in items if f is not None]
-    if not items:
-        return None, 0
+def teacher_forced_nll(model, processor, inputs, target_texts):
+    """Mean -log p(target + <|im_end|> | prompt) over the target tokens of a batch (`inputs` from
+    make_inputs, one target per row); backward of (nll x rows) sums over rows, as sync_gradients expects."""
     tok = policy.tokenizer_of(processor)
-    inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    targets = [tok(data.sft_target(s), add_special_tokens=False)["input_ids"] + [eos] for s, _ in items]
+    targets = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in target_texts]
     length = max(len(t) for t in targets)
     ids = torch.full((len(targets), length), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(targets), length), dtype=torch.long)
@@ -458,8 +453,51 @@ def sft_step(cfg, model, processor, batch, clips, observer):
         mask[i, :len(t)] = 1
     model.train()
     logp = policy.token_logprobs(model, inputs, ids, mask)
-    nll = -(logp * mask.to(logp.device)).sum() / mask.sum()
+    return -(logp * mask.to(logp.device)).sum() / mask.sum()
+
+
+def sft_step(cfg, model, processor, batch, clips, observer):
+    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)
+    (with --policy text: given the clean video's perception text)."""
+    items = [(s, clips.get(s)) for s in batch]
+    items = [(s, observer(s, f)) for s, f in items if f is not None]
+    if not items:
+        return None, 0
+    inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
+    nll = teacher_forced_nll(model, processor, inputs, [data.sft_target(s) for s, _ in items])
     (nll * len(items)).backward()  # summed over samples: sync_gradients divides by the global count
+    return nll.item(), len(items)
+
+
+def agent_sft_step(cfg, model, processor, batch, clips, agent):
+    """--agent robust-to's warm-up (ours; Robust-TO describes none, but a policy never shown the agent's
+    prompts answers them with noise, and GRPO then sees only zero rewards). On the clean videos, both
+    of the agent's outputs by teacher forcing: the decomposition as the one-sub-query plan (the
+    question, typed by orchestrate.guess_type) in DECOMPOSE_PROMPT's JSON, and the synthesis over the
+    evidence the tools return on the selected frames as Video-R1's chain of thought + answer."""
+    import orchestrate
+
+    items = [(s, clips.get(s)) for s in batch]
+    items = [(s, f) for s, f in items if f is not None]
+    if not items:
+        return None, 0
+    samples = [s for s, _ in items]
+    questions = [orchestrate.question_with_options(s) for s in samples]
+    sel = [agent.select(f, q) for (_, f), q in zip(items, questions)]
+    chosen = [np.asarray(f)[ids] for (_, f), (ids, _, _) in zip(items, sel)]
+    plans = [[orchestrate.SubQuery(orchestrate.guess_type(q), q)] for q in questions]
+    with torch.no_grad():
+        evidence = agent.gather(plans, chosen, [ids for ids, _, _ in sel],
+                                [orchestrate.Context(q, list(s.options or []), d, agent)
+                                 for q, s, (_, d, _) in zip(questions, samples, sel)])
+    texts = [agent.decompose_text(q, len(c), p) for q, c, (_, _, p) in zip(questions, chosen, sel)]
+    texts += [agent.synthesis_text(s, ev) for s, ev in zip(samples, evidence)]
+    targets = [json.dumps([{"type": p[0].type, "sub_query": p[0].query}]) for p in plans]
+    targets += [data.sft_target(s) for s in samples]
+    prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
+    inputs = policy.make_inputs(processor, prompts, chosen + chosen)
+    nll = teacher_forced_nll(model, processor, inputs, targets)
+    (nll * len(items)).backward()
     return nll.item(), len(items)
 
 
@@ -958,6 +996,10 @@ def main(argv=None):
     # ---- stage 1: SFT warm-up on the chain-of-thought data (App. D: 1 epoch)
     sft_total = int(math.ceil(cfg.sft_epochs * (len(samples) // world) / cfg.sft_batch_size))
     if state["stage"] == "sft":
+        sft_agent = None
+        if cfg.agent:
+            import orchestrate
+            sft_agent = orchestrate.Agent(model, processor, k=cfg.agent_k, max_subqueries=cfg.max_subqueries)
         params, opt, sched = make_optimizer(cfg, model, cfg.sft_lr, sft_total)
         cursor = Cursor(len(shard), cfg.seed * 1000 + 2 * rank)
         if ckpt:
@@ -967,8 +1009,9 @@ def main(argv=None):
         bar = _bar(sft_total, state["step"], "SFT", rank)
         while state["step"] < sft_total:
             t0 = time.perf_counter()
-            nll, n = sft_step(cfg, model, processor, [shard[i] for i in cursor.take(cfg.sft_batch_size)], clips,
-                              observer)
+            chunk = [shard[i] for i in cursor.take(cfg.sft_batch_size)]
+            nll, n = (agent_sft_step(cfg, model, processor, chunk, clips, sft_agent) if sft_agent
+                      else sft_step(cfg, model, processor, chunk, clips, observer))
             if sync_gradients(params, n, device) > 0:
                 torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
                 opt.step()

@@ -246,9 +246,13 @@ def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode):
     out = tmp_path / "run"
     train.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--agent",
                 "robust-to", "--mode", mode, "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
-                "--sft-epochs", "0", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
-                "--max-new-tokens", "8", "--save-every", "1", "--video-cache", "0", "--lr", "1e-3"])
+                "--sft-epochs", "1" if mode == "grpo-aug" else "0", "--sft-batch-size", "2", "--rl-steps", "2",
+                "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "8", "--save-every", "1",
+                "--video-cache", "0", "--lr", "1e-3", "--sft-lr", "1e-3"])
     recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    sft = [r for r in recs if r["stage"] == "sft"]
+    assert bool(sft) == (mode == "grpo-aug") and all(r["nll"] > 0 for r in sft)  # the agent's warm-up
+    recs = [r for r in recs if r["stage"] == "rl"]
     assert [r["step"] for r in recs] == [1, 2]
     for r in recs:
         assert r["selected"] == r["samples"] > 0 and r["loss"] is not None and r["r_total"] is not None
@@ -264,3 +268,22 @@ def test_agent_flags_are_checked():
         train.parse_args(["--agent", "robust-to", "--mode", "rova"])
     with pytest.raises(SystemExit):
         train.parse_args(["--agent", "other"])
+
+
+def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
+    """The warm-up's decomposition target is valid JSON that parse_subqueries reads back as the plan."""
+    import train
+    import video
+    root, _, model, processor = tiny
+    samples, _ = data.load_vsibench(root / "synth" / "eval.jsonl", root / "synth" / "videos")
+
+    class Clips:
+        def get(self, s):
+            return video.read_frames(s.video, num_frames=8, max_pixels=56 * 56)[0]
+    agent = orc.Agent(model, processor, k=4)
+    nll, n = train.agent_sft_step(None, model, processor, samples[:2], Clips(), agent)
+    assert n == 2 and nll > 0 and any(p.grad is not None for p in model.parameters())
+    model.zero_grad(set_to_none=True)
+    q = orc.question_with_options(samples[0])
+    target = json.dumps([{"type": orc.guess_type(q), "sub_query": q}])
+    assert orc.parse_subqueries(target) == [SubQuery(orc.guess_type(q), " ".join(q.split()))]
