@@ -316,6 +316,21 @@ def counter_tool(query, frames, frame_ids, ctx):
     return Evidence("counter", query, f"{n} {what}", frame_ids, confidence, ctx.frame_disturbance(frame_ids))
 
 
+def warmup_target(sample, evidence) -> str:
+    """The synthesis target of the agent's warm-up (train.agent_sft_step; ours): reasoning that starts
+    from the evidence the three-tier rules say to use (HIGH, else MEDIUM, else all of it, flagged as
+    uncertain when all is LOW), then Video-R1's chain of thought, then the ground-truth answer. It
+    teaches the policy to read the tool results it is shown, which Video-R1's chain of thought alone
+    never mentions."""
+    used = [e for e in evidence if e.tier == HIGH] or [e for e in evidence if e.tier == MEDIUM] or list(evidence)
+    cite = "; ".join(f"the {e.tool} tool found {e.prediction} ({e.tier} tier, confidence {e.confidence:.2f})"
+                     for e in used) or "no evidence was collected"
+    if used and all(e.tier == LOW for e in used):
+        cite += ", all LOW tier, so the answer is uncertain"
+    process = re.sub(r"</?think>", "", str(sample.process or "")).strip()
+    return f"<think>Evidence: {cite}. {process}</think>\n<answer>{sample.answer}</answer>"
+
+
 # --------------------------------------------------------------------------- the agent
 VLM_TOOL_PROMPT = "Look at these frames and answer briefly, in a few words: {query}"
 

@@ -474,7 +474,8 @@ def agent_sft_step(cfg, model, processor, batch, clips, agent):
     prompts answers them with noise, and GRPO then sees only zero rewards). On the clean videos, both
     of the agent's outputs by teacher forcing: the decomposition as the one-sub-query plan (the
     question, typed by orchestrate.guess_type) in DECOMPOSE_PROMPT's JSON, and the synthesis over the
-    evidence the tools return on the selected frames as Video-R1's chain of thought + answer."""
+    evidence the tools return on the selected frames as orchestrate.warmup_target (the evidence the
+    tiers say to use, then Video-R1's chain of thought, then the answer)."""
     import orchestrate
 
     items = [(s, clips.get(s)) for s in batch]
@@ -493,7 +494,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, agent):
     texts = [agent.decompose_text(q, len(c), p) for q, c, (_, _, p) in zip(questions, chosen, sel)]
     texts += [agent.synthesis_text(s, ev) for s, ev in zip(samples, evidence)]
     targets = [json.dumps([{"type": p[0].type, "sub_query": p[0].query}]) for p in plans]
-    targets += [data.sft_target(s) for s in samples]
+    targets += [orchestrate.warmup_target(s, ev) for s, ev in zip(samples, evidence)]
     prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
     inputs = policy.make_inputs(processor, prompts, chosen + chosen)
     nll = teacher_forced_nll(model, processor, inputs, targets)

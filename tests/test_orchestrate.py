@@ -287,3 +287,20 @@ def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
     q = orc.question_with_options(samples[0])
     target = json.dumps([{"type": orc.guess_type(q), "sub_query": q}])
     assert orc.parse_subqueries(target) == [SubQuery(orc.guess_type(q), " ".join(q.split()))]
+
+
+def test_warmup_target_cites_the_evidence_the_tiers_say_to_use():
+    s = data.Sample(id="q", source="synthetic", video="v.mp4", question="Which action?", answer="A",
+                    problem_type="multiple choice", options=["A. Turn left"], task="route_planning",
+                    process="<think>The view slides right.</think>")
+    high = Evidence("ego_motion", "q", "rotate left (turn left)", [0, 1], 0.9, 0.1)
+    med = Evidence("vlm", "q", "right", [0], 0.5, 0.1)
+    low = Evidence("counter", "q", "2 red objects", [0], 0.1, 0.9)
+    t = orc.warmup_target(s, [med, high, low])
+    assert t == ("<think>Evidence: the ego_motion tool found rotate left (turn left) (HIGH tier, confidence 0.90). "
+                 "The view slides right.</think>\n<answer>A</answer>")
+    assert "the vlm tool found right (MEDIUM tier" in orc.warmup_target(s, [med, low])
+    assert "all LOW tier, so the answer is uncertain" in orc.warmup_target(s, [low])
+    assert "no evidence was collected" in orc.warmup_target(s, [])
+    import grpo
+    assert grpo.format_reward(t) == 1.0
