@@ -792,6 +792,12 @@ def score(pred, gt, problem_type: str, source: str | None = None, *,
         return 0.0
 
 
+def question_text(sample: Sample) -> str:
+    """The question with its options, one per line after "Options:" (what the answerability prompt, the
+    perception stage and Robust-TO's agent are given)."""
+    return sample.question + ("\nOptions:\n" + "\n".join(sample.options) if sample.options else "")
+
+
 def video_identity(sample: Sample) -> str:
     """A video's identity in PVRBench: what the static protocol seeds a video's corruption with
     (Sec. 4, `perturb.static_spec`), so every question on a video sees the same corrupted video, on

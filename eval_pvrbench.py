@@ -404,6 +404,7 @@ class HFModel:
     batched greedy generation (policy.rollout, do_sample=False). A text-only LM (Embodied-R's reasoner,
     train.py --policy text) reads `perceiver`'s text of each clip, clean or corrupted, in the video's place
     (perceive.py; texts cached in `perception_cache`, keyed by frame content, question and perceiver)."""
+    failure = "generation failed"  # the reason recorded for a sample that fails alone
 
     def __init__(self, path, adapter=None, perceiver="", perception_cache=None):
         import policy
@@ -425,46 +426,43 @@ class HFModel:
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""
         try:
-            messages = [data.build_messages(s, style) for s in samples]
-            if self.text:  # Embodied-R Sec. 2.2: the perception text replaces the video
-                messages = [perceive.text_messages(m, perceive.perceive(c, question_text(s), self.perceiver,
-                                                                        cache=self.cache))
-                            for m, s, c in zip(messages, samples, clips)]
-                inputs = self.policy.make_inputs(self.processor, messages, None)
-            else:
-                inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
-            out = self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
-                                      do_sample=False)
-            return [(t, None) for t in out.texts]
+            return [(t, None) for t in self._texts(samples, clips, fps, style, max_new_tokens)]
         except (RuntimeError, ValueError) as e:   # e.g. out of memory on one long video
             if len(samples) == 1:
-                return [(None, f"generation failed: {type(e).__name__}: {str(e)[:300]}")]
+                return [(None, f"{self.failure}: {type(e).__name__}: {str(e)[:300]}")]
             return [o for k in range(len(samples)) for o in self.generate(
                 samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
+
+    def _texts(self, samples, clips, fps, style, max_new_tokens):
+        messages = [data.build_messages(s, style) for s in samples]
+        if self.text:  # Embodied-R Sec. 2.2: the perception text replaces the video
+            messages = [perceive.text_messages(m, perceive.perceive(c, data.question_text(s), self.perceiver,
+                                                                    cache=self.cache))
+                        for m, s, c in zip(messages, samples, clips)]
+            inputs = self.policy.make_inputs(self.processor, messages, None)
+        else:
+            inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
+        return self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
+                                   do_sample=False).texts
 
 
 AGENT_PREFIX = "robust-to:"
 
 
-class AgentModel:
+class AgentModel(HFModel):
     """Robust-TO's orchestrated agent (orchestrate.Agent) around a local checkpoint, `--model robust-to:PATH`:
     of the frames read, the k most reliable and relevant (reliability.select_frames), decomposition,
     tools, three-tier synthesis; the synthesis is the response scored. Errors as HFModel's."""
+    failure = "agent failed"
 
     def __init__(self, path, adapter=None, k=4):
         import orchestrate
-        self.inner = HFModel(path, adapter)
-        self.agent = orchestrate.Agent(self.inner.model, self.inner.processor, k=k)
+        super().__init__(path, adapter)
+        self.agent = orchestrate.Agent(self.model, self.processor, k=k)
 
-    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
-        try:
-            self.agent.synthesis_tokens = max_new_tokens
-            return [(t.synthesis, None) for t in self.agent.run(samples, clips)]
-        except (RuntimeError, ValueError) as e:
-            if len(samples) == 1:
-                return [(None, f"agent failed: {type(e).__name__}: {str(e)[:300]}")]
-            return [o for k in range(len(samples)) for o in self.generate(
-                samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
+    def _texts(self, samples, clips, fps, style, max_new_tokens):
+        self.agent.synthesis_tokens = max_new_tokens
+        return [t.synthesis for t in self.agent.run(samples, clips)]
 
 
 class APIModel:
@@ -617,10 +615,6 @@ class Store:
         table[src].update({(r["doc_id"], r["condition"]): r for r in rows})
 
 
-def question_text(s):
-    return s.question + ("\nOptions:\n" + "\n".join(s.options) if s.options else "")
-
-
 def judge_pending(store, g, judge):
     """(key, question, reference, candidate) still to judge in a group: clean with itself (Orig.+), each
     perturbed response against the clean one."""
@@ -634,7 +628,7 @@ def judge_pending(store, g, judge):
         for c in conds:
             r = store.gen[g.source].get((s.id, c))
             if r is not None and r.get("error") is None and (s.id, c) not in store.jdg[g.source]:
-                out.append(((s.id, c), question_text(s), clean["response"], r["response"]))
+                out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
     return out
 
 

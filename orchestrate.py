@@ -347,10 +347,6 @@ class Trace:
     synthesis: str
 
 
-def question_with_options(sample) -> str:
-    return sample.question + ("\nOptions:\n" + "\n".join(sample.options) if sample.options else "")
-
-
 class Agent:
     """Robust-TO around a policy VLM (``policy.load_policy``'s model and processor): the same weights
     decompose, answer the ``vlm`` tool's sub-queries and synthesise; every stage is batched over the
@@ -439,12 +435,40 @@ class Agent:
     def synthesis_text(self, sample, evidence) -> str:
         import data
 
-        return SYNTHESIS_PROMPT.format(original_query=question_with_options(sample), evidence=format_evidence(evidence),
+        return SYNTHESIS_PROMPT.format(original_query=data.question_text(sample), evidence=format_evidence(evidence),
                                        answer_instruction=data.TYPE_TEMPLATE.get(sample.problem_type, "").strip())
 
     def synthesize(self, samples, evidence, clips, do_sample=False, n=1, temperature=1.0):
         return self._generate([self.synthesis_text(s, ev) for s, ev in zip(samples, evidence)], clips,
                               self.synthesis_tokens, do_sample, n, temperature)
+
+    def prepare(self, samples, clips):
+        """Stage 1 for a batch: (questions with options, per sample (frame ids, disturbance [T], profile),
+        the selected frames)."""
+        import data
+
+        questions = [data.question_text(s) for s in samples]
+        sel = [self.select(c, q) for c, q in zip(clips, questions)]
+        return questions, sel, [np.asarray(c)[ids] for c, (ids, _, _) in zip(clips, sel)]
+
+    def evidence(self, samples, questions, sel, chosen, rows, plans):
+        """Stage 4: the evidence of each plan; ``rows[i]`` is the index of plan i's sample."""
+        contexts = [Context(questions[b], list(samples[b].options or []), sel[b][1], self) for b in rows]
+        return self.gather(plans, [chosen[b] for b in rows], [sel[b][0] for b in rows], contexts)
+
+    def _pass(self, samples, clips, n, do_sample, temperature=1.0):
+        """Every stage, ``n`` decompositions per sample, one synthesis per decomposition."""
+        questions, sel, chosen = self.prepare(samples, clips)
+        dec = self.decompose(questions, chosen, [p for _, _, p in sel], do_sample=do_sample, n=n,
+                             temperature=temperature)
+        rows = [b for b in range(len(samples)) for _ in range(n)]
+        subs = [self.plan(t, questions[b]) for t, b in zip(dec.texts, rows)]
+        evidence = self.evidence(samples, questions, sel, chosen, rows, subs)
+        syn = self.synthesize([samples[b] for b in rows], evidence, [chosen[b] for b in rows], do_sample=do_sample,
+                              temperature=temperature)
+        traces = [Trace(questions[b], sel[b][0], sel[b][2], d, [asdict(x) for x in sq], ev, t)
+                  for b, d, sq, ev, t in zip(rows, dec.texts, subs, evidence, syn.texts)]
+        return traces, dec, syn
 
     def sample(self, samples, clips, group_size: int, temperature: float = 1.0):
         """GRPO's rollouts of the agent (train.py --agent robust-to): per sample, ``group_size``
@@ -452,27 +476,16 @@ class Agent:
         being explored), and one synthesis is sampled per plan. Returns (traces, decompositions,
         syntheses): B x G traces, sample-major, and the two policy.Rollout batches (B x G rows each) whose
         completions the GRPO loss trains."""
-        G = int(group_size)
-        questions = [question_with_options(s) for s in samples]
-        sel = [self.select(c, q) for c, q in zip(clips, questions)]
-        chosen = [np.asarray(c)[ids] for c, (ids, _, _) in zip(clips, sel)]
-        dec = self.decompose(questions, chosen, [p for _, _, p in sel], do_sample=True, n=G, temperature=temperature)
-        rows = [b for b in range(len(samples)) for _ in range(G)]
-        subs = [self.plan(t, questions[b]) for t, b in zip(dec.texts, rows)]
-        contexts = [Context(questions[b], list(samples[b].options or []), sel[b][1], self) for b in rows]
-        evidence = self.gather(subs, [chosen[b] for b in rows], [sel[b][0] for b in rows], contexts)
-        syn = self.synthesize([samples[b] for b in rows], evidence, [chosen[b] for b in rows], do_sample=True,
-                              temperature=temperature)
-        traces = [Trace(questions[b], sel[b][0], sel[b][2], d, [asdict(x) for x in sq], ev, t)
-                  for b, d, sq, ev, t in zip(rows, dec.texts, subs, evidence, syn.texts)]
-        return traces, dec, syn
+        return self._pass(samples, clips, int(group_size), True, temperature)
 
     def expected_subqueries(self, samples, clips, model=None):
         """The frozen estimator's sub-query budget per sample (:data:`COUNT_PROMPT`, greedy): ``model``
         (the frozen reference) when given, else this agent's policy; None where the reply has no number."""
         import policy
 
-        texts = [COUNT_PROMPT.format(original_query=question_with_options(s)) for s in samples]
+        import data
+
+        texts = [COUNT_PROMPT.format(original_query=data.question_text(s)) for s in samples]
         prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
         inputs = policy.make_inputs(self.processor, prompts, clips)
         out = policy.rollout(model if model is not None else self.model, self.processor, inputs, n=1,
@@ -482,16 +495,7 @@ class Agent:
     def run(self, samples, clips):
         """Greedy pass of every stage for a batch of (sample, frames uint8 [T, H, W, 3]): one
         :class:`Trace` per sample; the final text is ``trace.synthesis``."""
-        questions = [question_with_options(s) for s in samples]
-        sel = [self.select(c, q) for c, q in zip(clips, questions)]
-        chosen = [np.asarray(c)[ids] for c, (ids, _, _) in zip(clips, sel)]
-        dec = self.decompose(questions, chosen, [p for _, _, p in sel])
-        subs = [self.plan(t, q) for t, q in zip(dec.texts, questions)]
-        contexts = [Context(q, list(s.options or []), dist, self) for q, s, (_, dist, _) in zip(questions, samples, sel)]
-        evidence = self.gather(subs, chosen, [ids for ids, _, _ in sel], contexts)
-        syn = self.synthesize(samples, evidence, chosen)
-        return [Trace(q, ids, prof, d, [asdict(x) for x in sq], ev, t)
-                for q, (ids, _, prof), d, sq, ev, t in zip(questions, sel, dec.texts, subs, evidence, syn.texts)]
+        return self._pass(samples, clips, 1, False)[0]
 
 
 @register_tool("vlm")

@@ -323,7 +323,7 @@ class Observer:
     def __call__(self, sample, frames):
         if not self.text:
             return frames
-        return perceive.perceive(frames, question_text(sample), self.backend, cache=self.cache, stats=self.stats)
+        return perceive.perceive(frames, data.question_text(sample), self.backend, cache=self.cache, stats=self.stats)
 
     def inputs(self, processor, messages, observations):
         """The model's batch for chat messages (each with one video item) and their observations."""
@@ -483,14 +483,10 @@ def agent_sft_step(cfg, model, processor, batch, clips, agent):
     if not items:
         return None, 0
     samples = [s for s, _ in items]
-    questions = [orchestrate.question_with_options(s) for s in samples]
-    sel = [agent.select(f, q) for (_, f), q in zip(items, questions)]
-    chosen = [np.asarray(f)[ids] for (_, f), (ids, _, _) in zip(items, sel)]
+    questions, sel, chosen = agent.prepare(samples, [f for _, f in items])
     plans = [[orchestrate.SubQuery(orchestrate.guess_type(q), q)] for q in questions]
     with torch.no_grad():
-        evidence = agent.gather(plans, chosen, [ids for ids, _, _ in sel],
-                                [orchestrate.Context(q, list(s.options or []), d, agent)
-                                 for q, s, (_, d, _) in zip(questions, samples, sel)])
+        evidence = agent.evidence(samples, questions, sel, chosen, range(len(samples)), plans)
     texts = [agent.decompose_text(q, len(c), p) for q, c, (_, _, p) in zip(questions, chosen, sel)]
     texts += [agent.synthesis_text(s, ev) for s, ev in zip(samples, evidence)]
     targets = [json.dumps([{"type": p[0].type, "sub_query": p[0].query}]) for p in plans]
@@ -555,6 +551,17 @@ class RL:
         inputs = self.observer.inputs(self.processor, prompts, videos)
         return policy.rollout(self.model, self.processor, inputs, n=n, **self.gen)
 
+    def _update(self, n_rows):
+        """One optimiser step on the gradients of this step's n_rows trained completions (averaged over
+        ranks by their counts), clipped; the schedule advances even when nothing was trained (all deferred)."""
+        if sync_gradients(self.params, n_rows, self.device) > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            self.opt.step()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
     def assess_entries(self, entries):
         """Eq. 5 / Alg. 2 l.15: d' of buffered samples, each on its regenerated corrupted video, in one
         batched rollout (reeval_rollouts each) and one answerability forward; an unreadable video
@@ -573,7 +580,7 @@ class RL:
             k = self.cfg.reeval_rollouts
             roll = self._rollout([data.build_messages(s) for _, s, _ in todo], [p for _, _, p in todo], k)
             conf = answerability(self.model, self.processor, [p for _, _, p in todo],
-                                 [question_text(s) for _, s, _ in todo], self.observer)
+                                 [data.question_text(s) for _, s, _ in todo], self.observer)
             for n, ((i, s, _), c) in enumerate(zip(todo, conf)):
                 acc = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in roll.texts[n * k:(n + 1) * k]]
                 out[i] = judges.self_assess(acc, c, tau=self.cfg.tau, a_min=self.cfg.a_min, a_max=self.cfg.a_max,
@@ -632,7 +639,7 @@ class RL:
             judged = [b for b in batch if cfg.mode == "rova" and not b["promoted"]]
             if judged:
                 conf = answerability(self.model, self.processor, [b["pert"] for b in judged],
-                                     [question_text(b["sample"]) for b in judged], self.observer)
+                                     [data.question_text(b["sample"]) for b in judged], self.observer)
                 for b, c in zip(judged, conf):
                     s = b["sample"]
                     a = judges.self_assess(b["acc"], c, answers_of(b["texts"], s), answers_of(b["clean_texts"], s),
@@ -685,13 +692,7 @@ class RL:
                 (loss * len(rows)).backward()
                 loss_stats["loss"] = loss.item()
                 n_rows = len(rows)
-            if sync_gradients(self.params, n_rows, self.device) > 0:
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                self.opt.step()
-            with warnings.catch_warnings():  # a step may train nothing (all deferred): the schedule still advances
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-                self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
+            self._update(n_rows)
         promoted = evicted = 0
         with timer("memory_reevaluation"):  # Eq. 5-6, Alg. 2 l.12-21
             if cfg.mode == "rova" and self.buffer.due(step + 1):
@@ -833,13 +834,7 @@ class AgentRL(RL):
                         loss_stats[k] = loss_stats.get(k, 0.0) + float(v) / 2
                     loss_stats["loss"] = loss_stats.get("loss", 0.0) + loss.item() / 2
                 n_rows = 2 * len(adv)
-            if sync_gradients(self.params, n_rows, self.device) > 0:
-                torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
-                self.opt.step()
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-                self.sched.step()
-            self.opt.zero_grad(set_to_none=True)
+            self._update(n_rows)
         rec = self._record(batch, batch, loss_stats, 0, 0, 0, n_rows, timer, corrupt)
         rec.update(extra)
         rec.update(w_format=w_f, w_acc=w_a, w_consistency=0.0, w_alignment=0.0)
@@ -873,10 +868,6 @@ def reduce_record(s, device, world):
     rec["discard_rate"] = tot.get("discarded", 0) / n if n else None
     rec["defer_rate"] = tot.get("deferred", 0) / n if n else None
     return rec
-
-
-def question_text(s):
-    return s.question + ("\nOptions:\n" + "\n".join(s.options) if s.options else "")
 
 
 # ----------------------------------------------------------------------------- evaluation (before / after)

@@ -99,7 +99,7 @@ def measure(args):
         prompts = [data.build_messages(s) for s, *_ in batch]
         clean = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[2] for b in batch]), n=G, **gen)
         pert = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[3] for b in batch]), n=G, **gen)
-        conf = train.answerability(model, processor, [b[3] for b in batch], [train.question_text(b[0]) for b in batch])
+        conf = train.answerability(model, processor, [b[3] for b in batch], [data.question_text(b[0]) for b in batch])
         for k, (s, spec, _, _) in enumerate(batch):
             ct, pt = clean.texts[k * G:(k + 1) * G], pert.texts[k * G:(k + 1) * G]
             acc_c = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in ct]

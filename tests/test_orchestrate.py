@@ -176,7 +176,7 @@ def test_agent_end_to_end_with_the_question_as_fallback_sub_query(tiny):
         assert len(t.frame_ids) == 4 and t.frame_ids == sorted(t.frame_ids)
         assert set(t.profile) >= {"avg_blur", "avg_bright", "avg_occl"}
         assert isinstance(t.synthesis, str) and t.evidence  # the random model's plan never parses: the fallback
-        assert t.subqueries[0]["query"] == orc.question_with_options(s)
+        assert t.subqueries[0]["query"] == data.question_text(s)
         for e in t.evidence:
             assert 0.0 <= e.confidence <= 1.0 and e.frame_ids == t.frame_ids and e.tier in (HIGH, MEDIUM, LOW)
 
@@ -284,7 +284,7 @@ def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
     nll, n = train.agent_sft_step(None, model, processor, samples[:2], Clips(), agent)
     assert n == 2 and nll > 0 and any(p.grad is not None for p in model.parameters())
     model.zero_grad(set_to_none=True)
-    q = orc.question_with_options(samples[0])
+    q = data.question_text(samples[0])
     target = json.dumps([{"type": orc.guess_type(q), "sub_query": q}])
     assert orc.parse_subqueries(target) == [SubQuery(orc.guess_type(q), " ".join(q.split()))]
 
