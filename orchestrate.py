@@ -21,7 +21,9 @@ The paper prints its prompts only in fragments and no formulas; what is the pape
 5. **Three-tier synthesis** (:func:`tier`, :data:`SYNTHESIS_PROMPT`, Robust-TO): HIGH = confidence >= 0.7
    and disturbance < 0.3, LOW = confidence < 0.3 or disturbance >= 0.7, MEDIUM otherwise; the answer is
    built from HIGH evidence, MEDIUM only when consistent with it, LOW only when nothing else exists and
-   then flagged as uncertain; output in <think>/<answer> tags.
+   then flagged as uncertain; output in <think>/<answer> tags. :func:`tiered_answer` applies the same
+   rules by code (``Agent(synthesis="rules")``, ours): the ablation that measures the tools and tiers
+   without the policy's synthesiser.
 """
 from __future__ import annotations
 
@@ -316,15 +318,85 @@ def counter_tool(query, frames, frame_ids, ctx):
     return Evidence("counter", query, f"{n} {what}", frame_ids, confidence, ctx.frame_disturbance(frame_ids))
 
 
+def stated_answers(e: Evidence, sample) -> list[str]:
+    """The answers of ``sample`` a piece of evidence states (ours): for multiple choice the option letters
+    whose text its prediction contains (grpo.supports), for numerical / regression questions the first
+    number in it, otherwise the prediction itself."""
+    import grpo
+
+    if sample.problem_type == "multiple choice":
+        letters = [m.group(1).upper() for m in (re.match(r"\s*\(?([A-Za-z])[.):]", str(o)) for o in sample.options or [])
+                   if m]
+        return [L for L in letters if grpo.supports(e.prediction, L, sample.problem_type, sample.options)]
+    if sample.problem_type in ("numerical", "regression"):
+        m = re.search(r"-?\d+(?:\.\d+)?", str(e.prediction))
+        return [m.group(0)] if m else []
+    return [str(e.prediction).strip()] if str(e.prediction).strip() else []
+
+
+@dataclass
+class TieredAnswer:
+    """What Robust-TO's three tier rules make of one question's evidence (:func:`tiered_answer`)."""
+    answer: str | None   # None: no evidence states an answer
+    used: list           # the evidence the answer rests on
+    tier: str | None     # the tier it came from
+    uncertain: bool      # rule 4: all of it LOW tier
+
+
+def tiered_answer(sample, evidence) -> TieredAnswer:
+    """Robust-TO's synthesis rules applied literally, by code (ours: the paper has the policy apply them;
+    this is the ablation that measures what the tools and the tiers give without the synthesiser, and
+    the reasoning the agent's warm-up teaches). The tiers are tried in the order HIGH, MEDIUM, LOW
+    (rules 1-3: MEDIUM only where no HIGH evidence states an answer, LOW only where nothing else does);
+    within the first tier whose evidence states an answer (:func:`stated_answers`), each record votes for
+    what it states with weight confidence x (1 - disturbance), split over what it states, and the
+    heaviest answer wins (ties: the first stated). MEDIUM evidence that states the HIGH winner is kept
+    as support (rule 2: consistent MEDIUM evidence is used; contradicting MEDIUM evidence is dropped).
+    ``uncertain`` when the answer rests on LOW evidence only (rule 4)."""
+    for level in (HIGH, MEDIUM, LOW):
+        votes, backers = {}, {}
+        for e in evidence:
+            stated = stated_answers(e, sample) if e.tier == level else []
+            for a in stated:
+                votes[a] = votes.get(a, 0.0) + e.confidence * (1.0 - e.disturbance) / len(stated)
+                backers.setdefault(a, []).append(e)
+        if votes:
+            best = max(votes, key=votes.get)  # dicts keep insertion order: ties go to the first stated
+            used = list(backers[best])
+            if level == HIGH:
+                used += [e for e in evidence if e.tier == MEDIUM and best in stated_answers(e, sample)]
+            return TieredAnswer(best, used, level, level == LOW)
+    return TieredAnswer(None, [], None, False)
+
+
+def _cite(evidence) -> str:
+    return "; ".join(f"the {e.tool} tool found {e.prediction} ({e.tier} tier, confidence {e.confidence:.2f})"
+                     for e in evidence)
+
+
+def rule_synthesis(sample, evidence) -> str:
+    """The synthesis written by :func:`tiered_answer` instead of the policy (``Agent(synthesis="rules")``,
+    ``eval_pvrbench.py --agent-synthesis rules``): the evidence it rests on, the answer it supports, the
+    uncertainty flag of rule 4; an empty answer when no evidence states one."""
+    t = tiered_answer(sample, evidence)
+    if t.answer is None:
+        return "<think>No evidence states an answer.</think>\n<answer></answer>"
+    note = " All of it is LOW tier, so the answer is uncertain." if t.uncertain else ""
+    return f"<think>Evidence: {_cite(t.used)}, which supports {t.answer}.{note}</think>\n<answer>{t.answer}</answer>"
+
+
 def warmup_target(sample, evidence) -> str:
-    """The synthesis target of the agent's warm-up (train.agent_sft_step; ours): reasoning that starts
-    from the evidence the three-tier rules say to use (HIGH, else MEDIUM, else all of it, flagged as
-    uncertain when all is LOW), then Video-R1's chain of thought, then the ground-truth answer. It
-    teaches the policy to read the tool results it is shown, which Video-R1's chain of thought alone
-    never mentions."""
+    """The synthesis target of the agent's warm-up (train.agent_sft_step; ours), on clean videos. Where
+    the three tier rules (:func:`tiered_answer`) reach the ground truth, the target is their reasoning:
+    the evidence cited, "which supports" the answer, the answer. Elsewhere it cites the evidence the
+    tiers would use (or says none was collected, or that it is all LOW tier) and then reasons as Video-R1's
+    chain of thought does, ending in the ground truth. It teaches the policy to read the tool results,
+    which Video-R1's chain of thought alone never mentions, and to name the option they support."""
+    t = tiered_answer(sample, evidence)
+    if t.answer is not None and str(t.answer).strip().lower() == str(sample.answer).strip().lower():
+        return rule_synthesis(sample, evidence)
     used = [e for e in evidence if e.tier == HIGH] or [e for e in evidence if e.tier == MEDIUM] or list(evidence)
-    cite = "; ".join(f"the {e.tool} tool found {e.prediction} ({e.tier} tier, confidence {e.confidence:.2f})"
-                     for e in used) or "no evidence was collected"
+    cite = _cite(used) or "no evidence was collected"
     if used and all(e.tier == LOW for e in used):
         cite += ", all LOW tier, so the answer is uncertain"
     process = re.sub(r"</?think>", "", str(sample.process or "")).strip()
@@ -351,11 +423,16 @@ class Agent:
     """Robust-TO around a policy VLM (``policy.load_policy``'s model and processor): the same weights
     decompose, answer the ``vlm`` tool's sub-queries and synthesise; every stage is batched over the
     questions given. ``k``: frames selected per question (reliability.select_frames; ``scorer``,
-    ``alpha`` go to it). ``tools``: names of :data:`TOOLS` to use (default all, plus ``vlm``)."""
+    ``alpha`` go to it). ``tools``: names of :data:`TOOLS` to use (default all, plus ``vlm``).
+    ``synthesis``: "policy" (Robust-TO: the policy reads :data:`SYNTHESIS_PROMPT`) or "rules" (the tier
+    rules applied by code, :func:`rule_synthesis`: an ablation; greedy runs only)."""
 
     def __init__(self, model, processor, k: int = 8, max_subqueries: int = 4, decompose_tokens: int = 96,
-                 tool_tokens: int = 16, synthesis_tokens: int = 128, tools=None, scorer=None, alpha=None):
-        self.model, self.processor = model, processor
+                 tool_tokens: int = 16, synthesis_tokens: int = 128, tools=None, scorer=None, alpha=None,
+                 synthesis: str = "policy"):
+        if synthesis not in ("policy", "rules"):
+            raise ValueError(f"synthesis must be 'policy' or 'rules', got {synthesis!r}")
+        self.model, self.processor, self.synthesis = model, processor, synthesis
         self.k, self.max_subqueries = int(k), int(max_subqueries)
         self.decompose_tokens, self.tool_tokens, self.synthesis_tokens = decompose_tokens, tool_tokens, synthesis_tokens
         self.tools = set(tools) if tools is not None else set(TOOLS) | {"vlm"}
@@ -464,10 +541,16 @@ class Agent:
         rows = [b for b in range(len(samples)) for _ in range(n)]
         subs = [self.plan(t, questions[b]) for t, b in zip(dec.texts, rows)]
         evidence = self.evidence(samples, questions, sel, chosen, rows, subs)
-        syn = self.synthesize([samples[b] for b in rows], evidence, [chosen[b] for b in rows], do_sample=do_sample,
-                              temperature=temperature)
+        if self.synthesis == "rules":
+            if do_sample:
+                raise ValueError("Agent(synthesis='rules') has nothing to sample: GRPO needs the policy's synthesis")
+            syn, texts = None, [rule_synthesis(samples[b], ev) for b, ev in zip(rows, evidence)]
+        else:
+            syn = self.synthesize([samples[b] for b in rows], evidence, [chosen[b] for b in rows],
+                                  do_sample=do_sample, temperature=temperature)
+            texts = syn.texts
         traces = [Trace(questions[b], sel[b][0], sel[b][2], d, [asdict(x) for x in sq], ev, t)
-                  for b, d, sq, ev, t in zip(rows, dec.texts, subs, evidence, syn.texts)]
+                  for b, d, sq, ev, t in zip(rows, dec.texts, subs, evidence, texts)]
         return traces, dec, syn
 
     def sample(self, samples, clips, group_size: int, temperature: float = 1.0):

@@ -205,6 +205,20 @@ def test_agent_routes_a_scripted_plan_to_each_tool(tiny, monkeypatch):
     assert len(synth) == len(samples) and all("Tool: ego_motion" in p and "Tool: counter" in p for p in synth)
 
 
+def test_agent_with_rule_synthesis_writes_the_tiers_answer_and_cannot_be_sampled(tiny):
+    root, _, model, processor = tiny
+    samples, clips = _samples(root, 2)
+    agent = orc.Agent(model, processor, k=4, decompose_tokens=8, synthesis="rules")
+    traces, _, syn = agent._pass(samples, clips, 1, False)
+    assert syn is None
+    for t, s in zip(traces, samples):
+        assert t.synthesis == orc.rule_synthesis(s, t.evidence)
+    with pytest.raises(ValueError, match="nothing to sample"):
+        agent.sample(samples, clips, 2)
+    with pytest.raises(ValueError, match="synthesis must be"):
+        orc.Agent(model, processor, synthesis="vote")
+
+
 def test_vlm_confidence_is_the_geometric_mean_token_probability(tiny):
     import policy
     import torch
@@ -230,6 +244,16 @@ def test_eval_pvrbench_runs_the_agent_under_the_robust_to_protocol(tiny, tmp_pat
     assert conds <= {"clean", *perturb_protocol()} and len(conds) >= 2
     table = (tmp_path / "robust-to-tiny" / "table.md").read_text()
     assert "| Blur | Noise | Glare | Occl. | Low light |" in table
+    # the rules ablation: its own results folder, and every answer is the tiers' (here from the tools)
+    out = ev.main(["--model", f"robust-to:{path}", "--agent-synthesis", "rules", "--protocol", "robust-to",
+                   "--benchmark", f"synthetic={root / 'synth'}", "--out", str(tmp_path), "--judge", "none",
+                   "--limit", "3", "--max-new-tokens", "6", "--synthesis-tokens", "5"])
+    assert out["config"]["model_name"] == "robust-to-tiny-rules" and out["n_errors"] == 0
+    keyed, = [json.loads(f.read_text()) for f in (tmp_path / "robust-to-tiny-rules").glob("run_*/config.json")]
+    assert keyed["agent_synthesis"] == "rules" and keyed["synthesis_tokens"] == 5
+    rows = [json.loads(x) for f in (tmp_path / "robust-to-tiny-rules").glob("*_samples_*.jsonl")
+            for x in f.read_text().splitlines()]
+    assert rows and all(r["response"].startswith("<think>") and "<answer>" in r["response"] for r in rows)
 
 
 def perturb_protocol():
@@ -239,16 +263,20 @@ def perturb_protocol():
 
 # --------------------------------------------------------------------------- training the agent
 @pytest.mark.parametrize("mode", ["grpo-aug", "grpo"])
-def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode):
+def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode, monkeypatch):
     import train
     root, path, _, _ = tiny
+    budgets, real = [], orc.Agent.synthesize
+    monkeypatch.setattr(orc.Agent, "synthesize", lambda self, *a, **k: (budgets.append(self.synthesis_tokens),
+                                                                        real(self, *a, **k))[1])
     data.make_synthetic(tmp_path / "synth", n=4, seed=5, num_frames=8, size=56, eval_fraction=0.25)
     out = tmp_path / "run"
     train.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--agent",
                 "robust-to", "--mode", mode, "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
                 "--sft-epochs", "1" if mode == "grpo-aug" else "0", "--sft-batch-size", "2", "--rl-steps", "2",
                 "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "8", "--save-every", "1",
-                "--video-cache", "0", "--lr", "1e-3", "--sft-lr", "1e-3"])
+                "--video-cache", "0", "--lr", "1e-3", "--sft-lr", "1e-3", "--synthesis-tokens", "5"])
+    assert budgets and set(budgets) == {5}  # the rollouts' synthesis budget, not --max-new-tokens
     recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     sft = [r for r in recs if r["stage"] == "sft"]
     assert bool(sft) == (mode == "grpo-aug") and all(r["nll"] > 0 for r in sft)  # the agent's warm-up
@@ -268,6 +296,8 @@ def test_agent_flags_are_checked():
         train.parse_args(["--agent", "robust-to", "--mode", "rova"])
     with pytest.raises(SystemExit):
         train.parse_args(["--agent", "other"])
+    with pytest.raises(SystemExit):
+        train.parse_args(["--agent", "robust-to", "--synthesis-tokens", "-1"])
 
 
 def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
@@ -289,18 +319,77 @@ def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
     assert orc.parse_subqueries(target) == [SubQuery(orc.guess_type(q), " ".join(q.split()))]
 
 
+def _route_sample(answer="A", process="<think>The view slides right.</think>"):
+    return data.Sample(id="q", source="synthetic", video="v.mp4", question="Which action?", answer=answer,
+                       problem_type="multiple choice", options=["A. Turn left", "B. Turn right", "C. Go ahead"],
+                       task="route_planning", process=process)
+
+
 def test_warmup_target_cites_the_evidence_the_tiers_say_to_use():
-    s = data.Sample(id="q", source="synthetic", video="v.mp4", question="Which action?", answer="A",
-                    problem_type="multiple choice", options=["A. Turn left"], task="route_planning",
-                    process="<think>The view slides right.</think>")
+    s = _route_sample()
     high = Evidence("ego_motion", "q", "rotate left (turn left)", [0, 1], 0.9, 0.1)
     med = Evidence("vlm", "q", "right", [0], 0.5, 0.1)
     low = Evidence("counter", "q", "2 red objects", [0], 0.1, 0.9)
+    # the tiers reach the ground truth: their reasoning, naming the option
     t = orc.warmup_target(s, [med, high, low])
+    assert t == ("<think>Evidence: the ego_motion tool found rotate left (turn left) (HIGH tier, confidence 0.90), "
+                 "which supports A.</think>\n<answer>A</answer>")
+    # they do not (HIGH evidence for B, ground truth A): the evidence, then the chain of thought
+    t = orc.warmup_target(_route_sample("B"), [med, high, low])
     assert t == ("<think>Evidence: the ego_motion tool found rotate left (turn left) (HIGH tier, confidence 0.90). "
-                 "The view slides right.</think>\n<answer>A</answer>")
+                 "The view slides right.</think>\n<answer>B</answer>")
     assert "the vlm tool found right (MEDIUM tier" in orc.warmup_target(s, [med, low])
     assert "all LOW tier, so the answer is uncertain" in orc.warmup_target(s, [low])
     assert "no evidence was collected" in orc.warmup_target(s, [])
     import grpo
     assert grpo.format_reward(t) == 1.0
+
+
+def test_tiered_answer_applies_the_three_tier_rules():
+    s = _route_sample()
+    left_hi = Evidence("ego_motion", "q", "rotate left (turn left)", [0], 0.9, 0.1)     # HIGH, weight .81
+    right_hi = Evidence("vlm", "q", "turn right", [0], 0.8, 0.2)                       # HIGH, weight .64
+    right_med = Evidence("vlm", "q", "turn right", [0], 0.5, 0.1)                      # MEDIUM
+    left_med = Evidence("vlm", "q", "I think turn left", [0], 0.6, 0.1)                # MEDIUM, agrees
+    ahead_low = Evidence("counter", "q", "go ahead", [0], 0.2, 0.1)                    # LOW
+    # rule 1: HIGH decides, weighted by confidence x (1 - disturbance): .81 (A) > .64 (B)
+    t = orc.tiered_answer(s, [right_hi, left_hi])
+    assert (t.answer, t.tier, t.uncertain, t.used) == ("A", HIGH, False, [left_hi])
+    # rule 2: MEDIUM kept when consistent with HIGH, dropped when not; never outvotes HIGH
+    t = orc.tiered_answer(s, [right_med, right_med, right_med, left_hi, left_med])
+    assert t.answer == "A" and t.used == [left_hi, left_med]
+    # no HIGH evidence: MEDIUM decides, LOW is not used while MEDIUM states an answer
+    t = orc.tiered_answer(s, [ahead_low, right_med])
+    assert (t.answer, t.tier, t.used) == ("B", MEDIUM, [right_med])
+    # rules 3-4: LOW only when nothing else states an answer, flagged as uncertain
+    unrelated = Evidence("vlm", "q", "a red box", [0], 0.9, 0.1)
+    t = orc.tiered_answer(s, [unrelated, ahead_low])
+    assert (t.answer, t.tier, t.uncertain) == ("C", LOW, True)
+    # nothing states an answer
+    assert orc.tiered_answer(s, [unrelated]).answer is None and orc.tiered_answer(s, []).answer is None
+    # a tie goes to the first stated
+    twin = Evidence("vlm", "q", "turn right", [0], 0.9, 0.1)
+    assert orc.tiered_answer(s, [twin, left_hi]).answer == "B"
+
+
+def test_stated_answers_by_problem_type():
+    s = _route_sample()
+    assert orc.stated_answers(Evidence("ego_motion", "q", "rotate right (turn right)", [0], 1, 0), s) == ["B"]
+    assert orc.stated_answers(Evidence("vlm", "q", "B", [0], 1, 0), s) == ["B"]
+    assert orc.stated_answers(Evidence("vlm", "q", "stay", [0], 1, 0), s) == []
+    n = data.Sample(id="n", source="synthetic", video="v.mp4", question="How many?", answer="3",
+                    problem_type="numerical", options=[], task="object_counting")
+    assert orc.stated_answers(Evidence("counter", "q", "3 red objects", [0], 1, 0), n) == ["3"]
+    assert orc.stated_answers(Evidence("vlm", "q", "none", [0], 1, 0), n) == []
+
+
+def test_rule_synthesis_output_is_well_formed_and_scored():
+    import grpo
+    s = _route_sample()
+    low = Evidence("ego_motion", "q", "rotate left (turn left)", [0, 1], 0.2, 0.1)
+    t = orc.rule_synthesis(s, [low])
+    assert t == ("<think>Evidence: the ego_motion tool found rotate left (turn left) (LOW tier, confidence 0.20), "
+                 "which supports A. All of it is LOW tier, so the answer is uncertain.</think>\n<answer>A</answer>")
+    assert grpo.format_reward(t) == 1.0 and data.extract_answer(t, s.source, problem_type=s.problem_type) == "A"
+    none = orc.rule_synthesis(s, [])
+    assert data.extract_answer(none, s.source, problem_type=s.problem_type) in (None, "")
