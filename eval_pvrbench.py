@@ -455,13 +455,14 @@ class AgentModel(HFModel):
     tools, three-tier synthesis; the synthesis is the response scored. Errors as HFModel's."""
     failure = "agent failed"
 
-    def __init__(self, path, adapter=None, k=4):
+    def __init__(self, path, adapter=None, k=4, synthesis="policy", synthesis_tokens=0):
         import orchestrate
         super().__init__(path, adapter)
-        self.agent = orchestrate.Agent(self.model, self.processor, k=k)
+        self.agent = orchestrate.Agent(self.model, self.processor, k=k, synthesis=synthesis)
+        self.synthesis_tokens = synthesis_tokens
 
     def _texts(self, samples, clips, fps, style, max_new_tokens):
-        self.agent.synthesis_tokens = max_new_tokens
+        self.agent.synthesis_tokens = self.synthesis_tokens or max_new_tokens
         return [t.synthesis for t in self.agent.run(samples, clips)]
 
 
@@ -550,7 +551,7 @@ def resolve_model(args):
         agent = args.model.startswith(AGENT_PREFIX)
         parts = Path(args.model[len(AGENT_PREFIX) if agent else 0:].rstrip("/")).parts
         name = "-".join(parts[-2:]) if parts[-1] == "final" and len(parts) > 1 else parts[-1]  # train.py's OUT/final
-        name = f"robust-to-{name}" if agent else name
+        name = f"robust-to-{name}" + ("-rules" if args.agent_synthesis == "rules" else "") if agent else name
         if args.adapter:
             name += "+" + Path(args.adapter.rstrip("/")).name
         return args.model, args.model_name or name
@@ -739,6 +740,11 @@ def parse_args(argv=None):
     a("--adapter", default="", help="a peft LoRA adapter folder for --model")
     a("--agent-k", type=int, default=0, help="--model robust-to:PATH: frames the agent selects of --frames "
       "(default half)")
+    a("--agent-synthesis", default="policy", choices=("policy", "rules"), help="--model robust-to:PATH: who "
+      "synthesises: the policy (Robust-TO), or the three tier rules applied by code (orchestrate.tiered_answer; "
+      "an ablation that measures the tools and tiers alone)")
+    a("--synthesis-tokens", type=int, default=0, help="--model robust-to:PATH: new tokens of the agent's synthesis "
+      "(default --max-new-tokens; its answer cites the evidence first, so give it more)")
     a("--perceiver", default="", help="a text-only --model (Embodied-R, train.py --policy text) reads this perception "
       "model's text of each video: hf:PATH | openai:MODEL | cv (perceive.py)")
     a("--perception-cache", default="", help="SQLite cache of perception texts (default OUT/perception_cache.sqlite)")
@@ -824,6 +830,10 @@ def main(argv=None):
     if spec.startswith(AGENT_PREFIX):
         args.agent_k = args.agent_k or max(1, args.frames // 2)
         keyed.update(agent_k=args.agent_k)
+        if args.agent_synthesis != "policy":  # (left out when default: earlier runs' stores keep their hash)
+            keyed.update(agent_synthesis=args.agent_synthesis)
+        if args.synthesis_tokens:
+            keyed.update(synthesis_tokens=args.synthesis_tokens)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / name
     run_dir = model_dir / f"run_{run_hash}"
@@ -842,7 +852,8 @@ def main(argv=None):
         model = (APIModel(spec.split(":", 1)[1], args.base_url or os.environ.get("OPENAI_BASE_URL")
                           or "https://api.openai.com/v1", args.api_retries, args.api_timeout, args.batch_size)
                  if spec.startswith("openai:")
-                 else AgentModel(spec[len(AGENT_PREFIX):], args.adapter or None, args.agent_k)
+                 else AgentModel(spec[len(AGENT_PREFIX):], args.adapter or None, args.agent_k, args.agent_synthesis,
+                                 args.synthesis_tokens)
                  if spec.startswith(AGENT_PREFIX)
                  else HFModel(spec, args.adapter or None, args.perceiver, args.perception_cache
                               or str(Path(args.out) / "perception_cache.sqlite")))

@@ -82,6 +82,8 @@ class Config:
                           "(clean videos) or grpo-aug (Robust-TO's five corruptions)")
     agent_k: int = _arg(4, "--agent: frames the agent selects by reliability-relevance (of --frames)")
     max_subqueries: int = _arg(4, "--agent: sub-queries kept from a decomposition")
+    synthesis_tokens: int = _arg(0, "--agent: new tokens of the agent's synthesis in rollouts (0: --max-new-tokens); "
+                                 "an answer that cites the evidence first needs more than a direct one")
     w_reliability: float = _arg(0.5, "--agent: weight of the reliability of the evidence the answer rests on")
     w_cost: float = _arg(0.1, "--agent: cost per sub-query beyond the frozen estimator's count")
     perception_cache: str = _arg("", "--policy text: SQLite cache of perception texts (default: "
@@ -186,6 +188,8 @@ def parse_args(argv=None) -> Config:
         ap.error(f"--agent must be robust-to (or empty), got {cfg.agent!r}")
     if cfg.agent and (cfg.mode not in ("grpo", "grpo-aug") or cfg.policy != "vlm"):
         ap.error("--agent robust-to trains a VLM policy with --mode grpo or grpo-aug")
+    if cfg.synthesis_tokens < 0:
+        ap.error(f"--synthesis-tokens must be >= 0 (0: --max-new-tokens), got {cfg.synthesis_tokens}")
     if cfg.frame_sampler not in ("uniform", "keyframes"):
         ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
@@ -474,8 +478,9 @@ def agent_sft_step(cfg, model, processor, batch, clips, agent):
     prompts answers them with noise, and GRPO then sees only zero rewards). On the clean videos, both
     of the agent's outputs by teacher forcing: the decomposition as the one-sub-query plan (the
     question, typed by orchestrate.guess_type) in DECOMPOSE_PROMPT's JSON, and the synthesis over the
-    evidence the tools return on the selected frames as orchestrate.warmup_target (the evidence the
-    tiers say to use, then Video-R1's chain of thought, then the answer)."""
+    evidence the tools return on the selected frames as orchestrate.warmup_target (the tiers' own
+    synthesis when their evidence reaches the answer, else the evidence, Video-R1's chain of thought
+    and the answer)."""
     import orchestrate
 
     items = [(s, clips.get(s)) for s in batch]
@@ -761,7 +766,7 @@ class AgentRL(RL):
         import orchestrate
         cfg = self.cfg
         self.agent = orchestrate.Agent(self.model, self.processor, k=cfg.agent_k, max_subqueries=cfg.max_subqueries,
-                                       synthesis_tokens=cfg.max_new_tokens)
+                                       synthesis_tokens=cfg.synthesis_tokens or cfg.max_new_tokens)
         self.expected: dict = {}
 
     def _budget(self, batch):
