@@ -1,19 +1,29 @@
-"""benchmarks/reproduce.py and bench_step.py with tiny settings: every stage runs, the tables are written
-between the markers (text around them kept), and a second run redoes nothing."""
+"""benchmarks/reproduce.py, bench_step.py and robust_to.py with tiny settings: every stage runs, the tables
+are written between the markers (text around them kept), and a second run redoes nothing."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_reproduce_smoke_writes_the_tables_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def vlm_smoke(tmp_path_factory):
+    """One `reproduce.py --smoke` run (grpo-aug and rova), shared by the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("reproduce")
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\nhand-written discussion\n\n<!-- reproduce:begin -->\nold\n<!-- reproduce:end -->\n\ntail\n")
     cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--modes", "grpo-aug,rova", "--out", str(tmp_path / "r"),
            "--results", str(results)]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return tmp_path, results, cmd, first
+
+
+def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
+    tmp_path, results, cmd, first = vlm_smoke
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     text = results.read_text()
     assert text.startswith("# Results\n\nhand-written discussion\n") and text.rstrip().endswith("tail")
@@ -62,3 +72,37 @@ def test_reproduce_smoke_text_policy(tmp_path):
     assert set(json.loads((tmp_path / "r" / "timings.json").read_text())) == {"sft", "rl-rova-s0", "eval-sft",
                                                                              "eval-rova-s0"}
     assert (tmp_path / "r" / "perception_cache.sqlite").is_file()
+
+
+def test_robust_to_smoke_writes_its_section_and_resumes(vlm_smoke, tmp_path):
+    """benchmarks/robust_to.py on reproduce.py's smoke output: every stage runs, its own marked section is
+    written (the other sections kept), the rules row is there, and a second run redoes nothing."""
+    start = vlm_smoke[0] / "r"
+    assert vlm_smoke[3].returncode == 0
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Results\n\n<!-- reproduce:begin -->\nvlm tables\n<!-- reproduce:end -->\n")
+    cmd = [sys.executable, "benchmarks/robust_to.py", "--smoke", "--from", str(start), "--direct", "grpo-aug,rova",
+           "--out", str(tmp_path / "rt"), "--results", str(results)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    text = results.read_text()
+    assert "<!-- reproduce:begin -->\nvlm tables\n<!-- reproduce:end -->" in text
+    section = text.split("<!-- robust-to:begin -->", 1)[1].split("<!-- robust-to:end -->", 1)[0]
+    for row in ("| direct: SFT checkpoint", "| direct: + grpo-aug (2 steps) |", "| direct: + rova (2 steps) |",
+                "| agent, tier rules applied by code", "| agent, warm-up + confidence-cost GRPO (2 steps) |",
+                "| Blur | Noise | Glare | Occl. | Low light |", "robust_to_mean_rho=", "--agent-synthesis rules"):
+        assert row in section, row
+    timings = json.loads((tmp_path / "rt" / "timings.json").read_text())
+    assert set(timings) == {"reliability", "eval-sft-direct", "eval-grpo-aug-s0-direct", "eval-rova-s0-direct",
+                            "eval-sft-agent", "eval-sft-agent-rules", "agent-warmup", "eval-agent-warmup",
+                            "agent-rl-s0", "eval-agent-s0"}
+    log = [json.loads(x) for x in (tmp_path / "rt" / "runs" / "agent-s0" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if r["stage"] == "rl"] == [1, 2]
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("done already, skipped") == len(timings)
+
+
+def test_robust_to_needs_the_reproduce_checkpoints(tmp_path):
+    run = subprocess.run([sys.executable, "benchmarks/robust_to.py", "--from", str(tmp_path / "none")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "run benchmarks/reproduce.py" in run.stderr and "sft/final" in run.stderr
