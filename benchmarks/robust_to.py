@@ -160,12 +160,21 @@ def per_task(folder):
     return {t: tuple(mean_sd(acc[(t, clean)])[0] for clean in (True, False)) for t in tasks}
 
 
+def direct_steps(args, mode):
+    """The RL steps of reproduce.py's ``mode`` runs, from their summary.json ("?" when it does not say)."""
+    steps = set()
+    for seed in args.seeds:
+        f = Path(args.start) / "runs" / f"{mode}-s{seed}" / "summary.json"
+        steps.add(json.loads(f.read_text()).get("config", {}).get("rl_steps", "?") if f.is_file() else "?")
+    return "/".join(map(str, sorted(steps, key=str)))
+
+
 def render(args, out, st):
     def results(name):
         return latest_results(out / "eval" / name)
 
     rows = [("direct: SFT checkpoint (start of every run)", ["sft-direct"])]
-    rows += [(f"direct: + {m} ({args.agent['rl_steps']} steps)", [f"{m}-s{s}-direct" for s in args.seeds])
+    rows += [(f"direct: + {m} ({direct_steps(args, m)} steps)", [f"{m}-s{s}-direct" for s in args.seeds])
              for m in args.direct]
     rows += [("agent around the SFT checkpoint, untrained for its prompts", ["sft-agent"]),
              ("agent, tier rules applied by code (tools and tiers alone)", ["sft-agent-rules"]),

@@ -106,3 +106,21 @@ def test_robust_to_needs_the_reproduce_checkpoints(tmp_path):
     run = subprocess.run([sys.executable, "benchmarks/robust_to.py", "--from", str(tmp_path / "none")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "run benchmarks/reproduce.py" in run.stderr and "sft/final" in run.stderr
+
+
+def test_robust_to_labels_the_direct_runs_with_their_own_rl_steps(tmp_path, monkeypatch):
+    """The direct rows name the RL steps of reproduce.py's runs (from their summary.json), not the agent's
+    --rl-steps; a run whose summary is missing or silent shows '?'."""
+    import argparse
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    robust_to = importlib.import_module("robust_to")
+    for seed, steps in ((0, 100), (1, 100), (2, 300)):
+        run = tmp_path / "runs" / f"grpo-s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"config": {"rl_steps": steps}}))
+    args = argparse.Namespace(start=str(tmp_path), seeds=[0, 1])
+    assert robust_to.direct_steps(args, "grpo") == "100"
+    assert robust_to.direct_steps(argparse.Namespace(start=str(tmp_path), seeds=[0, 2]), "grpo") == "100/300"
+    assert robust_to.direct_steps(argparse.Namespace(start=str(tmp_path), seeds=[0, 3]), "grpo") == "100/?"
