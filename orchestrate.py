@@ -322,11 +322,11 @@ def stated_answers(e: Evidence, sample) -> list[str]:
     """The answers of ``sample`` a piece of evidence states (ours): for multiple choice the option letters
     whose text its prediction contains (grpo.supports), for numerical / regression questions the first
     number in it, otherwise the prediction itself."""
+    import data
     import grpo
 
     if sample.problem_type == "multiple choice":
-        letters = [m.group(1).upper() for m in (re.match(r"\s*\(?([A-Za-z])[.):]", str(o)) for o in sample.options or [])
-                   if m]
+        letters = [L for L in map(data.option_letter, sample.options or []) if L]
         return [L for L in letters if grpo.supports(e.prediction, L, sample.problem_type, sample.options)]
     if sample.problem_type in ("numerical", "regression"):
         m = re.search(r"-?\d+(?:\.\d+)?", str(e.prediction))
@@ -353,18 +353,18 @@ def tiered_answer(sample, evidence) -> TieredAnswer:
     heaviest answer wins (ties: the first stated). MEDIUM evidence that states the HIGH winner is kept
     as support (rule 2: consistent MEDIUM evidence is used; contradicting MEDIUM evidence is dropped).
     ``uncertain`` when the answer rests on LOW evidence only (rule 4)."""
+    stated = [(e, stated_answers(e, sample)) for e in evidence]
     for level in (HIGH, MEDIUM, LOW):
         votes, backers = {}, {}
-        for e in evidence:
-            stated = stated_answers(e, sample) if e.tier == level else []
-            for a in stated:
-                votes[a] = votes.get(a, 0.0) + e.confidence * (1.0 - e.disturbance) / len(stated)
+        for e, answers in stated:
+            for a in answers if e.tier == level else []:
+                votes[a] = votes.get(a, 0.0) + e.confidence * (1.0 - e.disturbance) / len(answers)
                 backers.setdefault(a, []).append(e)
         if votes:
             best = max(votes, key=votes.get)  # dicts keep insertion order: ties go to the first stated
             used = list(backers[best])
             if level == HIGH:
-                used += [e for e in evidence if e.tier == MEDIUM and best in stated_answers(e, sample)]
+                used += [e for e, answers in stated if e.tier == MEDIUM and best in answers]
             return TieredAnswer(best, used, level, level == LOW)
     return TieredAnswer(None, [], None, False)
 
