@@ -133,6 +133,11 @@ class Stages:
         self.timings_path.write_text(json.dumps(self.timings, indent=1))
         print(f"[{name}] {self.timings[name]:.0f} s", flush=True)
 
+    def report(self):
+        """The "Commands and wall time" section of a results file: each stage's seconds, then the commands."""
+        return (["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
+                + [f"| {k} | {v:.0f} |" for k, v in self.timings.items()] + ["", "```"] + self.commands + ["```"])
+
 
 def latest_results(folder):
     found = sorted(glob.glob(str(folder / "*_results.json")))
@@ -233,16 +238,28 @@ def accuracy_row(res):
     return row
 
 
-def training_stats(run):
+def rl_records(run):
+    """The RL steps' records of a train.py run's log.jsonl."""
     recs = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if x.strip()]
-    recs = [r for r in recs if r["stage"] == "rl"]
+    return [r for r in recs if r["stage"] == "rl"]
+
+
+def first_last(recs, key):
+    """The mean of ``key`` over the first and over the last quarter of the steps (at least one step each)."""
     q = max(1, len(recs) // 4)
+    return mean_sd([r.get(key) for r in recs[:q]])[0], mean_sd([r.get(key) for r in recs[-q:]])[0]
+
+
+def training_stats(run):
+    recs = rl_records(run)
 
     def avg(key, part):
         return mean_sd([r.get(key) for r in part])[0]
 
-    return {"acc_clean_first": avg("acc_clean", recs[:q]), "acc_clean_last": avg("acc_clean", recs[-q:]),
-            "acc_pert_first": avg("acc_perturbed", recs[:q]), "acc_pert_last": avg("acc_perturbed", recs[-q:]),
+    (acc_clean_first, acc_clean_last), (acc_pert_first, acc_pert_last) = (first_last(recs, "acc_clean"),
+                                                                          first_last(recs, "acc_perturbed"))
+    return {"acc_clean_first": acc_clean_first, "acc_clean_last": acc_clean_last,
+            "acc_pert_first": acc_pert_first, "acc_pert_last": acc_pert_last,
             "r_alignment": avg("r_alignment", recs), "sim_a": avg("sim_a", recs), "sim_r": avg("sim_r", recs),
             "rho": avg("rho", recs), "defer": avg("defer_rate", recs), "discard": avg("discard_rate", recs),
             "sec_step": avg("sec_step", recs), "steps": len(recs)}
@@ -322,9 +339,7 @@ def render(args, out, runs, st):
               "`benchmarks/diagnose.py`: the rollout groups of RL's first steps on the SFT checkpoint, measured once "
               "without training (train.py's spec stream, judge and curriculum thresholds).", "", "```",
               diagnose.report(json.loads(diag_path.read_text())), "```"]
-    L += ["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
-    L += [f"| {k} | {v:.0f} |" for k, v in st.timings.items()]
-    L += ["", "```"] + st.commands + ["```"]
+    L += st.report()
     return "\n".join(L) + "\n"
 
 

@@ -27,8 +27,6 @@ The tables go to OUT/results.md and between `<!-- robust-to:begin -->` and `<!--
 in --results (docs/RESULTS.md); text outside the markers is kept.
 """
 import argparse
-import collections
-import glob
 import json
 import sys
 import time
@@ -148,16 +146,11 @@ def accuracy(res):
     return row
 
 
-def per_task(folder):
-    """{task: (clean accuracy, mean accuracy over the corrupted conditions)} from the sample store's scored
-    records (eval_pvrbench.py's *_samples_*.jsonl)."""
-    found = sorted(glob.glob(str(folder / "*_samples_pvrbench_*.jsonl")))
-    acc = collections.defaultdict(list)
-    for line in (Path(found[-1]).read_text().splitlines() if found else []):
-        r = json.loads(line)
-        acc[(r["task"], r["condition"] == "clean")].append(float(r["score"] or 0.0))
-    tasks = sorted({t for t, _ in acc})
-    return {t: tuple(mean_sd(acc[(t, clean)])[0] for clean in (True, False)) for t in tasks}
+def per_task(res):
+    """{task: (clean score, score over the corrupted conditions)} on the synthetic benchmark, as
+    eval_pvrbench.py computed them (its results.json's per_task)."""
+    pt = res["results"]["sources"]["synthetic"]["per_task"]
+    return {t: (pt["clean"].get(t), pt["perturbed"].get(t)) for t in pt["clean"]}
 
 
 def direct_steps(args, mode):
@@ -205,7 +198,7 @@ def render(args, out, st):
         L.append(f"| {label} | " + " | ".join(cell(s) for s, _ in COLUMNS)
                  + f" | {cell('avg')} | {pct(drop_m, drop_s if sd else None)} | {cell('orig')} |")
 
-    tasks = {label: [per_task(out / "eval" / n) for n in names] for label, names in rows}
+    tasks = {label: [per_task(r) for r in map(results, names) if r] for label, names in rows}
     names = sorted({t for ts in tasks.values() for d in ts for t in d})
     if names:
         L += ["", "Per task, clean / mean over the five corruptions (seed means):", "",
@@ -220,24 +213,17 @@ def render(args, out, st):
                              f"{fmt(mean_sd([p[1] for p in pairs])[0], digits=2)}")
             L.append(f"| {label} | " + " | ".join(cells) + " |")
 
-    dyn = []
-    for s in args.seeds:
-        log = out / "runs" / f"agent-s{s}" / "log.jsonl"
-        if log.is_file():
-            dyn.append([r for r in map(json.loads, log.read_text().splitlines()) if r.get("stage") == "rl"])
+    runs = [out / "runs" / f"agent-s{s}" for s in args.seeds]
+    dyn = [reproduce.rl_records(run) for run in runs if (run / "log.jsonl").is_file()]
     if dyn:
         keys = (("r_accuracy", "accuracy"), ("r_format", "format"), ("r_reliability", "r^Rel"),
                 ("subqueries", "sub-queries"), ("evidence_high", "HIGH evidence"), ("sec_step", "s/step"))
         L += ["", "Agent GRPO, from each run's log.jsonl (first quarter of the steps → last quarter; seed means):", "",
               "| " + " | ".join(lbl for _, lbl in keys) + " |", "|" + "---|" * len(keys)]
-
-        def q(recs, key, last):
-            n = max(1, len(recs) // 4)
-            return mean_sd([r.get(key) for r in (recs[-n:] if last else recs[:n])])[0]
-
+        ends = {k: [reproduce.first_last(recs, k) for recs in dyn] for k, _ in keys}
         L.append("| " + " | ".join(
-            f"{fmt(mean_sd([q(r, k, False) for r in dyn])[0], digits=2)} → "
-            f"{fmt(mean_sd([q(r, k, True) for r in dyn])[0], digits=2)}" for k, _ in keys) + " |")
+            f"{fmt(mean_sd([f for f, _ in ends[k]])[0], digits=2)} → "
+            f"{fmt(mean_sd([l for _, l in ends[k]])[0], digits=2)}" for k, _ in keys) + " |")
 
     rel_path = out / "bench_reliability.json"
     if rel_path.is_file():
@@ -261,9 +247,7 @@ def render(args, out, st):
         L += ["", f"Mean rho of 1 - reliability over Robust-TO's five: `robust_to_mean_rho="
                   f"{rel['robust_to_mean_rho']:.3f}`."]
 
-    L += ["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
-    L += [f"| {k} | {v:.0f} |" for k, v in st.timings.items()]
-    L += ["", "```"] + st.commands + ["```"]
+    L += st.report()
     return "\n".join(L) + "\n"
 
 
