@@ -8,7 +8,7 @@ five metrics with the same kind of judge. Three backends share one interface:
 
 * :class:`OpenAIJudge`: any OpenAI-compatible chat-completions server (OpenAI, vLLM, SGLang), with
   retries, a thread pool and a persistent cache; the key comes from an environment variable and is
-  never printed, logged, cached or returned (DESIGN.md 3);
+  never printed, logged, cached or returned;
 * :class:`HFJudge`: a local transformers chat model (e.g. Qwen3-13B, Table 4), greedy and batched;
 * :class:`LocalJudge`: the offline default: rules for answers, MiniLM cosine tiers for reasoning.
 
@@ -104,7 +104,7 @@ If the perturbed video provides sufficient information to answer the question re
 otherwise output NO. Output only YES or NO."""
 
 # PVRBench's five metrics (Sec. 4, Table 2). The paper names them without defining them; the rubric
-# is DESIGN.md 2's reading. Fragility is lower-is-better; Table 2's Avg. excludes it.
+# is our reading (README, "Paper readings"). Fragility is lower-is-better; Table 2's Avg. excludes it.
 QUALITY_KEYS = ("fragility", "consistency", "belief", "recovery", "attention")
 REASONING_QUALITY_PROMPT = """You are an expert judge of video reasoning under visual perturbations.
 
@@ -554,7 +554,7 @@ class OpenAIJudge(_PromptJudge):
         import requests
 
         content = prompt
-        if images:  # frames first, then the text (DESIGN.md 3: base64 JPEG image parts)
+        if images:  # frames first, then the text (base64 JPEG image parts, as GPT-4o-style APIs take them)
             import base64
             content = [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,"
                                                            + base64.b64encode(b).decode("ascii")}}
@@ -800,8 +800,10 @@ def _encoder(model_path=None):
     key = str(model_path)
     with _ENCODER_LOCK:
         if key not in _ENCODERS:
+            import runtime
             from sentence_transformers import SentenceTransformer
-            _ENCODERS[key] = SentenceTransformer(key, device="cpu")
+            with runtime.no_hf_progress_bars():  # loaded lazily, inside a training or evaluation bar
+                _ENCODERS[key] = SentenceTransformer(key, device="cpu")
         return _ENCODERS[key]
 
 
@@ -1014,7 +1016,7 @@ def make_judge(spec, *, base_url: str | None = None, cache=None, **kwargs):
 
 # ---- self-reflective assessment (below) ----
 #
-# Sec. 3.2, Eq. 3: (d, c) = F_theta(q, V', S_e). Reading (README, DESIGN.md 2): d comes from the
+# Sec. 3.2, Eq. 3: (d, c) = F_theta(q, V', S_e). Reading (README, "Paper readings"): d comes from the
 # step's own rollouts and the answerability prompt S_e (Fig. 10), c from the policy's next-token
 # probabilities of YES/NO on that prompt:
 #   easy        perturbed accuracy >= a_max, the clean and perturbed branches agree on the answer,

@@ -44,7 +44,6 @@ import json
 import logging
 import os
 import re
-import sys
 
 import numpy as np
 
@@ -846,4 +845,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import runtime
+    runtime.run(main)

@@ -13,7 +13,8 @@ M-RoPE (transformers 5.x, Qwen2/2.5-VL): the model computes 3-D rotary positions
 gets ``mm_token_type_ids`` (0 text, 1 image, 2 video) together with the grid sizes; without them it
 silently falls back to 1-D positions and the log-probs drift from those generate() sampled with.
 The temporal position of a video patch is ``tokens_per_second * second_per_grid_ts``, so
-``second_per_grid_ts`` (seconds per temporal patch) is always passed with videos (DESIGN.md 4).
+``second_per_grid_ts`` (seconds per temporal patch) is always passed with videos (without it transformers 5's 3-D
+position code can raise StopIteration when a batch holds more videos than tokens).
 :func:`token_logprobs` extends ``mm_token_type_ids`` with zeros over the completion, so the
 completion tokens get exactly the text positions generate() gave them.
 
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+import runtime
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -233,13 +236,15 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
             bnb_4bit_use_double_quant=True, llm_int8_skip_modules=NO_QUANT_MODULES)
-    text_only = getattr(AutoConfig.from_pretrained(name_or_path), "vision_config", None) is None
-    if text_only:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
-        processor = AutoTokenizer.from_pretrained(name_or_path)
-    else:
-        model = AutoModelForImageTextToText.from_pretrained(name_or_path, **kwargs)
-        processor = AutoProcessor.from_pretrained(name_or_path)
+    hub = runtime.model_source(name_or_path)  # a mistyped path fails here, in one line, with no hub request
+    try:
+        text_only = getattr(AutoConfig.from_pretrained(name_or_path, **hub), "vision_config", None) is None
+        model_cls, processor_cls = ((AutoModelForCausalLM, AutoTokenizer) if text_only
+                                    else (AutoModelForImageTextToText, AutoProcessor))
+        model = model_cls.from_pretrained(name_or_path, **kwargs, **hub)
+        processor = processor_cls.from_pretrained(name_or_path, **hub)
+    except OSError as e:  # transformers' "not a valid model identifier", a missing file of a checkpoint
+        raise runtime.UserError(f"cannot load model {name_or_path}: {e}") from e
     tokenizer_of(processor).padding_side = "left"
     if load_in_4bit:
         from peft import prepare_model_for_kbit_training
@@ -515,4 +520,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    runtime.run(main)
