@@ -45,11 +45,14 @@ import argparse
 import hashlib
 import json
 import math
-import sys
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import cv2
 import numpy as np
+
+import runtime
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),
@@ -1200,56 +1203,191 @@ def masks(frames, spec, depth=None):
 
 # ----------------------------------------------------------------------------- command line
 
+OUT_SUFFIXES = (".mp4",)  # H.264 via video.write_video; GIF is not offered (it merges equal frames, rounds the fps)
+GRID_FRAMES, GRID_MAX_PIXELS = 16, 256 * 28 * 28  # the --grid's sampled clip (the sheet shows 4 of its frames)
+SAMPLE_FRAMES, SAMPLE_FPS = 16, 8.0  # the built-in clip
+
+_CLI_EPILOG = (
+    "--out writes a corrupted copy of INPUT: every frame, at its native size and fps (an odd width or height "
+    "is padded by one pixel, repeating the edge: H.264 / yuv420p needs even sides). --frames and --max-pixels "
+    "opt in to sampling as the model does (qwen-vl-utils' uniform indices, smart_resize). Memory: the clip is "
+    "decoded and corrupted whole (the effects animate over all its frames), about 2 x frames x width x height "
+    "x 3 bytes (a minute of 1080p at 30 fps: ~22 GB, 3x with --shuffle); a clip that does not fit in the "
+    "available memory is refused before decoding. The --grid contact sheet samples a short clip (--frames, "
+    f"default {GRID_FRAMES} or the clip's length if shorter, at --max-pixels, default {GRID_MAX_PIXELS}) and shows "
+    "4 of its frames per row.")
+
+
+def _check_cli_args(args):
+    """The flag values, before any work: one-line UserErrors."""
+    for flag, value in (("--frames", args.frames), ("--max-pixels", args.max_pixels), ("--size", args.size)):
+        if value is not None and value < 1:
+            raise runtime.UserError(f"{flag} must be a positive integer, got {value}")
+    if args.out and not args.subtype:
+        raise runtime.UserError(f"--out {args.out} needs --subtype NAME, the perturbation to apply")
+    if args.max_pixels is not None and not args.input:
+        raise runtime.UserError("--max-pixels resizes an INPUT video; the built-in clip's side is --size")
+    try:
+        PerturbSpec(args.subtype, eta=args.eta, seed=args.seed)
+    except ValueError as e:
+        raise runtime.UserError(str(e)) from None
+
+
+def _memory_available():
+    """Bytes of memory available now (Linux's MemAvailable, else the physical memory); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _decoded_size(info, num_frames, max_pixels):
+    """(frames, height, width) that video.read_clip returns for these options."""
+    import video
+
+    h, w = info["height"], info["width"]
+    if max_pixels is not None:
+        try:
+            h, w = video.smart_resize(h, w, max_pixels=max_pixels)
+        except ValueError as e:
+            raise runtime.UserError(f"--max-pixels {max_pixels}: {e}") from None
+    return num_frames or info["frames"], h, w
+
+
+def _check_memory(path, info, num_frames, max_pixels, copies):
+    """Refuse, before decoding, a clip whose `copies` (decoded + corrupted [+ shuffled]) cannot fit."""
+    n, h, w = _decoded_size(info, num_frames, max_pixels)
+    need, have = copies * n * h * w * 3, _memory_available()
+    if have is not None and need > have:
+        raise runtime.UserError(
+            f"{path}: {n} frames of {w}x{h} need about {need / 1e9:.1f} GB of memory (the clip is decoded and "
+            f"corrupted whole), {have / 1e9:.1f} GB are available; sample it with --frames N and/or shrink it "
+            f"with --max-pixels P, or cut it first (ffmpeg -ss START -t SECONDS)")
+
+
+def _fps_text(fps):
+    return f"{round(float(fps), 3)}"
+
+
+def _read(path, num_frames, max_pixels):
+    """video.read_clip, ffmpeg's own messages about a bad file held back (the VideoError says it)."""
+    import video
+
+    with video.held_native_stderr():
+        return video.read_clip(path, num_frames, max_pixels)
+
+
+def _read_for_out(args, info):
+    """INPUT for --out: (frames, fps to write, what they are in words)."""
+    _check_memory(args.input, info, args.frames, args.max_pixels, 3 if args.shuffle else 2)
+    frames, _, fps = _read(args.input, args.frames, args.max_pixels)
+    name, total, T = args.input, info["frames"], len(frames)
+    if args.frames is None:
+        what = f"all frames of {name}"
+    else:
+        what = f"{T} of the {total} frames of {name}, sampled uniformly" + (" (some repeated)" if T > total else "")
+    if args.max_pixels is None:
+        what += ", native size"
+    else:
+        what += f", resized from {info['width']}x{info['height']} by smart_resize (max_pixels={args.max_pixels})"
+    if not fps > 0:  # a stream without a frame rate: decord reports 0
+        return frames, SAMPLE_FPS, f"{what}; {name} has no frame rate, written at {SAMPLE_FPS} fps"
+    if args.frames is not None:
+        what += f"; its {_fps_text(fps)} fps scaled by {T}/{total} to keep its {total / fps:.2f} s"
+        fps = fps * T / total
+    return frames, fps, what
+
+
+def _write_out(args, out, frames, fps, depth, what):
+    import video
+
+    spec = PerturbSpec(args.subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+    video.write_video(out, apply(frames, spec, depth), fps=fps)
+    T, h, w = frames.shape[:3]
+    eh, ew = video.even_size(h, w)
+    if (eh, ew) != (h, w):
+        what += f"; {w}x{h} padded to {ew}x{eh}, repeating the edge: H.264 needs even sides"
+    print(f"wrote {out}: {T} frames, {ew}x{eh}, {_fps_text(fps)} fps ({what}); spec={spec.to_json()}")
+
+
+def _write_grid(args, grid, frames, depth, what):
+    import video
+
+    rows, labels = [frames], ["clean"]
+    for sub in PROTOCOLS[args.protocol]:
+        spec = PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+        rows.append(apply(frames, spec, depth))
+        labels.append(f"{CATEGORY_OF[sub]}/{sub}")
+    cols = 4
+    video.contact_sheet(rows, labels, grid, num_cols=cols)
+    h, w = frames.shape[1:3]
+    print(f"wrote {grid}: clean + {len(rows) - 1} subtypes ({args.protocol}) x {min(cols, len(frames))} frames "
+          f"of {what}, {w}x{h} each; eta={args.eta}, seed={args.seed}")
+
+
 def main(argv=None):
+    import video
+
     ap = argparse.ArgumentParser(
         description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8) or Robust-TO's "
                     "additions (motion_blur, noise), or render the contact sheet of a protocol's subtypes. "
                     "With no INPUT, a procedural street clip (with its true depth) generated by the project "
-                    "is used.")
+                    "is used.", epilog=_CLI_EPILOG)
     ap.add_argument("input", nargs="?", help="input video (mp4, ...); default: the built-in sample clip")
     ap.add_argument("--subtype", choices=_ALL_SUBTYPES,
                     help="perturbation subtype (Table 8, or Robust-TO's motion_blur / noise)")
     ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
     ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
-    ap.add_argument("--out", help="output mp4 for --subtype")
-    ap.add_argument("--grid", help="output PNG: the contact sheet of clean + the protocol's subtypes")
+    ap.add_argument("--out", help="output .mp4 for --subtype: the corrupted copy of INPUT (all frames, native "
+                                  "size and fps unless --frames / --max-pixels)")
+    ap.add_argument("--grid", help="output .png: the contact sheet of clean + the protocol's subtypes")
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="pvrbench",
                     help="subtypes of the --grid: pvrbench (Table 8's 12, default) or robust-to (its 5)")
-    ap.add_argument("--frames", type=int, default=16, help="frames sampled uniformly from INPUT")
-    ap.add_argument("--max-pixels", type=int, default=256 * 28 * 28, help="pixel budget per frame")
+    ap.add_argument("--frames", type=int, metavar="N",
+                    help="sample N frames uniformly from INPUT, as the model does (the fps written is scaled "
+                         f"to keep the clip's duration); default: all of them for --out, {GRID_FRAMES} for "
+                         f"--grid; with no INPUT, the built-in clip's length ({SAMPLE_FRAMES})")
+    ap.add_argument("--max-pixels", type=int, metavar="P",
+                    help="resize INPUT's frames to this pixel budget, as the model does (smart_resize: sides "
+                         f"multiples of 28); default: native size for --out, {GRID_MAX_PIXELS} for --grid")
     ap.add_argument("--size", type=int, default=448, help="side of the built-in sample clip")
+    runtime.add_debug_flag(ap)
     args = ap.parse_args(argv)
     if not args.grid and not (args.subtype and args.out):
         ap.error("give --grid OUT.png, or --subtype NAME --out OUT.mp4")
-    try:
-        PerturbSpec(args.subtype, eta=args.eta, seed=args.seed)
-    except ValueError as e:
-        ap.error(str(e))
-
-    import video
+    _check_cli_args(args)
+    out = runtime.out_file(args.out, OUT_SUFFIXES, "--out") if args.out else None
+    grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
     if args.input:
-        try:
-            frames, _, fps = video.read_frames(args.input, num_frames=args.frames, max_pixels=args.max_pixels)
-        except ValueError as e:  # VideoError names the file and what is wrong with it
-            ap.exit(2, f"error: {e}\n")
-        depth = None
-    else:
-        frames, depth = video.sample_clip(args.frames, args.size, args.size)
-        fps = 8.0
-    if args.subtype and args.out:
-        spec = PerturbSpec(args.subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
-        video.write_video(args.out, apply(frames, spec, depth), fps=fps)
-        print(f"wrote {args.out}  spec={spec.to_json()}")
-    if args.grid:
-        rows, labels = [frames], ["clean"]
-        for sub in PROTOCOLS[args.protocol]:
-            spec = PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
-            rows.append(apply(frames, spec, depth))
-            labels.append(f"{CATEGORY_OF[sub]}/{sub}")
-        video.contact_sheet(rows, labels, args.grid)
-        print(f"wrote {args.grid}  (eta={args.eta}, seed={args.seed})")
+        with video.held_native_stderr():
+            info = video.probe(args.input)  # a VideoError names the file
+        if out is not None and out.resolve() == Path(args.input).resolve():
+            raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
+        if out is not None:
+            frames, fps, what = _read_for_out(args, info)
+            _write_out(args, out, frames, fps, None, what)
+            del frames
+        if grid is not None:
+            n, mp = args.frames or min(GRID_FRAMES, info["frames"]), args.max_pixels or GRID_MAX_PIXELS
+            frames, _, _ = _read(args.input, n, mp)
+            what = f"{n} sampled uniformly from {args.input} (of its {info['frames']})"
+            _write_grid(args, grid, frames, None, what)
+        return 0
+    frames, depth = video.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
+    if out is not None:
+        _write_out(args, out, frames, SAMPLE_FPS, depth, "the built-in sample clip, with its true depth")
+    if grid is not None:
+        _write_grid(args, grid, frames, depth, f"the built-in sample clip ({len(frames)} frames)")
+    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    runtime.run(main)

@@ -86,7 +86,6 @@ from __future__ import annotations
 import argparse
 import math
 import re
-import sys
 
 import cv2
 import numpy as np
@@ -581,33 +580,52 @@ def format_profile(p: dict) -> str:
 
 # ----------------------------------------------------------------------------- CLI
 
+def _read_clip(path, num_frames: int):
+    """``(frames, video frame indices, total frames)``: ``num_frames`` frames decoded uniformly
+    (video.read_frames), at most the clip's own count and never the same frame twice."""
+    import video
+
+    with video.held_native_stderr():  # ffmpeg's lines about a bad file: the VideoError says it in one
+        total = video.probe(path)["frames"]
+        frames, src, _ = video.read_frames(path, num_frames=min(int(num_frames), total))
+    _, first = np.unique(src, return_index=True)  # uniform rounding can still repeat one: keep it once
+    keep = np.sort(first)
+    return frames[keep], src[keep], total
+
+
 def main(argv=None) -> int:
+    import runtime
+
     ap = argparse.ArgumentParser(description="Per-frame disturbance, reliability, relevance and Robust-TO frame "
                                              "selection for one video.")
     ap.add_argument("video", help="video file")
     ap.add_argument("--question", default="", help="question (relevance: colour / shape words, a proxy)")
     ap.add_argument("--k", type=int, default=8, help="frames to select")
-    ap.add_argument("--num-frames", type=int, default=16, help="frames decoded uniformly (video.read_frames)")
+    ap.add_argument("--num-frames", type=int, default=16,
+                    help="frames decoded uniformly (video.read_frames); a shorter clip gives all its frames, "
+                         "none twice")
     ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="weight of reliability in the score")
+    runtime.add_debug_flag(ap)
     args = ap.parse_args(argv)
-    import video
-
-    try:
-        frames, src, _ = video.read_frames(args.video, num_frames=args.num_frames)
-    except (video.VideoError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.k < 1 or args.num_frames < 1:
+        raise runtime.UserError(f"--k and --num-frames must be positive integers, got {args.k}, {args.num_frames}")
+    if not 0.0 <= args.alpha <= 1.0:
+        raise runtime.UserError(f"--alpha must be in [0, 1], got {args.alpha}")
+    frames, src, total = _read_clip(args.video, args.num_frames)  # a VideoError names the file
     s = frame_scores(frames, args.question, alpha=args.alpha)
-    chosen = set(select_frames(frames, args.question, args.k, alpha=args.alpha, scores=s).tolist())
+    chosen = sorted(select_frames(frames, args.question, args.k, alpha=args.alpha, scores=s).tolist())
     head = ("t", "frame", "blur", "bright", "occl", "noise", "reliab", "relev", "score", "sel")
     print("{:>3} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>3}".format(*head))
     for t in range(len(frames)):
         row = [s[a][t] for a in ("blur", "brightness", "occlusion", "noise", "reliability", "relevance", "score")]
         print(f"{t:>3} {int(src[t]):>6} " + " ".join(f"{v:6.2f}" for v in row) + f" {'*' if t in chosen else '':>3}")
-    p = profile(frames, sorted(chosen), scores=s)
-    print(f"selected {sorted(chosen)}; disturbance profile: {format_profile(p)}, noise={p['avg_noise']:.2f}")
+    p = profile(frames, chosen, scores=s)
+    print(f"selected {chosen} (video frames {[int(src[t]) for t in chosen]}, {len(frames)} of the clip's {total} "
+          f"decoded); disturbance profile: {format_profile(p)}, noise={p['avg_noise']:.2f}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import runtime
+
+    runtime.run(main)

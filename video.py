@@ -4,7 +4,8 @@ Reading follows qwen-vl-utils / Video-R1 exactly where it matters for model
 inputs: frames are decoded with decord at uniform indices
 ``linspace(0, total_frames - 1, n).round()`` over the whole clip and resized,
 keeping the aspect ratio, so that both sides are multiples of 28 and the pixel
-count fits a budget (:func:`smart_resize`).  Writers produce H.264 mp4, GIF and
+count fits a budget (:func:`smart_resize`); :func:`read_clip` decodes a whole clip at
+its native size instead (perturb.py's corrupted copies).  Writers produce H.264 mp4, GIF and
 PNG contact sheets (one labelled row per corruption condition).
 :func:`sample_clip` ray-casts a small street scene (RGB plus metric depth) that
 serves as the built-in sample when no video is given.  Everything is
@@ -13,18 +14,24 @@ deterministic and free of global state.
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
+import sys
+import tempfile
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
 import numpy as np
 
+from runtime import UserError
+
 FACTOR = 28  # Qwen2-VL patch (14) x spatial merge (2)
 
 
-class VideoError(ValueError):
+class VideoError(UserError, ValueError):
     """A video file is missing, empty or cannot be decoded (message names the path)."""
 
 
@@ -87,25 +94,11 @@ def _decode_reason(exc: BaseException, path: Path) -> str:
     return reason
 
 
-def read_frames(path, num_frames: int = 16, max_pixels: int = 128 * 28 * 28,
-                min_pixels: int = 4 * 28 * 28, sampler: str = "uniform",
-                keyframe_eps: float = 0.5) -> tuple[np.ndarray, np.ndarray, float]:
-    """Decode ``num_frames`` uniformly spaced RGB frames, resized by :func:`smart_resize`.
-
-    sampler "keyframes": Embodied-R's key frames instead (:func:`keyframes` at 1 fps, eps
-    ``keyframe_eps``, between min(4, num_frames) and ``num_frames`` frames: T varies per video).
-    Returns ``(frames, indices, fps)``: uint8 C-contiguous ``[T, H, W, 3]``, the
-    int64 frame indices (repeated when the clip is shorter than ``num_frames``)
-    and decord's average fps.  Raises :class:`VideoError` for unusable files.
-    """
-    if sampler not in ("uniform", "keyframes"):
-        raise ValueError(f"sampler must be 'uniform' or 'keyframes', got {sampler!r}")
+def _open(path):
+    """``(VideoReader, total_frames, avg_fps)`` for ``path``; :class:`VideoError` when it is missing, a
+    folder, empty, undecodable or without frames."""
     import decord
 
-    if int(num_frames) != num_frames or num_frames < 1:
-        raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
-    if max_pixels <= 0:
-        raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
     path = Path(path)
     if not path.exists():
         raise VideoError(f"video file {path} does not exist")
@@ -121,21 +114,125 @@ def read_frames(path, num_frames: int = 16, max_pixels: int = 128 * 28 * 28,
                          f"({_decode_reason(exc, path)})") from exc
     if total <= 0:
         raise VideoError(f"video file {path} has no frames")
+    return vr, total, fps
+
+
+def _batch(vr, indices: list, path: Path, total: int, shown: str | None = None) -> np.ndarray:
+    """Decode the frames at ``indices`` (uint8 [n, H, W, 3]); :class:`VideoError` on failure, naming
+    the frames as ``shown`` (default: the list)."""
+    try:
+        return vr.get_batch(indices).asnumpy()
+    except Exception as exc:
+        raise VideoError(f"video file {path} cannot be decoded as a video (frames "
+                         f"{shown or indices} of {total}: {_decode_reason(exc, path)})") from exc
+
+
+@contextmanager
+def held_native_stderr():
+    """Hold what native code (ffmpeg, decord) writes to file descriptor 2 inside the block: replayed
+    when the block ends, dropped when it raises a :class:`VideoError` (whose message carries the
+    reason), so that a command line reports a bad video as one line.  Redirects the process's fd 2:
+    for single-threaded command-line scripts, not for readers running in threads."""
+    try:
+        os.fstat(2)
+    except OSError:  # no stderr at all: nothing to hold
+        yield
+        return
+    if sys.stderr is not None:
+        sys.stderr.flush()
+    saved = os.dup(2)
+    replay = True
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except VideoError:
+            replay = False
+            raise
+        finally:
+            if sys.stderr is not None:
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if replay and held.seek(0, os.SEEK_END):
+                held.seek(0)
+                os.write(2, held.read())
+
+
+def _fit(raw: np.ndarray, min_pixels: int, max_pixels: int) -> np.ndarray:
+    """Frames resized to :func:`smart_resize`'s size (area filter down, cubic up); unchanged if they fit."""
+    h, w = raw.shape[1:3]
+    nh, nw = smart_resize(h, w, FACTOR, min_pixels, max_pixels)
+    if (nh, nw) == (h, w):
+        return raw
+    interp = cv2.INTER_AREA if nh * nw < h * w else cv2.INTER_CUBIC
+    return np.stack([cv2.resize(f, (nw, nh), interpolation=interp) for f in raw])
+
+
+def read_frames(path, num_frames: int = 16, max_pixels: int = 128 * 28 * 28,
+                min_pixels: int = 4 * 28 * 28, sampler: str = "uniform",
+                keyframe_eps: float = 0.5) -> tuple[np.ndarray, np.ndarray, float]:
+    """Decode ``num_frames`` uniformly spaced RGB frames, resized by :func:`smart_resize`.
+
+    sampler "keyframes": Embodied-R's key frames instead (:func:`keyframes` at 1 fps, eps
+    ``keyframe_eps``, between min(4, num_frames) and ``num_frames`` frames: T varies per video).
+    Returns ``(frames, indices, fps)``: uint8 C-contiguous ``[T, H, W, 3]``, the
+    int64 frame indices (repeated when the clip is shorter than ``num_frames``)
+    and decord's average fps.  Raises :class:`VideoError` for unusable files.
+    """
+    if sampler not in ("uniform", "keyframes"):
+        raise ValueError(f"sampler must be 'uniform' or 'keyframes', got {sampler!r}")
+    if int(num_frames) != num_frames or num_frames < 1:
+        raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+    if max_pixels <= 0:
+        raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
+    path = Path(path)
+    vr, total, fps = _open(path)
     if sampler == "keyframes":
         indices = keyframes(path, eps=keyframe_eps, min_frames=min(4, int(num_frames)), max_frames=int(num_frames))
     else:
         indices = uniform_indices(total, int(num_frames))
-    try:
-        raw = vr.get_batch(indices.tolist()).asnumpy()
-    except Exception as exc:
-        raise VideoError(f"video file {path} cannot be decoded as a video (frames "
-                         f"{indices.tolist()} of {total}: {_decode_reason(exc, path)})") from exc
-    h, w = raw.shape[1:3]
-    nh, nw = smart_resize(h, w, FACTOR, min_pixels, max_pixels)
-    if (nh, nw) != (h, w):
-        interp = cv2.INTER_AREA if nh * nw < h * w else cv2.INTER_CUBIC
-        raw = np.stack([cv2.resize(f, (nw, nh), interpolation=interp) for f in raw])
+    raw = _fit(_batch(vr, indices.tolist(), path, total), min_pixels, max_pixels)
     return np.ascontiguousarray(raw, dtype=np.uint8), indices.astype(np.int64), fps
+
+
+def probe(path) -> dict:
+    """``{"frames", "fps", "height", "width"}`` of a video (decord's frame count and average fps; the
+    size of its first decoded frame), without decoding the clip.  :class:`VideoError` as
+    :func:`read_frames`."""
+    path = Path(path)
+    vr, total, fps = _open(path)
+    h, w = _batch(vr, [0], path, total).shape[1:3]
+    return {"frames": int(total), "fps": fps, "height": int(h), "width": int(w)}
+
+
+def read_clip(path, num_frames: int | None = None, max_pixels: int | None = None,
+              min_pixels: int = 4 * 28 * 28, chunk: int = 32) -> tuple[np.ndarray, np.ndarray, float]:
+    """Decode a whole clip: every frame at its native size by default.
+
+    ``num_frames``: only that many, at :func:`uniform_indices` (as :func:`read_frames`, repeated when
+    the clip is shorter); ``max_pixels``: resized by :func:`smart_resize` (``min_pixels`` its floor),
+    as :func:`read_frames`.  With both given the result equals :func:`read_frames`'.  Decoded
+    ``chunk`` frames at a time into one preallocated array, so the peak memory is the clip's own
+    ``T * H * W * 3`` bytes plus a chunk.  Returns ``(frames, indices, fps)`` like :func:`read_frames`."""
+    if num_frames is not None and (int(num_frames) != num_frames or num_frames < 1):
+        raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+    if max_pixels is not None and max_pixels <= 0:
+        raise ValueError(f"max_pixels must be positive, got {max_pixels!r}")
+    path = Path(path)
+    vr, total, fps = _open(path)
+    indices = (np.arange(total, dtype=np.int64) if num_frames is None
+               else uniform_indices(total, int(num_frames)).astype(np.int64))
+    out = None
+    for i in range(0, len(indices), chunk):
+        part = indices[i:i + chunk].tolist()
+        raw = _batch(vr, part, path, total, shown=f"{part[0]}..{part[-1]}" if len(part) > 4 else None)
+        if max_pixels is not None:
+            raw = _fit(raw, min_pixels, max_pixels)
+        if out is None:
+            out = np.empty((len(indices), *raw.shape[1:]), np.uint8)
+        out[i:i + len(raw)] = raw
+    return out, indices, fps
 
 
 # --------------------------------------------------------------------------- key frames (Embodied-R)
@@ -261,25 +358,51 @@ def _prepare(path, fps: float | None = None) -> Path:
     return path
 
 
+@contextmanager
+def _atomic(path):
+    """Yield a temporary name next to ``path`` (same extension, so writers pick the same format);
+    renamed to ``path`` once the write is done, removed if it fails or writes nothing, so that a failed
+    write leaves neither an empty nor a truncated file (nor replaces an existing one)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.partial{path.suffix}")
+    try:
+        yield tmp
+        if not tmp.is_file() or tmp.stat().st_size == 0:
+            raise VideoError(f"writing {path} failed: nothing was written (see the writer's message above)")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def even_size(height: int, width: int) -> tuple[int, int]:
+    """``(height, width)`` as :func:`write_video` writes it: odd sides padded by one pixel."""
+    return height + height % 2, width + width % 2
+
+
 def write_video(path, frames, fps: float = 8.0, quality: int = 8) -> str:
     """Write uint8 ``[T, H, W, 3]`` frames as an H.264 / yuv420p mp4 and return its path.
 
     yuv420p needs even sides, so an odd height or width is padded by repeating the
-    last row or column.  ``quality`` is imageio-ffmpeg's 0-10 scale (8 = crf 10).
+    last row or column (:func:`even_size` gives the size written).  ``quality`` is
+    imageio-ffmpeg's 0-10 scale (8 = crf 10).  Written under a temporary name and
+    renamed at the end: a failed write leaves no empty or truncated file.
     """
     from imageio_ffmpeg import write_frames
 
     arr = _as_clip(frames)
     path = _prepare(path, fps)
     h, w = arr.shape[1:3]
-    arr = np.pad(arr, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
-    writer = write_frames(str(path), (arr.shape[2], arr.shape[1]), fps=float(fps), codec="libx264",
-                          pix_fmt_out="yuv420p", quality=quality, macro_block_size=1,
-                          ffmpeg_log_level="error", output_params=["-movflags", "+faststart"])
-    writer.send(None)
-    for frame in arr:
-        writer.send(np.ascontiguousarray(frame))
-    writer.close()
+    pad = ((0, h % 2), (0, w % 2), (0, 0))  # per frame: a long clip is not copied whole
+    with _atomic(path) as tmp:
+        writer = write_frames(str(tmp), (w + w % 2, h + h % 2), fps=float(fps), codec="libx264",
+                              pix_fmt_out="yuv420p", quality=quality, macro_block_size=1,
+                              ffmpeg_log_level="error", output_params=["-movflags", "+faststart"])
+        writer.send(None)
+        try:
+            for frame in arr:
+                writer.send(np.ascontiguousarray(np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame))
+        finally:
+            writer.close()  # also on failure: ffmpeg is stopped before the partial file is removed
     return str(path)
 
 
@@ -290,8 +413,9 @@ def write_gif(path, frames, fps: float = 8.0) -> str:
     arr = _as_clip(frames)
     path = _prepare(path, fps)
     images = [Image.fromarray(f) for f in arr]
-    images[0].save(path, format="GIF", save_all=True, append_images=images[1:],
-                   duration=max(20, round(1000 / fps)), loop=0)
+    with _atomic(path) as tmp:
+        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
+                       duration=max(20, round(1000 / fps)), loop=0)
     return str(path)
 
 
@@ -331,7 +455,8 @@ def contact_sheet(rows, labels, path, num_cols: int = 4, cell_width: int | None 
         y = r * ch + max(0, (ch - (box[3] - box[1])) // 2)
         draw.multiline_text((6, y), text, fill=(20, 20, 20), font=font)
     path = _prepare(path)
-    sheet.save(path, format="PNG")
+    with _atomic(path) as tmp:
+        sheet.save(tmp, format="PNG")
     return str(path)
 
 

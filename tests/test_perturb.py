@@ -316,3 +316,147 @@ def test_cli_writes_a_corrupted_video_and_the_contact_sheet(tmp_path):
     bad = subprocess.run([sys.executable, "perturb.py", "--subtype", "fog", "--eta", "1.5", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "eta must be a number in [0, 1]" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- command line: a corrupted copy
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "perturb.py", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+
+
+def _write_odd(path, frames, fps):
+    """A native odd-size mp4 (H.264 4:4:4 accepts odd sides; video.write_video pads to even ones)."""
+    from imageio_ffmpeg import write_frames
+
+    w = write_frames(str(path), (frames.shape[2], frames.shape[1]), fps=fps, codec="libx264", pix_fmt_out="yuv444p",
+                     macro_block_size=1, ffmpeg_log_level="error")
+    w.send(None)
+    for f in frames:
+        w.send(np.ascontiguousarray(f))
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli_clips(tmp_path_factory):
+    """An even 30-frame 160x128 clip at 15 fps and an odd 9-frame 161x97 one at 12 fps, with their decoded frames."""
+    d = tmp_path_factory.mktemp("cli")
+    even = video.write_video(d / "even.mp4", video.sample_clip(30, 128, 160, seed=4, supersample=1)[0], fps=15.0)
+    odd = _write_odd(d / "odd.mp4", video.sample_clip(9, 97, 161, seed=5, supersample=1)[0], 12.0)
+    return {"even": Path(even), "odd": Path(odd)}
+
+
+def test_cli_out_is_a_corrupted_copy_with_every_frame_at_native_size_and_fps(cli_clips, tmp_path):
+    src, out = cli_clips["even"], tmp_path / "sub" / "fog.mp4"
+    run = _cli(src, "--subtype", "fog", "--out", out)
+    assert run.returncode == 0, run.stderr
+    assert video.probe(out) == {"frames": 30, "fps": 15.0, "height": 128, "width": 160}
+    assert run.stdout.startswith(f"wrote {out}: 30 frames, 160x128, 15.0 fps (all frames of {src}, native size); "
+                                 'spec={"category":"weather"')
+    clean = video.read_clip(src)[0]
+    got = video.read_clip(out)[0]
+    want = perturb.apply(clean, perturb.PerturbSpec("fog", eta=0.7, seed=0))
+    assert mad(got, clean) > 5 and mad(got, want) < 2  # the spec's corruption, frame for frame (H.264 aside)
+    assert [p.name for p in out.parent.iterdir()] == ["fog.mp4"]  # no partial file left next to it
+
+
+def test_cli_out_of_an_odd_size_clip_is_padded_by_one_pixel_and_says_so(cli_clips, tmp_path):
+    src, out = cli_clips["odd"], tmp_path / "rain.mp4"
+    assert video.probe(src)["width"] == 161
+    run = _cli(src, "--subtype", "rain", "--seed", "3", "--out", out)
+    assert run.returncode == 0, run.stderr
+    assert video.probe(out) == {"frames": 9, "fps": 12.0, "height": 98, "width": 162}
+    assert "wrote" in run.stdout and "9 frames, 162x98, 12.0 fps" in run.stdout
+    assert "161x97 padded to 162x98" in run.stdout
+    clean = video.read_clip(src)[0]
+    want = perturb.apply(clean, perturb.PerturbSpec("rain", seed=3))
+    assert mad(video.read_clip(out)[0][:, :97, :161], want) < 3
+
+
+def test_cli_frames_and_max_pixels_still_sample_as_the_model_does(cli_clips, tmp_path):
+    src, out = cli_clips["even"], tmp_path / "s.mp4"
+    run = _cli(src, "--subtype", "dusk", "--out", out, "--frames", "8", "--max-pixels", 20000)
+    assert run.returncode == 0, run.stderr
+    h, w = video.smart_resize(128, 160, max_pixels=20000)
+    assert video.probe(out) == {"frames": 8, "fps": 4.0, "height": h, "width": w}  # 15 fps x 8/30: the same 2 s
+    assert f"8 frames, {w}x{h}, 4.0 fps (8 of the 30 frames of {src}, sampled uniformly" in run.stdout
+    model, _, _ = video.read_frames(src, num_frames=8, max_pixels=20000)
+    assert mad(video.read_clip(out)[0], perturb.apply(model, perturb.PerturbSpec("dusk"))) < 2
+
+
+def test_cli_grid_of_a_full_length_clip_shows_a_few_sampled_frames(cli_clips, tmp_path):
+    from PIL import Image
+
+    grid = tmp_path / "grid.png"
+    run = _cli(cli_clips["even"], "--grid", grid, "--protocol", "robust-to")
+    assert run.returncode == 0, run.stderr
+    h, w = video.smart_resize(128, 160, max_pixels=perturb.GRID_MAX_PIXELS)
+    with Image.open(grid) as im:
+        assert im.size == (140 + 4 * w, 6 * h)  # 4 columns; clean + 5 rows
+    assert f"x 4 frames of 16 sampled uniformly from {cli_clips['even']} (of its 30), {w}x{h} each" in run.stdout
+
+
+def _mistake(tmp_path):
+    """Files in tmp_path, hidden partial files included."""
+    return sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("case, phrase", [
+    ("txt", "unsupported extension '.txt' (use .mp4)"),
+    ("gif", "unsupported extension '.gif' (use .mp4)"),
+    ("folder", "folder"),
+    ("parent_is_file", "is a file, not a folder"),
+    ("grid_jpg", "unsupported extension '.jpg' (use .png)"),
+    ("missing", "does not exist"),
+    ("corrupt", "cannot be decoded as a video"),
+    ("same_as_input", "is the input video"),
+    ("frames_zero", "--frames must be a positive integer"),
+])
+def test_cli_mistakes_are_one_line_exit_2_and_leave_no_file(case, phrase, cli_clips, tmp_path):
+    src, out = cli_clips["even"], tmp_path / "out.mp4"
+    flags = ["--subtype", "fog", "--out", out]
+    if case in ("txt", "gif"):
+        flags[-1] = tmp_path / f"out.{case}"
+    elif case == "folder":
+        (tmp_path / "dir").mkdir()
+        flags[-1] = tmp_path / "dir"
+    elif case == "parent_is_file":
+        (tmp_path / "file").write_text("x")
+        flags[-1] = tmp_path / "file" / "out.mp4"
+    elif case == "grid_jpg":
+        flags = ["--grid", tmp_path / "grid.jpg"]
+    elif case == "missing":
+        src = tmp_path / "missing.mp4"
+    elif case == "corrupt":
+        src = tmp_path / "corrupt.mp4"
+        src.write_text("this is not a video\n" * 20)
+    elif case == "same_as_input":
+        src = tmp_path / "in.mp4"
+        src.write_bytes(cli_clips["even"].read_bytes())
+        flags[-1] = src
+    elif case == "frames_zero":
+        flags += ["--frames", "0"]
+    before = _mistake(tmp_path)
+    run = _cli(src, *flags)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and phrase in lines[0], run.stderr
+    assert run.stdout == "" and _mistake(tmp_path) == before
+    if case == "same_as_input":
+        assert src.read_bytes() == cli_clips["even"].read_bytes()
+
+
+def test_cli_debug_shows_the_traceback(tmp_path):
+    run = _cli(tmp_path / "missing.mp4", "--subtype", "fog", "--out", tmp_path / "o.mp4", "--debug")
+    assert run.returncode != 0 and "Traceback" in run.stderr and "VideoError" in run.stderr
+
+
+def test_cli_refuses_a_clip_that_does_not_fit_in_memory_before_decoding(cli_clips, tmp_path, monkeypatch):
+    import runtime
+
+    monkeypatch.setattr(perturb, "_memory_available", lambda: 1_000_000)  # 30 x 160x128 x 3 x 2 = 3.7 MB
+    monkeypatch.setattr(video, "read_clip", lambda *a, **k: pytest.fail("decoded anyway"))
+    out = tmp_path / "o.mp4"
+    with pytest.raises(runtime.UserError, match=r"30 frames of 160x128 need about 0\.0 GB .* --frames N"):
+        perturb.main([str(cli_clips["even"]), "--subtype", "fog", "--out", str(out)])
+    assert not out.exists()

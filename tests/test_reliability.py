@@ -465,4 +465,49 @@ def test_cli_prints_a_per_frame_table(tmp_path, capsys):
     rows = out[1:9]
     assert len(rows) == 8 and sum(r.rstrip().endswith("*") for r in rows) == 4
     assert out[-1].startswith("selected [") and "disturbance profile: blur=" in out[-1]
-    assert R.main([str(tmp_path / "missing.mp4")]) == 2
+    with pytest.raises(video.VideoError, match="does not exist"):  # one line through runtime.run (CLI test below)
+        R.main([str(tmp_path / "missing.mp4")])
+
+
+def test_cli_short_clip_decodes_each_frame_once(tmp_path, capsys):
+    path = video.write_video(tmp_path / "eight.mp4", clip("synth3")[:8], fps=8.0)
+    frames, src, total = R._read_clip(path, 16)
+    assert total == 8 and len(frames) == 8 and src.tolist() == list(range(8))
+    assert len({f.tobytes() for f in frames}) == 8  # 8 distinct frames, none decoded twice
+    assert R.main([path, "--num-frames", "16", "--k", "5"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    rows = out[1:-1]
+    assert len(rows) == 8 and [int(r.split()[1]) for r in rows] == list(range(8))
+    chosen = json.loads(out[-1].split("selected ")[1].split(" (")[0])
+    assert len(chosen) == 5 == len(set(chosen)) and sum(r.rstrip().endswith("*") for r in rows) == 5
+    assert "8 of the clip's 8 decoded" in out[-1]
+
+
+def test_cli_read_clip_never_repeats_a_frame(monkeypatch, tmp_path):
+    path = video.write_video(tmp_path / "c.mp4", clip("street3")[:6], fps=8.0)
+    real = video.read_frames
+
+    def repeating(p, num_frames, **kw):  # as a rounding tie could: frame 2 twice
+        frames, idx, fps = real(p, num_frames=num_frames, **kw)
+        return frames[[0, 1, 2, 2, 3, 4]], idx[[0, 1, 2, 2, 3, 4]], fps
+
+    monkeypatch.setattr(video, "read_frames", repeating)
+    frames, src, _ = R._read_clip(path, 6)
+    assert src.tolist() == [0, 1, 2, 3, 4] and len(frames) == 5
+
+
+def test_cli_mistakes_are_one_line_exit_2(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bad = tmp_path / "bad.mp4"
+    bad.write_text("not a video\n" * 20)
+    root = Path(__file__).resolve().parents[1]
+    for args, phrase in (([bad], "cannot be decoded as a video"), ([tmp_path / "missing.mp4"], "does not exist"),
+                         ([bad, "--alpha", "2"], "--alpha must be in [0, 1]")):
+        run = subprocess.run([sys.executable, "reliability.py", *map(str, args)], cwd=root, capture_output=True,
+                             text=True)
+        lines = run.stderr.strip().splitlines()
+        assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and phrase in lines[0], \
+            run.stderr

@@ -103,6 +103,33 @@ def test_read_frames_short_clip_repeats_indices(tmp_path):
     assert indices.tolist() == np.linspace(0, 4, 16).round().astype(int).tolist()
 
 
+def test_probe_and_read_clip_every_frame_at_native_size(street, street_mp4):
+    assert video.probe(street_mp4) == {"frames": 40, "fps": 10.0, "height": 144, "width": 192}
+    frames, indices, fps = video.read_clip(street_mp4, chunk=7)  # chunks need not divide the clip
+    assert frames.shape == (40, 144, 192, 3) and frames.dtype == np.uint8 and frames.flags.c_contiguous
+    assert indices.tolist() == list(range(40)) and fps == pytest.approx(10.0)
+    assert np.abs(frames.astype(float) - street[0]).mean() < 4
+    native, _, _ = video.read_clip(street_mp4, num_frames=5)
+    assert native.shape == (5, 144, 192, 3) and np.array_equal(native, frames[uniform_indices(40, 5)])
+
+
+@pytest.mark.parametrize("num_frames, max_pixels", [(16, MAX_PIXELS), (7, 3000), (50, 40_000)])
+def test_read_clip_with_both_options_equals_read_frames(street_mp4, num_frames, max_pixels):
+    want = read_frames(street_mp4, num_frames=num_frames, max_pixels=max_pixels)
+    got = video.read_clip(street_mp4, num_frames=num_frames, max_pixels=max_pixels, chunk=3)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and got[2] == want[2]
+
+
+def test_read_clip_and_probe_raise_video_error(tmp_path, street_mp4):
+    for kind in ("missing", "text"):
+        path = _bad_file(kind, tmp_path, street_mp4)
+        for fn in (video.probe, video.read_clip):
+            with pytest.raises(VideoError, match=str(path)):
+                fn(path)
+    with pytest.raises(ValueError):
+        video.read_clip(street_mp4, num_frames=0)
+
+
 def test_read_frames_argument_checks(street_mp4):
     with pytest.raises(ValueError):
         read_frames(street_mp4, num_frames=0)
@@ -155,6 +182,50 @@ def test_writers_validate_input(tmp_path):
         write_gif(tmp_path / "a.gif", np.zeros((8, 8, 3), np.uint8))
     with pytest.raises(ValueError):
         write_video(tmp_path / "a.mp4", np.zeros((4, 8, 8, 3), np.uint8), fps=0)
+
+
+def test_even_size():
+    assert video.even_size(97, 161) == (98, 162) and video.even_size(128, 160) == (128, 160)
+
+
+@pytest.mark.parametrize("name", ["clip.gif", "clip.txt"])
+def test_a_failed_write_leaves_no_file_and_keeps_an_existing_one(tmp_path, name):
+    frames = np.zeros((3, 16, 16, 3), np.uint8)
+    with pytest.raises((VideoError, OSError)):  # ffmpeg's mp4 encoder cannot write GIF or pick a .txt format
+        write_video(tmp_path / name, frames)
+    assert list(tmp_path.iterdir()) == []  # no 0-byte file, no partial one
+    (tmp_path / name).write_text("keep me")
+    with pytest.raises((VideoError, OSError)):
+        write_video(tmp_path / name, frames)
+    assert [p.name for p in tmp_path.iterdir()] == [name] and (tmp_path / name).read_text() == "keep me"
+
+
+def test_atomic_write_renames_at_the_end_or_removes(tmp_path):
+    target = tmp_path / "a.mp4"
+    with pytest.raises(RuntimeError):
+        with video._atomic(target) as tmp:
+            assert tmp.parent == tmp_path and tmp.suffix == ".mp4" and tmp != target
+            tmp.write_bytes(b"half a video")
+            raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    with video._atomic(target) as tmp:
+        tmp.write_bytes(b"a video")
+        assert not target.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["a.mp4"] and target.read_bytes() == b"a video"
+
+
+def test_held_native_stderr_replays_or_drops(capfd):
+    import os
+
+    with video.held_native_stderr():
+        os.write(2, b"native warning\n")
+        assert capfd.readouterr().err == ""  # held while inside
+    assert capfd.readouterr().err == "native warning\n"
+    with pytest.raises(VideoError):
+        with video.held_native_stderr():
+            os.write(2, b"ffmpeg: moov atom not found\n")
+            raise VideoError("video file x.mp4 cannot be decoded")
+    assert capfd.readouterr().err == ""
 
 
 def test_contact_sheet_layout(street, tmp_path):
