@@ -2,7 +2,8 @@
 
 One record type, :class:`Sample`, for every source the paper uses:
 
-* the Video-R1 training JSON (ROVA trains on an outdoor subset of Video-R1-260k, Sec. 5.1);
+* the Video-R1 training JSON (ROVA trains on an outdoor subset of Video-R1-260k, Sec. 5.1; our rule for
+  that subset, which the paper leaves undefined, is :func:`make_subset`, CLI ``make-subset``);
 * VSI-Bench and UrbanVideo-Bench, the two benchmarks PVRBench is built from (App. B.1);
 * the synthetic embodied benchmark of this project (section at the end of the file).
 
@@ -28,11 +29,15 @@ import logging
 import math
 import os
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+import runtime
+from runtime import UserError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +47,7 @@ TEXT_TYPES = ("OCR", "free-form")
 VIDEO_EXTS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data file or one of its rows is malformed (message names file, row, id and field)."""
 
 
@@ -207,16 +212,46 @@ def option_letter(option: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _report_missing(what: str, missing: list) -> None:
-    if missing:
-        first = ", ".join(p for _, p in missing[:3])
-        log.warning("%s: %d video file(s) missing, e.g. %s", what, len(missing), first)
+def _zip_hint(paths, limit: int = 20) -> str:
+    """A note for the missing-video warning when the nearest existing folder above a missing video holds
+    .zip archives (VSI-Bench's arkitscenes.zip, Video-R1-data/<source>/*.zip): the usual reason for
+    missing videos right after a download. An empty string otherwise."""
+    found = {}
+    for p in list(paths)[:limit]:
+        folder = Path(p).parent
+        while not folder.is_dir() and folder != folder.parent:
+            folder = folder.parent
+        if folder not in found:
+            found[folder] = sorted(z.name for z in folder.glob("*.zip"))
+    found = {d: z for d, z in found.items() if z}
+    if not found:
+        return ""
+    d, zips = next(iter(found.items()))
+    more = f" and {len(found) - 1} other folder(s)" if len(found) > 1 else ""
+    return (f" ({d}{more} holds {len(zips)} .zip archive(s), e.g. {', '.join(zips[:2])}: not unpacked yet? "
+            f"unpack them in place)")
+
+
+def _report_missing(what: str, missing: list, total: int | None = None) -> None:
+    """Log the missing videos once: the number of distinct files (of `total` distinct videos referenced),
+    the number of rows that use them and up to three of them. `missing`: [(row, path)]."""
+    if not missing:
+        return
+    distinct = list(dict.fromkeys(p for _, p in missing))   # first-seen order
+    count = f"{len(distinct)} of {total} videos" if total is not None else f"{len(distinct)} video(s)"
+    rows = len(missing)
+    log.warning("%s: %s missing (%d row%s), e.g. %s%s", what, count, rows, "" if rows == 1 else "s",
+                ", ".join(distinct[:3]), _zip_hint(distinct))
 
 
 def _finish(path, samples_all: list, require_videos: bool):
     """Split rows into present and missing videos, log the missing ones."""
-    missing = [(s.meta["row"], s.video) for s in samples_all if not os.path.exists(s.video)]
-    _report_missing(str(path), missing)
+    exists = {}
+    for s in samples_all:
+        if s.video not in exists:
+            exists[s.video] = os.path.exists(s.video)
+    missing = [(s.meta["row"], s.video) for s in samples_all if not exists[s.video]]
+    _report_missing(str(path), missing, total=len(exists))
     if require_videos:
         gone = {row for row, _ in missing}
         samples_all = [s for s in samples_all if s.meta["row"] not in gone]
@@ -225,6 +260,30 @@ def _finish(path, samples_all: list, require_videos: bool):
 
 # --------------------------------------------------------------------------- Video-R1 (Sec. 5.1)
 _ANSWER_TAG = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.DOTALL)   # Video-R1's pattern
+
+
+def _video_r1_sample(r: _Row, root: Path) -> Sample:
+    """One Video-R1 record as a Sample; every field checked (errors name file, row, id and field)."""
+    data_type = r.choice("data_type", ("video", "image"))
+    pid = r.ident("problem_id")
+    problem = r.text("problem")
+    ptype = r.choice("problem_type", PROBLEM_TYPES)
+    options = r.options("options", mc=ptype == "multiple choice")
+    solution = r.text("solution")
+    m = _ANSWER_TAG.search(solution)
+    if not m:
+        raise r.error("solution", f"no <answer>...</answer> tag in {solution!r}")
+    answer = m.group(1).strip()
+    if not answer:
+        raise r.error("solution", "empty answer")
+    if ptype == "multiple choice":
+        r.mc_answer("solution", answer, options)
+    rel = r.text("path")
+    video = os.path.normpath(rel if os.path.isabs(rel) else str(root / rel))
+    return Sample(
+        id=pid, video=video, question=problem, options=options, answer=answer,
+        problem_type=ptype, task=r.opt_str("data_source"), source="video-r1", process=r.opt_str("process"),
+        data_type=data_type, meta={"file": str(r.path), "row": r.index, "path": rel})
 
 
 def load_video_r1(json_path, video_root=None, require_videos: bool = True,
@@ -249,31 +308,255 @@ def load_video_r1(json_path, video_root=None, require_videos: bool = True,
         if data_type == "image" and not include_images:
             images += 1
             continue
-        pid = r.ident("problem_id")
-        problem = r.text("problem")
-        ptype = r.choice("problem_type", PROBLEM_TYPES)
-        options = r.options("options", mc=ptype == "multiple choice")
-        solution = r.text("solution")
-        m = _ANSWER_TAG.search(solution)
-        if not m:
-            raise r.error("solution", f"no <answer>...</answer> tag in {solution!r}")
-        answer = m.group(1).strip()
-        if not answer:
-            raise r.error("solution", "empty answer")
-        if ptype == "multiple choice":
-            r.mc_answer("solution", answer, options)
-        rel = r.text("path")
-        video = os.path.normpath(rel if os.path.isabs(rel) else str(root / rel))
-        process = r.opt_str("process")
-        source_name = r.opt_str("data_source")
-        samples.append(Sample(
-            id=pid, video=video, question=problem, options=options, answer=answer,
-            problem_type=ptype, task=source_name, source="video-r1", process=process,
-            data_type=data_type, meta={"file": str(json_path), "row": i, "path": rel}))
+        samples.append(_video_r1_sample(r, root))
     samples, missing = _finish(json_path, samples, require_videos)
     log.info("%s: %d samples, %d image records skipped, %d missing videos",
              json_path, len(samples), images, len(missing))
     return samples, missing
+
+
+# --------------------------------------------------------------------------- the training subset (Sec. 5.1)
+# The paper trains on "an outdoor-scene-relevant subset of Video-R1-260k (~10% of its video split,
+# filtered by scene category labels)". Video-R1 ships no scene labels and the paper defines neither the
+# labels nor "outdoor", so the rule below is ours (rule "outdoor", version OUTDOOR_RULE_VERSION):
+# explicit lists, nothing learnt, nothing random, decided from the JSON record alone.
+OUTDOOR_RULE_VERSION = "outdoor-v1"
+
+# Media folders of Video-R1-data (the first folder of `path`; Video-R1-260k's video rows per folder:
+# LLaVA-Video-178K 82,676, STAR 11,455, CLEVRER 8,220, NeXT-QA 7,549, PerceptionTest 6,348 = 116,248)
+# and sub-sources inside LLaVA-Video-178K (`path` components, e.g. academic_source/Charades/...) whose
+# footage is never outdoor: matched case-insensitively against every component of `path` and of
+# `data_source`. What remains (LLaVA-Video-178K's YouTube / ActivityNet / Ego4D / NExT-QA / Kinetics
+# clips, NeXT-QA) mixes indoor and outdoor scenes and goes on to the text test.
+SUBSET_EXCLUDED_SOURCES = {
+    "star": "STAR: Charades home videos (indoor)",
+    "perceptiontest": "PerceptionTest: scripted indoor table-top recordings",
+    "perception_test": "Perception Test clips of LLaVA-Video-178K (indoor)",
+    "clevrer": "CLEVRER: rendered synthetic collisions",
+    "charades": "Charades clips of LLaVA-Video-178K (indoor homes)",
+    "youcook2": "YouCook2 clips of LLaVA-Video-178K (kitchens)",
+    "sthsthv2": "Something-Something v2 clips (close-up hand-object, indoor)",
+}
+
+# Outdoor-scene vocabulary: streets and traffic, vehicles, aerial / drone footage, cities, open
+# landscapes, sky and weather (PVRBench's perturbations are lighting, weather, occlusion and camera
+# motion on outdoor / embodied footage). Whole words or phrases, lower case, plural forms listed.
+OUTDOOR_TERMS = (
+    "street", "streets", "road", "roads", "roadside", "highway", "highways", "freeway", "motorway",
+    "avenue", "boulevard", "alley", "sidewalk", "sidewalks", "crosswalk", "crossroads", "intersection",
+    "intersections", "roundabout", "traffic", "traffic light", "traffic lights", "stop sign", "road sign",
+    "parking lot", "car", "cars", "truck", "trucks", "bus", "buses", "taxi", "taxis", "vehicle",
+    "vehicles", "motorcycle", "motorcycles", "motorbike", "scooter", "bicycle", "bicycles", "bike",
+    "bikes", "cyclist", "cyclists", "pedestrian", "pedestrians", "driver", "drivers", "driving",
+    "dashcam", "dash cam", "windshield", "drone", "drones", "aerial", "city", "cities", "cityscape",
+    "downtown", "urban", "town", "village", "neighborhood", "neighbourhood", "skyline", "skyscraper",
+    "skyscrapers", "bridge", "bridges", "tunnel", "railway", "railroad", "airport", "runway", "harbor",
+    "harbour", "pier", "outdoor", "outdoors", "outside", "open air", "sky", "skies", "cloud", "clouds",
+    "cloudy", "sunny", "sunlight", "sunset", "sunrise", "weather", "rain", "raining", "rainy", "snow",
+    "snowing", "snowy", "fog", "foggy", "mist", "misty", "storm", "windy", "park", "parks", "garden",
+    "gardens", "backyard", "yard", "lawn", "grass", "forest", "woods", "tree", "trees", "mountain",
+    "mountains", "hill", "hills", "river", "lake", "beach", "ocean", "sea", "shore", "coast", "desert",
+    "trail", "hiking", "camping", "playground", "plaza",
+)
+# Indoor vocabulary: a record naming more distinct indoor than outdoor terms is dropped.
+INDOOR_TERMS = (
+    "indoor", "indoors", "room", "rooms", "living room", "bedroom", "bedrooms", "bathroom", "bathrooms",
+    "kitchen", "kitchens", "dining room", "office", "offices", "classroom", "hallway", "corridor",
+    "basement", "garage", "studio", "gym", "laboratory", "sofa", "couch", "bed", "beds", "pillow",
+    "blanket", "desk", "table", "tabletop", "countertop", "counter", "cabinet", "cupboard", "drawer",
+    "shelf", "shelves", "bookshelf", "refrigerator", "fridge", "microwave", "oven", "stove", "sink",
+    "toilet", "shower", "bathtub", "ceiling", "carpet", "rug", "curtain", "curtains", "fireplace",
+)
+SUBSET_RULES = {
+    "outdoor": "video records, minus the indoor / synthetic sources, whose question, options and chain of "
+               "thought name an outdoor term and more distinct outdoor than indoor terms",
+    "video": "every video record (Video-R1's video split, the denominator of the paper's ~10%)",
+}
+
+
+def _term_pattern(terms) -> re.Pattern:
+    alternatives = sorted({re.escape(t) for t in terms}, key=len, reverse=True)
+    return re.compile(r"\b(?:" + "|".join(alternatives) + r")\b")
+
+
+_OUTDOOR_RE = _term_pattern(OUTDOOR_TERMS)
+_INDOOR_RE = _term_pattern(INDOOR_TERMS)
+
+
+def _record_text(row: dict) -> str:
+    """The text the rule reads: problem, options and process (the CoT of Video-R1-COT-165k; absent in
+    Video-R1-260k), lower case, whitespace collapsed."""
+    options = row.get("options") or []
+    parts = [row.get("problem") or "", *(o for o in options if isinstance(o, str)), row.get("process") or ""]
+    return " ".join(" ".join(p for p in parts if isinstance(p, str)).lower().replace("\u2019", "'").split())
+
+
+def _path_parts(row: dict) -> list[str]:
+    path = row.get("path") if isinstance(row.get("path"), str) else ""
+    return [p for p in path.replace("\\", "/").split("/") if p not in ("", ".", "..")]
+
+
+def video_r1_source(row: dict) -> str:
+    """A record's source for the counts: ``data_source`` ("LLaVA-Video-178K/0_30_s_academic_v0_1"), or
+    when that is empty (CLEVRER's rows, for one) the media folder, the first folder of ``path``."""
+    ds = row.get("data_source")
+    if isinstance(ds, str) and ds.strip():
+        return ds.strip()
+    parts = _path_parts(row)
+    return parts[0] if len(parts) > 1 else "(none)"
+
+
+def subset_decision(row: dict, rule: str = "outdoor") -> tuple[bool, str, list[str], list[str]]:
+    """Whether `rule` keeps a Video-R1 record: ``(keep, reason, outdoor terms, indoor terms)``.
+
+    reason: "kept", "image" (not a video record), "source" (an excluded source, see
+    SUBSET_EXCLUDED_SOURCES), "no outdoor term", "indoor terms" (as many distinct indoor as outdoor
+    terms, or more). Pure and deterministic: the record alone decides.
+    """
+    if rule not in SUBSET_RULES:
+        raise ValueError(f"unknown rule {rule!r} (expected one of {list(SUBSET_RULES)})")
+    if row.get("data_type") != "video":
+        return False, "image", [], []
+    if rule == "video":
+        return True, "kept", [], []
+    ds = row.get("data_source") if isinstance(row.get("data_source"), str) else ""
+    components = {p.lower() for p in _path_parts(row)} | {p.strip().lower() for p in ds.split("/")}
+    if components & set(SUBSET_EXCLUDED_SOURCES):
+        return False, "source", [], []
+    text = _record_text(row)
+    outdoor = sorted(set(_OUTDOOR_RE.findall(text)))
+    indoor = sorted(set(_INDOOR_RE.findall(text)))
+    if not outdoor:
+        return False, "no outdoor term", outdoor, indoor
+    if len(indoor) >= len(outdoor):
+        return False, "indoor terms", outdoor, indoor
+    return True, "kept", outdoor, indoor
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def make_subset(data_path, out_path, rule: str = "outdoor", video_root=None, force: bool = False,
+                skip_invalid: bool = False) -> dict:
+    """Write the training subset of a Video-R1 JSON (Sec. 5.1): the records `rule` keeps, unchanged and in
+    their order, as a JSON list (``.json``) or JSONL (``.jsonl``) that :func:`load_video_r1` and
+    ``train.py --data`` read.
+
+    Rule "outdoor" (OUTDOOR_RULE_VERSION; the paper does not define "outdoor", nor its scene labels, and
+    Video-R1 has none, so this is our reading, decided from each record alone):
+
+    1. video records only (``data_type == "video"``), as the paper's "video split";
+    2. not from a source whose footage is never outdoor (SUBSET_EXCLUDED_SOURCES, matched against the
+       components of ``path`` and ``data_source``: STAR, PerceptionTest, CLEVRER, and LLaVA-Video-178K's
+       Charades / YouCook2 / Perception Test / Something-Something clips);
+    3. its text (``problem``, ``options`` and, in Video-R1-COT-165k, the ``process`` chain of thought,
+       which describes the scene) names at least one OUTDOOR_TERMS entry (street, road, car, traffic,
+       drone, city, sky, weather, park, ...; whole words) and more distinct outdoor than INDOOR_TERMS
+       entries (kitchen, bedroom, sofa, table, ...).
+
+    Rule "video" keeps every video record (the denominator). Share kept: Video-R1-260k's video split is
+    116,248 records; step 2 leaves at most 90,225 (77.6%: LLaVA-Video-178K and NeXT-QA) before the
+    LLaVA-Video-178K sub-sources; what step 3 keeps has not been measured here (no copy of the JSON
+    offline). The paper reports ~10% (~11.6k records); the command prints the share it kept, to compare.
+
+    ``video_root``: also drop the records whose video is missing under it (resolved as
+    :func:`load_video_r1` does), e.g. while only some zips are unpacked. A malformed row raises
+    :class:`DataError` naming the file, the row and the field (every video record is checked as
+    :func:`load_video_r1` checks it); ``skip_invalid`` skips such rows instead and counts them.
+    ``out_path`` is never replaced unless ``force``. Returns the summary that the command prints.
+    """
+    data_path = Path(data_path)
+    out = runtime.out_file(out_path, (".json", ".jsonl"), what="--out")
+    if rule not in SUBSET_RULES:
+        raise UserError(f"--rule {rule!r}: unknown (expected one of {', '.join(SUBSET_RULES)})")
+    if data_path.exists() and out.exists() and out.resolve() == data_path.resolve():
+        raise UserError(f"--out {out} is the input file; give another name")
+    if out.exists() and not force:
+        raise UserError(f"--out {out} exists; pass --force to replace it")
+    root = Path(video_root) if video_root else None
+    if root is not None and not root.is_dir():
+        raise UserError(f"--video-root {root}: not a folder")
+    rows = _read_records(data_path)
+    scan = _subset_scan(data_path, rows, rule, root, skip_invalid)
+    if not scan["kept"]:
+        log.warning("%s: rule %s kept no record", data_path, rule)
+    _write_records(out, scan["kept"])
+    reasons, n_video, kept = scan["reasons"], scan["n_video"], scan["kept"]
+    return {"input": str(data_path), "input_sha256": _sha256(data_path), "rule": rule,
+            "rule_version": OUTDOOR_RULE_VERSION if rule == "outdoor" else rule, "out": str(out),
+            "read": len(rows), "video": n_video, "image": reasons.get("image", 0), "invalid": len(scan["invalid"]),
+            "invalid_examples": scan["invalid"][:3], "kept": len(kept),
+            "kept_share_of_video": round(len(kept) / n_video, 4) if n_video else 0.0,
+            "dropped": {k: v for k, v in sorted(reasons.items()) if k not in ("kept", "image")},
+            "per_source": {src: {"read": n, "kept": scan["kept_by"].get(src, 0)}
+                           for src, n in sorted(scan["read_by"].items())}}
+
+
+def _subset_scan(data_path, rows, rule, root, skip_invalid) -> dict:
+    """make_subset's pass over the records: every video record checked as load_video_r1 checks it, the
+    rule's decision, and the counts (per reason, per source)."""
+    kept, invalid, n_video = [], [], 0
+    reasons, read_by, kept_by = Counter(), Counter(), Counter()
+    for i, row in enumerate(rows):
+        r = _Row(data_path, i, row, "problem_id")
+        try:
+            is_video = r.choice("data_type", ("video", "image")) == "video"
+            sample = _video_r1_sample(r, root or data_path.parent) if is_video else None
+        except DataError as e:
+            if not skip_invalid:
+                raise
+            invalid.append(str(e))
+            continue
+        keep, reason, _, _ = subset_decision(row, rule)
+        if sample is not None:
+            n_video += 1
+            read_by[video_r1_source(row)] += 1
+            if keep and root is not None and not os.path.exists(sample.video):
+                keep, reason = False, "missing video"
+            kept_by[video_r1_source(row)] += keep
+        reasons[reason] += 1
+        if keep:
+            kept.append(row)
+    return {"kept": kept, "invalid": invalid, "n_video": n_video, "reasons": reasons, "read_by": read_by,
+            "kept_by": kept_by}
+
+
+def _write_records(out: Path, rows: list) -> None:
+    """Records as a JSON list (.json) or JSONL (.jsonl), written to a temporary name and renamed."""
+    if out.suffix.lower() == ".jsonl":
+        text = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+    else:
+        text = json.dumps(rows, ensure_ascii=False, indent=2) + "\n"
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _print_subset_summary(summary: dict) -> None:
+    s = summary
+    print(f"{s['input']}: read {s['read']} records ({s['video']} video, {s['image']} image"
+          + (f", {s['invalid']} invalid, skipped" if s['invalid'] else "") + ")")
+    for msg in s["invalid_examples"]:
+        print(f"  invalid: {msg}")
+    print(f"rule {s['rule_version']}: kept {s['kept']} of {s['video']} video records "
+          f"({100 * s['kept_share_of_video']:.1f}%)")
+    if s["dropped"]:
+        print("dropped: " + ", ".join(f"{v} {k}" for k, v in s["dropped"].items()))
+    width = max((len(k) for k in s["per_source"]), default=6)
+    print(f"{'data_source':<{width}}  {'kept':>7}  {'read':>7}")
+    for src, c in s["per_source"].items():
+        print(f"{src:<{width}}  {c['kept']:>7}  {c['read']:>7}")
+    print(f"wrote {s['out']} (input sha256 {s['input_sha256'][:16]})")
 
 
 # --------------------------------------------------------------------------- VSI-Bench (App. B.1.2)
@@ -286,15 +569,40 @@ VSI_DATASETS = ("arkitscenes", "scannet", "scannetpp")   # VSI-Bench's; not enfo
                                                          # benchmark writes the same layout)
 
 
-def load_vsibench(path, video_root, require_videos: bool = True):
-    """Load VSI-Bench (``nyu-visionx/VSI-Bench`` parquet, or its JSONL).
+# What `hf download nyu-visionx/VSI-Bench` gives, in the order a folder is searched: the full set as JSONL
+# (the hub's current main), the full set as parquet (the first release). The debiased / pruned subsets
+# (test_debiased.parquet, test_pruned.parquet) are loaded by passing their file.
+VSI_ANNOTATION_FILES = ("test.jsonl", "test-00000-of-00001.parquet", "test.parquet")
+
+
+def _vsi_annotation(path: Path) -> Path:
+    """The annotation file of a VSI-Bench download folder (or `path` itself when it is a file)."""
+    if not path.is_dir():
+        return path
+    for name in VSI_ANNOTATION_FILES:
+        if (path / name).is_file():
+            return path / name
+    shards = sorted(p for p in path.glob("test-*.parquet"))
+    if shards:
+        return shards[0]
+    raise DataError(f"{path}: a folder without a VSI-Bench annotation file (looked for "
+                    f"{', '.join(VSI_ANNOTATION_FILES)}); pass the file itself")
+
+
+def load_vsibench(path, video_root=None, require_videos: bool = True):
+    """Load VSI-Bench (``nyu-visionx/VSI-Bench``): its parquet or JSONL file, or the download folder.
 
     Columns: id, dataset, scene_name, question_type, question, options (["A. sofa", ...], null for
-    numeric), ground_truth (the letter, or a number as a string). The video is
-    ``<video_root>/<dataset>/<scene_name>.mp4`` (lmms-eval's doc_to_visual). MC question types get
-    problem_type "multiple choice", numeric ones "regression" (scored by MRA).
+    numeric), ground_truth (the letter, or a number as a string), and in the hub's current files
+    ``pruned`` (True for the rows VSI-Bench-Debiased removes; kept in ``meta["pruned"]``). The video is
+    ``<video_root>/<dataset>/<scene_name>.mp4`` (lmms-eval's doc_to_visual): arkitscenes.zip,
+    scannet.zip and scannetpp.zip each unpack to a folder of that name. ``video_root`` defaults to
+    the annotation file's folder (the download folder). A folder as ``path`` means its
+    ``test.jsonl``, else ``test-00000-of-00001.parquet`` (the first release), else ``test.parquet``.
+    MC question types get problem_type "multiple choice", numeric ones "regression" (scored by MRA).
     """
-    path = Path(path)
+    path = _vsi_annotation(Path(path))
+    video_root = Path(video_root) if video_root is not None else path.parent
     samples = []
     for i, row in enumerate(_read_records(path)):
         r = _Row(path, i, row, "id")
@@ -320,6 +628,8 @@ def load_vsibench(path, video_root, require_videos: bool = True):
             id=rid, video=video, question=question, options=options, answer=gt,
             problem_type="multiple choice" if mc else "regression", task=qtype, source="vsibench",
             meta={"file": str(path), "row": i, "dataset": dataset, "scene_name": scene}))
+        if isinstance(row.get("pruned"), bool):
+            samples[-1].meta["pruned"] = row["pruned"]
     return _finish(path, samples, require_videos)
 
 
@@ -377,16 +687,38 @@ def _urban_video(root: Path, video_id: str) -> str:
     return os.path.normpath(str(root / (video_id + ".mp4")))
 
 
-def load_urbanvideo(path, video_root, require_videos: bool = True, skip_unparsable: bool = False):
-    """Load UrbanVideo-Bench ``MCQ.parquet`` (or JSON/JSONL with the same columns).
+def _urban_root(root: Path, video_id: str) -> Path:
+    """`root`, or `root`/videos when the videos are there and not in `root` (the download folder given
+    instead of its videos folder: EmbodiedCity/UrbanVideo-Bench ships MCQ.parquet next to videos/)."""
+    nested = root / "videos"
+    if (not os.path.exists(_urban_video(root, video_id)) and nested.is_dir()
+            and os.path.exists(_urban_video(nested, video_id))):
+        log.info("%s: the videos are in %s; using it as the video root", root, nested)
+        return nested
+    return root
+
+
+def load_urbanvideo(path, video_root=None, require_videos: bool = True, skip_unparsable: bool = False):
+    """Load UrbanVideo-Bench ``MCQ.parquet`` (or JSON/JSONL with the same columns), or its download folder.
 
     Columns: Question_id, video_id, question_category, question (options inline), answer (a
     letter). The options are parsed out of ``question`` (:func:`parse_inline_options`);
     the verbatim question is kept in ``meta["raw_question"]`` for the official prompt.
     A row whose options do not parse raises :class:`DataError`; with ``skip_unparsable=True`` it
     is skipped and logged instead (the public UrbanVideo-to-tsv converter skips 19 such rows).
+    ``EmbodiedCity/UrbanVideo-Bench`` ships ``MCQ.parquet`` and a flat ``videos/`` folder of mp4s;
+    a folder as ``path`` means its MCQ.parquet; ``video_root`` defaults to ``videos/`` next to the
+    file, and a ``video_root`` that holds ``videos/`` rather than the videos is followed into it.
     """
-    path, root = Path(path), Path(video_root)
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "MCQ.parquet").is_file():
+            raise DataError(f"{path}: a folder without MCQ.parquet; pass the annotation file itself")
+        path = path / "MCQ.parquet"
+    if video_root is None:
+        root = path.parent / "videos" if (path.parent / "videos").is_dir() else path.parent
+    else:
+        root = Path(video_root)
     samples, skipped = [], []
     for i, row in enumerate(_read_records(path)):
         r = _Row(path, i, row, "Question_id")
@@ -402,6 +734,8 @@ def load_urbanvideo(path, video_root, require_videos: bool = True, skip_unparsab
                 continue
             raise r.error("question", "cannot parse inline options (expected '... choose: A. x B. y' "
                                       "or 'Choices:\\nA. x\\nB. y'; pass skip_unparsable=True to skip)")
+        if not samples:
+            root = _urban_root(root, video_id)
         r.mc_answer("answer", answer, options)
         samples.append(Sample(
             id=qid, video=_urban_video(root, video_id), question=stem, options=options,
@@ -1129,7 +1463,9 @@ def text_only_baseline(train, evaluation):
 # --------------------------------------------------------------------------- command line
 def main(argv=None):
     import argparse
+
     ap = argparse.ArgumentParser(description="Data tools of the ROVA reference implementation.")
+    runtime.add_debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True)
     mk = sub.add_parser("make-synthetic", help="render the synthetic embodied benchmark (videos, depth, "
                         "Video-R1 train.json, VSI-Bench eval.jsonl)")
@@ -1139,12 +1475,48 @@ def main(argv=None):
     mk.add_argument("--frames", type=int, default=16, help="frames per clip")
     mk.add_argument("--size", type=int, default=112, help="frame side in pixels")
     mk.add_argument("--eval-fraction", type=float, default=0.25, help="share of clips in eval.jsonl")
+    runtime.add_debug_flag(mk)
+    ms = sub.add_parser(
+        "make-subset", formatter_class=argparse.RawDescriptionHelpFormatter,
+        help="write ROVA's training subset of a Video-R1 JSON (Sec. 5.1: outdoor scenes, video records)",
+        description="Write the records of a Video-R1 JSON (Video-R1-COT-165k.json or Video-R1-260k.json) that "
+                    "a rule keeps, unchanged and in order, in the same format (train.py --data reads it).",
+        epilog=f"""rules:
+  outdoor  (default, {OUTDOOR_RULE_VERSION}) the paper filters Video-R1-260k's video split "by scene category
+           labels" to an outdoor-relevant ~10% but defines neither; Video-R1 has no such labels. Ours,
+           decided from each record alone (data.py: SUBSET_EXCLUDED_SOURCES, OUTDOOR_TERMS, INDOOR_TERMS):
+           1. data_type == "video";
+           2. not from STAR, PerceptionTest, CLEVRER, nor LLaVA-Video-178K's Charades / YouCook2 /
+              Perception Test / Something-Something clips (components of path and data_source);
+           3. problem + options + process (the CoT, in Video-R1-COT-165k) name an outdoor term (street,
+              road, car, traffic, drone, city, sky, weather, park, ...) and more distinct outdoor than
+              indoor terms (kitchen, bedroom, sofa, table, ...).
+  video    every video record (the denominator).
+The share of video records kept is printed; the paper reports ~10% (not measured here).""")
+    ms.add_argument("--data", required=True, help="the Video-R1 JSON / JSONL to filter")
+    ms.add_argument("--out", required=True, help="the subset to write (.json: a JSON list; .jsonl: one record a "
+                    "line); never replaced without --force")
+    ms.add_argument("--rule", default="outdoor", choices=sorted(SUBSET_RULES), help="which records to keep "
+                    "(see below; default outdoor)")
+    ms.add_argument("--video-root", default="", help="also drop the records whose video is missing under this "
+                    "folder (the paths are relative to it, as in train.py --video-root)")
+    ms.add_argument("--force", action="store_true", help="replace --out if it exists")
+    ms.add_argument("--skip-invalid", action="store_true", help="skip malformed rows (counted, the first three "
+                    "shown) instead of stopping at the first")
+    runtime.add_debug_flag(ms)
     args = ap.parse_args(argv)
+    if args.command == "make-subset":
+        summary = make_subset(args.data, args.out, rule=args.rule, video_root=args.video_root or None,
+                              force=args.force, skip_invalid=args.skip_invalid)
+        _print_subset_summary(summary)
+        return 0
+    runtime.out_dir(args.out)
     summary = make_synthetic(args.out, n=args.n, seed=args.seed, num_frames=args.frames, size=args.size,
                              eval_fraction=args.eval_fraction)
     print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
     print("answer balance:", json.dumps(summary["answer_balance"], sort_keys=True))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    runtime.run(main)
