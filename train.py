@@ -2,11 +2,11 @@
 self-reflective, difficulty-aware curriculum and the temporal memory buffer.
 
     python train.py                                   # the CPU demo: tiny model + synthetic benchmark
-    torchrun --nproc_per_node=4 train.py --model Qwen/Qwen2.5-VL-7B-Instruct \\
-        --data Video-R1-260k-outdoor.json --video-root videos/ --out runs/rova --judge openai:gpt-4o
+    torchrun --nproc_per_node=4 train.py --model Qwen/Qwen2.5-VL-7B-Instruct --lora-r 64 \\
+        --data data/Video-R1-COT-outdoor.json --video-root data/Video-R1-data --out runs/rova --judge openai:gpt-4o
     python train.py --model ... --lora-r 64 --load-in-4bit   # one smaller GPU
 
-One RL step follows App. G's order (the one that saves cost, DESIGN.md 2): sample a corruption spec
+One RL step follows App. G's order (the one that saves cost): sample a corruption spec
 per video (dynamic protocol, Sec. 4) and corrupt it (Sec. 3.1); roll out G on the clean and G on the
 perturbed video (Alg. 2 l.3); self-assess every sample (Eq. 3, Alg. 2 l.6); discard confident easy
 ones, defer difficult ones to the buffer (l.7-10); compute rewards (Alg. 1) and the GRPO update
@@ -34,12 +34,14 @@ same backward passes). Rank 0 writes logs and checkpoints.
 """
 from __future__ import annotations
 
+import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
 import argparse
 import json
 import math
 import os
 import random
 import shutil
+import textwrap
 import time
 import warnings
 from collections import OrderedDict, defaultdict
@@ -61,95 +63,132 @@ import policy
 import video
 
 log = print  # rank-aware below
+RESUME_HINT = "rerun the same command to continue from the last checkpoint"  # Ctrl-C's line; main() names OUT
 
 
-def _arg(default, help_):
-    return field(default=default, metadata={"help": help_})
+def _arg(default, help_, group):
+    return field(default=default, metadata={"help": help_, "group": group})
+
+
+# --help shows the flags in these groups, in this order (each Config field names its group)
+GROUPS = {
+    "model": "the policy and how it is trained (full fine-tune, LoRA, 4-bit)",
+    "data": "training data and how videos are read (Sec. 5.1, App. D)",
+    "output": "the run folder: logs, checkpoints, resuming",
+    "SFT": "the supervised warm-up (Sec. 5.1, App. D)",
+    "RL": "dual-branch GRPO (Alg. 1-2, Eq. 7-10, App. D)",
+    "curriculum": "self-assessment and the memory buffer (Sec. 3.2, Eq. 3-6, Alg. 2 l.6-21)",
+    "evaluation": "the before/after check of the demo (PVRBench itself: eval_pvrbench.py)",
+    "distributed": "torchrun --nproc_per_node=N train.py ...: NCCL on GPUs, gloo on CPU, one data shard and "
+                   "buffer per rank, gradients averaged by trained completions; no flags of its own",
+    "extensions": "Embodied-R (--policy text) and Robust-TO (--agent), on the same harness",
+}
 
 
 @dataclass
 class Config:
     """Every default is App. D's unless said otherwise; each field is a command-line flag."""
-    model: str = _arg("", "policy: any AutoModelForImageTextToText path (Qwen2.5-VL, Qwen2-VL, Qwen3-VL), or with "
-                          "--policy text an AutoModelForCausalLM (Qwen2.5-3B-Instruct); empty with --data empty: "
-                          "the demo's tiny model")
-    policy: str = _arg("vlm", "vlm: the model sees the video | text: Embodied-R, the model reads --perceiver's text "
-                              "of the video (clean and corrupted alike)")
-    perceiver: str = _arg("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv (classical "
-                              "vision, a CPU stand-in; the demo's default); Embodied-R: Qwen2.5-VL-72B-Instruct")
-    agent: str = _arg("", "robust-to: train Robust-TO's orchestrated agent (orchestrate.py: frame selection, "
-                          "decomposition, tools, three-tier synthesis) with its confidence-cost reward; --mode grpo "
-                          "(clean videos) or grpo-aug (Robust-TO's five corruptions)")
-    agent_k: int = _arg(4, "--agent: frames the agent selects by reliability-relevance (of --frames)")
-    max_subqueries: int = _arg(4, "--agent: sub-queries kept from a decomposition")
-    synthesis_tokens: int = _arg(0, "--agent: new tokens of the agent's synthesis in rollouts (0: --max-new-tokens); "
-                                 "an answer that cites the evidence first needs more than a direct one")
-    w_reliability: float = _arg(0.5, "--agent: weight of the reliability of the evidence the answer rests on")
-    w_cost: float = _arg(0.1, "--agent: cost per sub-query beyond the frozen estimator's count")
-    perception_cache: str = _arg("", "--policy text: SQLite cache of perception texts (default: "
-                                     "OUT/perception_cache.sqlite; keyed by frame content, question, perceiver)")
-    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset); empty: the demo")
-    video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)")
-    eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy before and after")
-    eval_video_root: str = _arg("", "video root of --eval-data")
-    eval_limit: int = _arg(96, "questions of --eval-data used for the before/after report")
+    # model
+    model: str = _arg("", "policy: any AutoModelForImageTextToText path or hub id (Qwen2.5-VL, Qwen2-VL, Qwen3-VL), "
+                          "or with --policy text an AutoModelForCausalLM (Qwen2.5-3B-Instruct); empty with --data "
+                          "empty: the demo's tiny model", "model")
+    lora_r: int = _arg(0, "LoRA rank on the language model (0: full fine-tune)", "model")
+    load_in_4bit: bool = _arg(False, "NF4 4-bit base weights (needs --lora-r > 0)", "model")
+    gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)", "model")
+    # data
+    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python data.py "
+                         "make-subset`); empty: the demo", "data")
+    video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)", "data")
+    frames: int = _arg(16, "frames per video (App. D: 16 in training); at most this many with --frame-sampler "
+                           "keyframes", "data")
+    max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
+    frame_sampler: str = _arg("uniform", "uniform (qwen-vl-utils) | keyframes (Embodied-R Sec. 2.1: ORB + RANSAC "
+                                         "overlap < eps at 1 fps)", "data")
+    keyframe_eps: float = _arg(0.5, "overlap threshold of --frame-sampler keyframes (Embodied-R's code: 0.5)", "data")
+    max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable", "data")
+    video_cache: int = _arg(64, "decoded clips kept in memory per process", "data")
+    demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark", "data")
+    seed: int = _arg(0, "seed of data order, corruption specs and sampling", "data")
+    # output
     out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/ (the --policy text demo: "
-                                 "runs/rova-text)")
+                                 "runs/rova-text). A finished run in it is never replaced without --overwrite; "
+                                 "an unfinished one with the same config is continued", "output")
+    resume: str = _arg("", "auto: continue from the last complete checkpoint in OUT even if the config differs; or "
+                           "a checkpoint folder", "output")
+    overwrite: bool = _arg(False, "replace whatever run OUT holds, finished or not (the demo's model and benchmark "
+                                  "are kept)", "output")
+    save_every: int = _arg(50, "checkpoint every this many steps (SFT and RL)", "output")
+    keep_checkpoints: int = _arg(2, "complete checkpoints kept (older ones are deleted)", "output")
+    stop_after: int = _arg(0, "testing: exit (as if killed) after this many steps of this run, no final save", "output")
+    # SFT
+    sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
+    sft_batch_size: int = _arg(8, "videos per SFT step per process", "SFT")
+    sft_lr: float = _arg(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)", "SFT")
+    # RL
     mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
-                            "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)")
-    temporal_grpo: bool = _arg(False, "add T-GRPO's shuffled group (Video-R1; App. D: G~ = 4)")
-    sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)")
-    rl_steps: int = _arg(300, "RL steps (App. D: 300)")
-    batch_size: int = _arg(4, "videos per RL step per process (Table 14: N = 4 per GPU)")
-    sft_batch_size: int = _arg(8, "videos per SFT step per process")
-    group_size: int = _arg(8, "G: rollouts per video and branch (App. D: 8)")
-    shuffled_group_size: int = _arg(4, "G~: rollouts on the shuffled video for T-GRPO (App. D: 4)")
-    lr: float = _arg(1e-5, "AdamW learning rate of RL, cosine schedule (App. D: 1e-5)")
-    sft_lr: float = _arg(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)")
-    weight_decay: float = _arg(0.0, "AdamW weight decay")
-    max_grad_norm: float = _arg(1.0, "gradient norm clip (App. D: 1.0)")
-    clip_eps: float = _arg(0.2, "PPO clip epsilon of Eq. 7 (App. D: 0.2)")
-    beta: float = _arg(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)")
-    w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)")
-    w_acc: float = _arg(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
+                             "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL")
+    rl_steps: int = _arg(300, "RL steps (App. D: 300)", "RL")
+    batch_size: int = _arg(4, "videos per RL step per process (Table 14: N = 4 per GPU)", "RL")
+    group_size: int = _arg(8, "G: rollouts per video and branch (App. D: 8)", "RL")
+    temporal_grpo: bool = _arg(False, "add T-GRPO's shuffled group (Video-R1; App. D: G~ = 4)", "RL")
+    shuffled_group_size: int = _arg(4, "G~: rollouts on the shuffled video for T-GRPO (App. D: 4)", "RL")
+    eta: float = _arg(0.7, "perturbation intensity (App. D: 0.7)", "RL")
+    lr: float = _arg(1e-5, "AdamW learning rate of RL, cosine schedule (App. D: 1e-5)", "RL")
+    weight_decay: float = _arg(0.0, "AdamW weight decay", "RL")
+    max_grad_norm: float = _arg(1.0, "gradient norm clip (App. D: 1.0)", "RL")
+    clip_eps: float = _arg(0.2, "PPO clip epsilon of Eq. 7 (App. D: 0.2)", "RL")
+    beta: float = _arg(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)", "RL")
+    w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)", "RL")
+    w_acc: float = _arg(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)", "RL")
+    alpha_r: float = _arg(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)", "RL")
+    alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)", "RL")
+    judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)", "RL")
+    judge_cache: str = _arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)", "RL")
+    max_new_tokens: int = _arg(256, "tokens per rollout", "RL")
+    temperature: float = _arg(1.0, "sampling temperature of rollouts", "RL")
+    top_p: float = _arg(1.0, "nucleus sampling of rollouts", "RL")
+    # curriculum
+    tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
+                      "curriculum")
+    a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)", "curriculum")
+    a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)", "curriculum")
+    unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
+                                          "difficult; 0 ignores it", "curriculum")
+    buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)", "curriculum")
+    n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
+                      "curriculum")
+    reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
+    reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation", "curriculum")
+    # evaluation
+    eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy before and after", "evaluation")
+    eval_video_root: str = _arg("", "video root of --eval-data", "evaluation")
+    eval_limit: int = _arg(96, "questions of --eval-data used for the before/after report", "evaluation")
+    # extensions
+    policy: str = _arg("vlm", "vlm: the model sees the video | text: Embodied-R, the model reads --perceiver's text "
+                              "of the video (clean and corrupted alike)", "extensions")
+    perceiver: str = _arg("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv (classical "
+                              "vision, a CPU stand-in; the demo's default); Embodied-R: Qwen2.5-VL-72B-Instruct",
+                          "extensions")
+    perception_cache: str = _arg("", "--policy text: SQLite cache of perception texts (default: "
+                                     "OUT/perception_cache.sqlite; keyed by frame content, question, perceiver)",
+                                 "extensions")
     reward_weights: str = _arg("", "format:accuracy:consistency[:alignment] weights, normalised to sum 1, or a "
                                    "schedule by data epoch: 'embodied-r' (Embodied-R Sec. 2.3: 7:3:0 epochs 1-2, "
                                    "3:7:0 epochs 3-4, 1:7:2 from 5) or '1-2=7:3:0,3-=1:7:2'; consistency = "
                                    "Embodied-R's logical-consistency reward (asks --judge); without an alignment "
-                                   "weight r^A gets the accuracy weight (App. D's ratio). Empty: --w-format/--w-acc")
-    alpha_r: float = _arg(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)")
-    alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)")
-    tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)")
-    a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)")
-    a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)")
-    unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
-                                          "difficult; 0 ignores it (DESIGN.md 2)")
-    buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)")
-    n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)")
-    reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)")
-    reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation (DESIGN.md 2)")
-    eta: float = _arg(0.7, "perturbation intensity (App. D: 0.7)")
-    frames: int = _arg(16, "frames per video (App. D: 16 in training); at most this many with --frame-sampler keyframes")
-    frame_sampler: str = _arg("uniform", "uniform (qwen-vl-utils) | keyframes (Embodied-R Sec. 2.1: ORB + RANSAC "
-                                         "overlap < eps at 1 fps)")
-    keyframe_eps: float = _arg(0.5, "overlap threshold of --frame-sampler keyframes (Embodied-R's code: 0.5)")
-    max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)")
-    max_new_tokens: int = _arg(256, "tokens per rollout")
-    temperature: float = _arg(1.0, "sampling temperature of rollouts")
-    top_p: float = _arg(1.0, "nucleus sampling of rollouts")
-    lora_r: int = _arg(0, "LoRA rank on the language model (0: full fine-tune)")
-    load_in_4bit: bool = _arg(False, "NF4 4-bit base weights (needs --lora-r > 0)")
-    gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
-    judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)")
-    judge_cache: str = _arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
-    save_every: int = _arg(50, "checkpoint every this many steps (SFT and RL)")
-    keep_checkpoints: int = _arg(2, "complete checkpoints kept (older ones are deleted)")
-    resume: str = _arg("", "auto: the last complete checkpoint in OUT; or a checkpoint folder")
-    seed: int = _arg(0, "seed of data order, corruption specs and sampling")
-    max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable")
-    video_cache: int = _arg(64, "decoded clips kept in memory per process")
-    demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark")
-    stop_after: int = _arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
+                                   "weight r^A gets the accuracy weight (App. D's ratio). Empty: --w-format/--w-acc",
+                               "extensions")
+    agent: str = _arg("", "robust-to: train Robust-TO's orchestrated agent (orchestrate.py: frame selection, "
+                          "decomposition, tools, three-tier synthesis) with its confidence-cost reward; --mode grpo "
+                          "(clean videos) or grpo-aug (Robust-TO's five corruptions)", "extensions")
+    agent_k: int = _arg(4, "--agent: frames the agent selects by reliability-relevance (of --frames)", "extensions")
+    max_subqueries: int = _arg(4, "--agent: sub-queries kept from a decomposition", "extensions")
+    synthesis_tokens: int = _arg(0, "--agent: new tokens of the agent's synthesis in rollouts (0: --max-new-tokens); "
+                                    "an answer that cites the evidence first needs more than a direct one",
+                                 "extensions")
+    w_reliability: float = _arg(0.5, "--agent: weight of the reliability of the evidence the answer rests on",
+                                "extensions")
+    w_cost: float = _arg(0.1, "--agent: cost per sub-query beyond the frozen estimator's count", "extensions")
 
 
 # The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. The tiny model
@@ -160,18 +199,27 @@ DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sf
 
 
 MODES = ("rova", "dual", "grpo", "grpo-aug")
+TEXT_DEMO_OUT = "runs/rova-text"  # the --policy text demo's OUT (the VLM demo's is Config.out)
 
 
 def parse_args(argv=None) -> Config:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    demo = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in DEMO.items())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
+                                 usage="%(prog)s [--model M --data D.json --video-root DIR] [options]",
+                                 epilog=textwrap.fill(f"The demo (no --model, no --data) changes these defaults: "
+                                                      f"{demo}.", 100))
+    groups = {name: ap.add_argument_group(name, text) for name, text in GROUPS.items()}
     for f in fields(Config):
-        flag = "--" + f.name.replace("_", "-")
+        flag, group = "--" + f.name.replace("_", "-"), groups[f.metadata["group"]]
         if f.type in ("bool", bool):
-            ap.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float}.get(str(f.type), str)
-            ap.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
-    cfg = Config(**vars(ap.parse_args(argv)))
+            group.add_argument(flag, type=kind, default=f.default, help=f.metadata["help"])
+    runtime.add_debug_flag(groups["output"])
+    args = vars(ap.parse_args(argv))
+    args.pop("debug")  # read by runtime.run
+    cfg = Config(**args)
     if cfg.mode not in MODES:
         ap.error(f"--mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     if cfg.reward_weights:
@@ -283,13 +331,17 @@ def set_rng_state(plain, tensors, spec_rng):
 # ----------------------------------------------------------------------------- data
 
 class Clips:
-    """Decoded training clips with an LRU cache; a missing or unreadable video is skipped and counted."""
+    """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
+    (path -> reason) so that it is neither decoded again nor counted twice; above --max-bad-fraction of
+    the data's videos the run stops."""
 
-    def __init__(self, cfg: Config, n_missing: int, n_total: int):
-        self.cfg, self.cache, self.bad, self.seen = cfg, OrderedDict(), n_missing, n_total
-        self.bad_ids: list[str] = []
+    def __init__(self, cfg: Config, missing: list, n_videos: int):
+        self.cfg, self.cache, self.n_videos = cfg, OrderedDict(), n_videos
+        self.bad = {path: "missing" for _, path in missing}
 
     def get(self, sample):
+        if sample.video in self.bad:
+            return None
         if sample.video in self.cache:
             self.cache.move_to_end(sample.video)
             return self.cache[sample.video]
@@ -297,12 +349,12 @@ class Clips:
             frames, _, _ = video.read_frames(sample.video, num_frames=self.cfg.frames, max_pixels=self.cfg.max_pixels,
                                              sampler=self.cfg.frame_sampler, keyframe_eps=self.cfg.keyframe_eps)
         except Exception as e:  # noqa: BLE001 - a bad file is skipped, never fatal (up to max_bad_fraction)
-            self.bad += 1
-            self.bad_ids.append(sample.id)
+            self.bad[sample.video] = " ".join(str(e).split())
             log(f"skipping sample {sample.id}: {e}")
-            if self.bad > self.cfg.max_bad_fraction * max(self.seen, 1):
-                raise SystemExit(f"stopping: {self.bad} of {self.seen} videos are missing or unreadable "
-                                 f"(more than --max-bad-fraction {self.cfg.max_bad_fraction}); last: {sample.video}")
+            if len(self.bad) > self.cfg.max_bad_fraction * max(self.n_videos, 1):
+                raise runtime.UserError(f"stopping: {len(self.bad)} of {self.n_videos} videos are missing or "
+                                        f"unreadable (more than --max-bad-fraction {self.cfg.max_bad_fraction}); "
+                                        f"last: {sample.video}")
             return None
         self.cache[sample.video] = frames
         if len(self.cache) > self.cfg.video_cache:
@@ -385,7 +437,8 @@ def load_model(cfg, device, weights=None):
 
 def save_model(model, processor, folder):
     """safetensors: the full model (with its processor), or only the LoRA adapter."""
-    model.save_pretrained(folder, safe_serialization=True)
+    with runtime.no_hf_progress_bars():  # no "Writing model shards" bar inside the training bar
+        model.save_pretrained(folder, safe_serialization=True)
     if not hasattr(model, "peft_config"):
         processor.save_pretrained(folder)
 
@@ -427,13 +480,66 @@ def _complete_checkpoints(root):
     return sorted(done, key=lambda p: (order.get(p.name.split("-")[0], 2), p.name))
 
 
-def find_checkpoint(cfg):
-    if not cfg.resume:
+# Config fields that change nothing a run computes: an unfinished run continues across a change of these.
+NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "keep_checkpoints", "video_cache",
+                   "max_bad_fraction", "judge_cache", "perception_cache")
+RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")  # + the folders below
+RUN_FOLDERS = ("checkpoints", "reference", "final", "tensorboard")  # the demo's tiny/ and synthetic/ are kept
+
+
+def config_changes(saved: dict, cfg: Config) -> list[str]:
+    """'flag old -> new' for every result-changing field in which cfg differs from a saved config."""
+    now = asdict(cfg)
+    return [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}" for k in now
+            if k in saved and k not in NOT_RESULT_KEYS and saved[k] != now[k]]
+
+
+def claim_run_folder(cfg, rank):
+    """What OUT holds decides what this run does; nothing finished is ever deleted implicitly. A finished
+    run (final/ or summary.json) is refused unless --overwrite; an unfinished one (complete checkpoints)
+    is continued from its last checkpoint when the config matches or --resume is given, refused
+    otherwise; the files of a run stopped before its first checkpoint are replaced. Returns the
+    checkpoint to resume from, or None for a fresh run."""
+    out = Path(cfg.out)
+    if cfg.resume and cfg.resume != "auto":
+        ckpt = Path(cfg.resume)
+        if not (ckpt / "COMPLETE").is_file():
+            raise runtime.UserError(f"--resume {ckpt}: not a complete checkpoint (no COMPLETE marker)")
+        log(f"resuming from {ckpt}")
+        return ckpt
+    done = _complete_checkpoints(out / "checkpoints")
+    finished = (out / "final").is_dir() or (out / "summary.json").is_file()
+    if cfg.overwrite:
+        if rank == 0 and (done or finished):
+            log(f"--overwrite: replacing the run in {out}")
+        _clear_run(out, rank)
         return None
-    if cfg.resume != "auto":
-        return Path(cfg.resume)
-    done = _complete_checkpoints(Path(cfg.out) / "checkpoints")
-    return done[-1] if done else None
+    if finished:
+        raise runtime.UserError(f"{out} holds a finished run (final weights in {out / 'final'}): give --out NEW for "
+                                "another run, or --overwrite to replace it")
+    if done:
+        saved = json.loads((done[-1] / "state.json").read_text())
+        changes = config_changes(saved["config"], cfg)
+        if changes and not cfg.resume:
+            raise runtime.UserError(f"{out} holds an unfinished run (last checkpoint {done[-1].name}) with another "
+                                    f"config ({'; '.join(changes[:4])}): rerun with its flags to continue it, "
+                                    "--resume auto to continue it with these, --out NEW, or --overwrite")
+        log(f"continuing the unfinished run in {out} from {done[-1].name} ({saved['state']['stage']} step "
+            f"{saved['state']['step']}" + (f"; changed flags: {'; '.join(changes)})" if changes
+                                          else "; same config, --overwrite starts over)"))
+        return done[-1]
+    _clear_run(out, rank)  # nothing finished: a run stopped before its first checkpoint
+    return None
+
+
+def _clear_run(out, rank):
+    barrier()  # every rank has decided before rank 0 removes anything
+    if rank == 0:
+        for name in RUN_FILES:
+            (out / name).unlink(missing_ok=True)
+        for name in RUN_FOLDERS:
+            shutil.rmtree(out / name, ignore_errors=True)
+    barrier()
 
 
 def barrier():
@@ -910,14 +1016,19 @@ def evaluate(cfg, model, processor, samples, limit, observer, batch_size=16):
 # ----------------------------------------------------------------------------- main
 
 def prepare_demo(cfg, rank):
-    """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once)."""
+    """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once). The
+    --policy text demo in its default OUT shares the VLM demo's benchmark (runs/rova/synthetic, which
+    eval_pvrbench.py also reads), so the same 480 clips are rendered once."""
     out = Path(cfg.out)
     text = cfg.policy == "text"
     tiny, synth = out / ("tiny-text" if text else "tiny"), out / "synthetic"
+    if text and cfg.out == TEXT_DEMO_OUT:
+        synth = Path(Config().out) / "synthetic"
     if rank == 0:
         if not (tiny / "config.json").is_file():
             log(f"demo: building the tiny {'text LM' if text else 'model'} in {tiny}")
-            policy.build_tiny(tiny, arch="qwen2" if text else "qwen2_5_vl")
+            with runtime.no_hf_progress_bars():
+                policy.build_tiny(tiny, arch="qwen2" if text else "qwen2_5_vl")
         if not (synth / "summary.json").is_file():
             log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
             data.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56)
@@ -926,65 +1037,76 @@ def prepare_demo(cfg, rank):
     cfg.eval_data, cfg.eval_video_root = str(synth / "eval.jsonl"), str(synth / "videos")
 
 
+def apply_demo_preset(cfg):
+    """No --model and no --data: the demo's settings (DEMO), except what the user set explicitly."""
+    defaults = Config()
+    for k, v in DEMO.items():
+        if getattr(cfg, k) == getattr(defaults, k):
+            setattr(cfg, k, v)
+    if cfg.policy == "text":
+        cfg.perceiver = cfg.perceiver or "cv"  # the demo's perception: classical vision, no model to download
+        if cfg.out == defaults.out:  # keep the VLM demo's runs/rova (eval_pvrbench.py's default) apart
+            cfg.out = TEXT_DEMO_OUT
+
+
+def check_sources(cfg):
+    """Every model the run will load exists (locally, in the cache or on a reachable hub): one line now,
+    not a traceback after the data is read."""
+    runtime.model_source(cfg.model)
+    for flag, spec in (("--judge", cfg.judge), ("--perceiver", cfg.perceiver)):
+        if spec.startswith("hf:"):
+            runtime.model_source(spec[3:], what=f"{flag} hf:")
+
+
 def main(argv=None):
-    global log
+    global log, RESUME_HINT
     cfg = parse_args(argv)
     rank, world, device = setup_distributed()
     log = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
-    if not cfg.model and not cfg.data:
-        defaults = Config()
-        for k, v in DEMO.items():  # the demo preset, except what the user set explicitly
-            if getattr(cfg, k) == getattr(defaults, k):
-                setattr(cfg, k, v)
-        if cfg.policy == "text":
-            cfg.perceiver = cfg.perceiver or "cv"  # the demo's perception: classical vision, no model to download
-            if cfg.out == Config().out:  # keep the VLM demo's runs/rova (eval_pvrbench.py's default) apart
-                cfg.out = "runs/rova-text"
-        prepare_demo(cfg, rank)
+    demo = not cfg.model and not cfg.data
+    if demo:
+        apply_demo_preset(cfg)
     elif not (cfg.model and cfg.data):
-        raise SystemExit("give both --model and --data (or neither, for the demo)")
-    out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+        raise runtime.UserError("give both --model and --data (or neither, for the demo)")
+    out = runtime.out_dir(cfg.out)
+    if demo:
+        prepare_demo(cfg, rank)
+    else:
+        check_sources(cfg)
+    RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {out / 'checkpoints'}"
     random.seed(cfg.seed * 1000 + rank)
     np.random.seed(cfg.seed * 1000 + rank)
     torch.manual_seed(cfg.seed * 1000 + rank)
     spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
 
     samples, missing = data.load_video_r1(cfg.data, cfg.video_root or None)
-    total = len(samples) + len(missing)
-    if len(missing) > cfg.max_bad_fraction * max(total, 1):
-        raise SystemExit(f"stopping: {len(missing)} of {total} videos of {cfg.data} are missing "
-                         f"(more than --max-bad-fraction {cfg.max_bad_fraction}); first: {missing[0][1]}")
+    n_videos = len({s.video for s in samples} | {p for _, p in missing})
+    n_missing = len({p for _, p in missing})
+    if n_missing > cfg.max_bad_fraction * max(n_videos, 1):
+        raise runtime.UserError(f"stopping: {n_missing} of {n_videos} videos of {cfg.data} are missing (more than "
+                                f"--max-bad-fraction {cfg.max_bad_fraction}); e.g. {missing[0][1]}")
     if not samples:
-        raise SystemExit(f"no usable training samples in {cfg.data}")
+        raise runtime.UserError(f"no usable training samples in {cfg.data}")
     shard = samples[rank::world]
-    clips = Clips(cfg, len(missing), total)
+    clips = Clips(cfg, missing, n_videos)
 
-    ckpt = find_checkpoint(cfg)
-    if ckpt is not None and not (ckpt / "COMPLETE").is_file():
-        raise SystemExit(f"checkpoint {ckpt} is incomplete (no COMPLETE marker)")
+    ckpt = claim_run_folder(cfg, rank)
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = (json.loads((ckpt / f"rank{rank}.json").read_text()),
                 torch.load(ckpt / f"rank{rank}_rng.pt", weights_only=True)) if ckpt else None
     model, processor = load_model(cfg, device, weights=str(ckpt / "model") if ckpt else None)
     if policy.is_text_model(model) != (cfg.policy == "text"):
-        raise SystemExit(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}: "
+        raise runtime.UserError(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}: "
                          f"use --policy {'text' if policy.is_text_model(model) else 'vlm'}")
     observer = Observer(cfg)
-    if ckpt:
-        log(f"resuming from {ckpt} ({state['stage']} step {state['step']})")
+    if ckpt and rank == 0:
         _truncate_log(out / "log.jsonl", state)
-    elif rank == 0:  # a fresh run: the previous run's results in OUT are replaced (the demo's assets are kept)
-        for stale in ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json"):
-            (out / stale).unlink(missing_ok=True)
-        for stale in ("checkpoints", "reference", "final", "tensorboard"):
-            shutil.rmtree(out / stale, ignore_errors=True)
     barrier()
     writer = _tensorboard(out) if rank == 0 else None
 
     eval_samples = []
     if cfg.eval_data:
-        eval_samples, _ = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or Path(cfg.eval_data).parent)
+        eval_samples, _ = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)
     if eval_samples and rank == 0 and not (out / "eval_before.json").is_file():
         before = evaluate(cfg, model, processor, eval_samples, cfg.eval_limit, observer)
         (out / "eval_before.json").write_text(json.dumps(before))
@@ -1016,7 +1138,7 @@ def main(argv=None):
             opt.zero_grad(set_to_none=True)
             state["step"] += 1
             rec = {"stage": "sft", "step": state["step"], "lr": sched.get_last_lr()[0],
-                   "nll": _mean_over_ranks(nll, n, device), "bad_videos": clips.bad, "sec_step": time.perf_counter() - t0}
+                   "nll": _mean_over_ranks(nll, n, device), "bad_videos": len(clips.bad), "sec_step": time.perf_counter() - t0}
             _log_step(out, rec, writer, bar, rank)
             steps_this_run += 1
             if state["step"] % cfg.save_every == 0 or state["step"] == sft_total:
@@ -1039,7 +1161,8 @@ def main(argv=None):
         if rank == 0 and not (ref_dir / "config.json").is_file():
             save_model(model, processor, ref_dir)
         barrier()
-        ref_model = policy.frozen_copy(policy.load_policy(str(ref_dir), device=device)[0])
+        with runtime.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
+            ref_model = policy.frozen_copy(policy.load_policy(str(ref_dir), device=device)[0])
     rl = build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, observer)
     if ckpt and state["stage"] == "rl":
         _load_optimizer(ckpt, rl.opt, rl.sched)
@@ -1051,7 +1174,7 @@ def main(argv=None):
         s = rl.step(state["step"], spec_rng)
         state["step"] += 1
         rec = {"stage": "rl", "step": state["step"], "lr": rl.sched.get_last_lr()[0]} | reduce_record(s, device, world)
-        rec["bad_videos"] = clips.bad
+        rec["bad_videos"] = len(clips.bad)
         rec["sec_step"] = time.perf_counter() - t0
         _log_step(out, rec, writer, bar, rank)
         steps_this_run += 1
@@ -1064,13 +1187,14 @@ def main(argv=None):
     _close(bar)
 
     checksum = float(sum(p.detach().double().sum() for p in model.parameters()))  # equal on every rank
-    checksums = [checksum] * world
+    gathered = [(checksum, clips.bad)] * world
     if dist.is_initialized():
-        dist.all_gather_object(checksums, checksum)
+        dist.all_gather_object(gathered, (checksum, clips.bad))
     if rank == 0:
         save_model(model, processor, out / "final")
-        summary = {"config": asdict(cfg), "buffer": rl.buffer.stats(), "bad_videos": clips.bad,
-                   "bad_video_ids": clips.bad_ids[:50], "rank_checksums": checksums}
+        bad = {path: why for _, b in gathered for path, why in b.items()}  # every rank's skipped videos
+        summary = {"config": asdict(cfg), "buffer": rl.buffer.stats(), "bad_videos": len(bad),
+                   "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _ in gathered]}
         if eval_samples:
             summary["before"] = json.loads((out / "eval_before.json").read_text())
             if (out / "eval_after_sft.json").is_file():
@@ -1154,4 +1278,4 @@ def _log_step(out, rec, writer, bar, rank):
 
 
 if __name__ == "__main__":
-    main()
+    runtime.run(main, interrupted=lambda: RESUME_HINT)

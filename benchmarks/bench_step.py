@@ -30,10 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 import data  # noqa: E402
 import policy  # noqa: E402
 import train  # noqa: E402
@@ -98,7 +99,7 @@ def run(args):
     if missing:
         print(f"note: {len(missing)} videos of {args.data} are missing; their samples are left out")
     cfg0 = train.Config(frames=args.frames, max_pixels=args.max_pixels, video_cache=len(samples) + 1)
-    clips = train.Clips(cfg0, 0, len(samples))
+    clips = train.Clips(cfg0, [], len(samples))
     for s in samples:  # decode everything before timing
         clips.get(s)
     modes = {m: make_mode(args, m, samples, clips, work) for m in MODES}

@@ -25,10 +25,11 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
 import data  # noqa: E402
 import grpo  # noqa: E402
 import judge as judges  # noqa: E402

@@ -149,15 +149,15 @@ def test_perception_is_cached_across_runs(assets, tmp_path, scripted):
     train.main(_args(assets, out, "--mode", "dual"))
     first = len(scripted.calls)
     assert first > 0
-    train.main(_args(assets, out, "--mode", "dual"))  # a fresh run in the same OUT: same seed, same videos
+    train.main(_args(assets, out, "--mode", "dual", "--overwrite"))  # a fresh run in the same OUT: same videos
     assert len(scripted.calls) == first  # every text came from OUT/perception_cache.sqlite
 
 
 def test_policy_and_model_kind_must_agree(assets, tmp_path, scripted):
     root, tiny, vlm, synth = assets
-    with pytest.raises(SystemExit, match="use --policy vlm"):
+    with pytest.raises(train.runtime.UserError, match="use --policy vlm"):
         train.main(_args(assets, tmp_path / "a", "--model", str(vlm)))
-    with pytest.raises(SystemExit, match="use --policy text"):
+    with pytest.raises(train.runtime.UserError, match="use --policy text"):
         train.main(["--model", str(tiny), "--data", str(synth / "train.json"), "--out", str(tmp_path / "b"),
                     "--rl-steps", "0", "--sft-epochs", "0"])
     with pytest.raises(SystemExit):  # argparse: --policy text needs --perceiver
@@ -176,7 +176,7 @@ def test_eval_pvrbench_runs_a_text_model_through_the_perceiver(assets, tmp_path,
     assert Path(out["config"]["run_dir"], "config.json").read_text().count("scripted") == 1
     n_calls = len(scripted.calls)
     assert n_calls > 0
-    with pytest.raises(SystemExit, match="give --perceiver"):
+    with pytest.raises(ev.runtime.UserError, match="give --perceiver"):
         ev.main(["--model", str(tiny), "--out", str(tmp_path / "eval2"), *base])
-    with pytest.raises(SystemExit, match="is a VLM"):
+    with pytest.raises(ev.runtime.UserError, match="is a VLM"):
         ev.main(["--model", str(vlm), "--perceiver", "scripted", "--out", str(tmp_path / "eval3"), *base])

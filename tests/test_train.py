@@ -115,10 +115,13 @@ def test_missing_and_corrupt_videos_are_skipped_and_counted(assets, tmp_path, ca
     a[a.index("--data") + 1] = str(folder / "train.json")
     train.main(a)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["bad_videos"] >= 1 and records(tmp_path / "out")[-1]["step"] == 4
+    assert summary["bad_videos"] == 2 and records(tmp_path / "out")[-1]["step"] == 4  # each bad video once
+    files = summary["bad_video_files"]
+    assert sorted(Path(f).name for f in files) == sorted(Path(c).name for c in clips[:2])
+    assert files[str(folder / clips[1])] == "missing" and "decoded" in files[str(folder / clips[0])]
     assert "skipping sample" in capsys.readouterr().out
     a[a.index("--max-bad-fraction") + 1] = "0.0"
-    with pytest.raises(SystemExit, match="missing"):
+    with pytest.raises(train.runtime.UserError, match="missing"):
         train.main(a)
 
 
@@ -181,3 +184,97 @@ def test_reward_weights_schedule_and_the_consistency_reward(assets, tmp_path):
     assert rec["w_consistency"] == pytest.approx(0.2) and rec["r_consistency"] is not None  # judged (local judge)
     with pytest.raises(SystemExit):
         train.parse_args(["--reward-weights", "7:x:0"])
+
+
+# ----------------------------------------------------------------------------- a user's first hour, through the CLI
+
+def cli(*argv, env=None, timeout=300):
+    return subprocess.run([sys.executable, "train.py", *map(str, argv)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+def one_line_error(run):
+    """Exit code 2 and a single `error: ...` line on stderr, no traceback."""
+    lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
+    assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (run.returncode, run.stderr)
+    return lines[0]
+
+
+def test_a_rerun_never_deletes_a_finished_run(assets, tmp_path):
+    out = tmp_path / "done"
+    train.main(args(assets, out, "--mode", "grpo"))
+    before = weights(out / "final")
+    for extra in ([], ["--mode", "dual"], ["--resume", "auto"]):  # the same command, another config, --resume auto
+        line = one_line_error(cli(*args(assets, out, "--mode", "grpo", *extra)))
+        assert "finished run" in line and "--out NEW" in line and "--overwrite" in line
+    after = weights(out / "final")
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert (out / "summary.json").is_file() and (out / "checkpoints").is_dir()
+    train.main(args(assets, out, "--mode", "dual", "--overwrite"))  # replacing it takes the explicit flag
+    assert json.loads((out / "summary.json").read_text())["config"]["mode"] == "dual"
+
+
+def test_an_unfinished_run_is_continued_when_its_config_matches_and_refused_otherwise(assets, tmp_path, capsys):
+    out, common = tmp_path / "cut", ["--mode", "dual", "--rl-steps", "3"]
+    train.main(args(assets, out, *common, "--stop-after", "1"))
+    line = one_line_error(cli(*args(assets, out, *common, "--lr", "1e-3")))
+    assert "unfinished run" in line and "--lr" in line and "rl-0000001" in line
+    assert (out / "checkpoints" / "rl-0000001" / "COMPLETE").is_file()  # refused, nothing removed
+    capsys.readouterr()
+    train.main(args(assets, out, *common))  # the same command again: continues, no --resume needed
+    assert "continuing the unfinished run" in capsys.readouterr().out
+    assert [r["step"] for r in records(out)] == [1, 2, 3] and (out / "final").is_dir()
+
+
+def test_every_mistake_is_one_line_with_exit_code_2(assets, tmp_path):
+    root, tiny, train_json = assets
+    run = cli("--model", tmp_path / "runs" / "nope", "--data", train_json, "--out", tmp_path / "o1")
+    assert "no such folder" in one_line_error(run)  # a path: no hub request, no retries
+    assert not (tmp_path / "o1").exists() or not any((tmp_path / "o1").iterdir())
+    line = one_line_error(cli("--model", "someorg/not-in-the-cache", "--data", train_json, "--out", tmp_path / "o2"))
+    assert "HF_HUB_OFFLINE" in line and "hf download" in line
+    rows = json.loads(Path(train_json).read_text())
+    del rows[2]["solution"]
+    (tmp_path / "bad.json").write_text(json.dumps(rows))
+    line = one_line_error(cli("--model", tiny, "--data", tmp_path / "bad.json", "--out", tmp_path / "o3"))
+    assert "bad.json" in line and "row 2" in line and "solution" in line
+    line = one_line_error(cli("--model", tiny, "--data", train_json, "--out", train_json))
+    assert "is a file" in line
+    debug = cli("--model", tmp_path / "nope", "--data", train_json, "--debug")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr  # --debug shows where it came from
+
+
+def test_ctrl_c_says_how_to_continue_and_the_rerun_does(assets, tmp_path, capsys):
+    import signal
+    import time
+    out = tmp_path / "int"
+    a = args(assets, out, "--mode", "grpo", "--rl-steps", "500")
+    proc = subprocess.Popen([sys.executable, "train.py", *a], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not list((out / "checkpoints").glob("rl-*/COMPLETE")) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: rerun the same command") and "Traceback" not in err
+    capsys.readouterr()
+    train.main(a + ["--stop-after", "1"])  # (--stop-after changes no result: the same config)
+    assert "continuing the unfinished run" in capsys.readouterr().out
+
+
+def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
+    """`python train.py --policy text` after `python train.py`: the same 480 clips are not rendered twice."""
+    monkeypatch.chdir(tmp_path)
+    made = []
+    monkeypatch.setattr(train.data, "make_synthetic", lambda out, **kw: made.append(Path(out)) or
+                        (Path(out).mkdir(parents=True) or (Path(out) / "summary.json").write_text("{}")))
+    monkeypatch.setattr(train.policy, "build_tiny", lambda out, **kw: Path(out).mkdir(parents=True) or
+                        (Path(out) / "config.json").write_text("{}"))
+    vlm, text = train.Config(), train.Config(policy="text")
+    for cfg in (vlm, text):
+        train.apply_demo_preset(cfg)
+        train.prepare_demo(cfg, 0)
+    assert made == [Path("runs/rova/synthetic")] and text.out == train.TEXT_DEMO_OUT
+    assert text.data == vlm.data == str(Path("runs/rova/synthetic") / "train.json")
