@@ -3,8 +3,7 @@ category and the five reasoning-quality metrics), on the sources of App. B.1 (VS
 
     python eval_pvrbench.py          # demo: runs/rova/final (else an untrained tiny model) on the synthetic benchmark
     python eval_pvrbench.py --model Qwen/Qwen2.5-VL-7B-Instruct --judge openai:gpt-4o \\
-        --benchmark vsibench=VSI-Bench/test.parquet,urbanvideo=UrbanVideo-Bench/MCQ.parquet \\
-        --video-root vsibench=VSI-Bench,urbanvideo=UrbanVideo-Bench/videos
+        --benchmark vsibench=data/VSI-Bench/test.jsonl,urbanvideo=data/UrbanVideo-Bench/MCQ.parquet
     python eval_pvrbench.py --model openai:gpt-4o ...       # chat-completions; $OPENAI_API_KEY, --base-url for vLLM
     python eval_pvrbench.py --benchmark ... --export pvrbench/   # the corrupted mp4s + manifest only, no model
     python eval_pvrbench.py --compare A_results.json B_results.json
@@ -52,6 +51,7 @@ builds it), with train.py's demo settings unless set: 8 frames of 56x56, fps 2.0
 """
 from __future__ import annotations
 
+import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
 import argparse
 import concurrent.futures
 import hashlib
@@ -182,6 +182,12 @@ def _d(x):
 
 TABLE_HEADER = ("| Model | #Fr | Lig. | Occ. | Sha. | Wea. | Avg. | Orig. | Fra.↓ | Con. | Bel. | Rec. | Att. "
                 "| Avg.† | Orig.† |\n" + "|---" * 15 + "|\n")
+TABLE_LEGEND = ("#Fr frames per video. Accuracy (0-1): Lig. lighting (dusk, night, overexposure, shadow), Occ. "
+                "occlusion (static, dynamic), Sha. camera shake (translation, zoom, rotation), Wea. weather (fog, "
+                "rain, snow); Avg. mean over the perturbed conditions (drop vs Orig.), Orig. clean videos.\n"
+                "Reasoning quality (0-5, the judge): Fra. fragility (lower is better), Con. consistency, Bel. "
+                "belief, Rec. recovery, Att. attention; Avg.† mean without Fra., Orig.† on clean videos; – not "
+                "rated (the local judge rates Fra. and Con. only).\n")
 
 
 def table_row(name, frames, pvr):
@@ -197,6 +203,11 @@ ROBUST_TO_COLUMNS = (("motion_blur", "Blur"), ("noise", "Noise"), ("overexposure
                      ("night", "Low light"))
 
 
+ROBUST_TO_LEGEND = ("#Fr frames per video. Accuracy (0-1) under Robust-TO's corruptions: Blur motion blur, Noise "
+                    "sensor noise, Glare overexposure, Occl. static occluder, Low light night; Avg. their mean (drop "
+                    "vs Orig.), Orig. clean videos.\n")
+
+
 def robust_to_table(name, frames, pvr):
     """One row per model under --protocol robust-to: accuracy per corruption type, their mean and clean."""
     head = "| Model | #Fr | " + " | ".join(lbl for _, lbl in ROBUST_TO_COLUMNS) + " | Avg. | Orig. |\n"
@@ -207,12 +218,15 @@ def robust_to_table(name, frames, pvr):
 
 
 def bar_chart(path, groups, series, title):
-    """A grouped bar chart drawn with Pillow: one group per task, one bar per (label, rgb, values) series."""
+    """A grouped bar chart drawn with Pillow: one group per task, one bar per (label, rgb, values) series;
+    the groups share the plot's whole width."""
     from PIL import Image, ImageDraw, ImageFont
     font = ImageFont.load_default(size=13)
-    bw, gap, left, top, plot_h = 14, 18, 50, 60, 300
+    left, top, plot_h, right = 50, 60, 300, 10
     legend = sum(24 + int(font.getlength(label)) for label, _, _ in series)
-    width = max(left + len(groups) * (len(series) * bw + gap) + 20, left + legend + 10, 420)
+    width = max(left + len(groups) * (len(series) * 14 + 18) + right, left + legend + right, 420)
+    group_w = (width - left - right) / max(len(groups), 1)
+    bw = min(40.0, 0.8 * group_w / max(len(series), 1))  # bars take 80% of a group, at most 40 px each
     label_h = 10 + max([int(font.getlength(g)) for g in groups] or [0])
     img = Image.new("RGB", (width, top + plot_h + label_h), "white")
     d = ImageDraw.Draw(img)
@@ -224,10 +238,10 @@ def bar_chart(path, groups, series, title):
         x += 24 + int(font.getlength(label))
     for k in range(5):
         y = top + plot_h - k * plot_h / 4
-        d.line([left, y, width - 10, y], fill=(220, 220, 220))
+        d.line([left, y, width - right, y], fill=(220, 220, 220))
         d.text((8, y - 7), f"{k / 4:.2f}", fill="black", font=font)
     for g, name in enumerate(groups):
-        x0 = left + gap / 2 + g * (len(series) * bw + gap)
+        x0 = left + g * group_w + (group_w - bw * len(series)) / 2
         for s, (_, rgb, values) in enumerate(series):
             if values[g] is not None:
                 d.rectangle([x0 + s * bw, top + plot_h * (1 - min(max(values[g], 0), 1)), x0 + (s + 1) * bw - 2,
@@ -260,17 +274,33 @@ def chart(path, results_list, labels):
     return bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
 
 
+def latest_results(model_dir, run_hash, judge):
+    """The newest <timestamp>_results.json of this configuration (run hash and judge) in model_dir, or None."""
+    found = [p for p in sorted(Path(model_dir).glob("*_results.json")) if _config_key(p)[1:] == (run_hash, judge)]
+    return found[-1] if found else None
+
+
+def _config_key(path):
+    c = json.loads(Path(path).read_text())["config"]
+    return c["model_name"], c.get("run_hash"), c.get("judge")
+
+
 def compare(paths, out):
-    """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png)."""
+    """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png).
+    Of several results of one model and configuration (reruns of one command), the latest is shown."""
+    latest = {}
+    for p in sorted(paths, key=lambda p: Path(p).name):  # <timestamp>_results.json: oldest first
+        latest[_config_key(p)] = p
+    paths = list(latest.values())
     results = [json.loads(Path(p).read_text()) for p in paths]
     labels = [r["config"]["model_name"] for r in results]
     labels = [f"{lb} ({Path(p).name[:15]})" if labels.count(lb) > 1 else lb for lb, p in zip(labels, paths)]
     table = TABLE_HEADER + "".join(table_row(lb, r["config"]["frames"], r["results"]["pvrbench"])
                                    for lb, r in zip(labels, results))
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare.md").write_text(table)
+    (out / "compare.md").write_text(table + "\n" + TABLE_LEGEND)
     chart(out / "compare.png", results, labels)
-    print(table + f"written: {out / 'compare.md'}, {out / 'compare.png'}")
+    print(table + TABLE_LEGEND + f"written: {out / 'compare.md'}, {out / 'compare.png'}")
     return table
 
 
@@ -285,9 +315,9 @@ def parse_sources(spec, what="--benchmark"):
     for part in filter(None, spec.split(",")):
         name, _, value = part.strip().partition("=")
         if name not in SOURCES:
-            raise SystemExit(f"{what}: unknown source {name!r} (valid: {', '.join(SOURCES)})")
+            raise runtime.UserError(f"{what}: unknown source {name!r} (valid: {', '.join(SOURCES)})")
         if what == "--benchmark" and not value and name != "synthetic":
-            raise SystemExit(f"--benchmark: {name} needs a file: {name}=PATH")
+            raise runtime.UserError(f"--benchmark: {name} needs a file: {name}=PATH")
         out[name] = value or (DEFAULT_SYNTH if what == "--benchmark" else None)
     return out
 
@@ -306,7 +336,7 @@ def parse_subtypes(spec, protocol="pvrbench"):
         elif name in order:
             chosen.add(name)
         elif name != "none":
-            raise SystemExit(f"--subtypes: unknown {name!r} (subtypes: {', '.join(perturb.SUBTYPES)}, "
+            raise runtime.UserError(f"--subtypes: unknown {name!r} (subtypes: {', '.join(perturb.SUBTYPES)}, "
                              f"{', '.join(perturb.EXTRA_SUBTYPES)}; categories: {', '.join(perturb.CATEGORIES)}; "
                              "or all / none)")
     return [s for s in order if s in chosen]
@@ -319,12 +349,10 @@ def load_source(name, path, root, limit):
             print(f"building the synthetic benchmark ({SYNTH_CLIPS} clips) in {folder}", flush=True)
             data.make_synthetic(folder, n=SYNTH_CLIPS, seed=0, num_frames=8, size=56)
         samples, _ = data.load_vsibench(folder / "eval.jsonl", root or folder / "videos", require_videos=False)
-    elif name == "vsibench":
-        samples, _ = data.load_vsibench(path, root or Path(path).parent, require_videos=False)
+    elif name == "vsibench":  # (the loaders' default video roots: next to the annotation file)
+        samples, _ = data.load_vsibench(path, root or None, require_videos=False)
     else:
-        default = Path(path).parent / "videos"
-        samples, _ = data.load_urbanvideo(path, root or (default if default.is_dir() else Path(path).parent),
-                                          require_videos=False, skip_unparsable=True)
+        samples, _ = data.load_urbanvideo(path, root or None, require_videos=False, skip_unparsable=True)
     return samples[:limit] if limit else samples
 
 
@@ -415,10 +443,10 @@ class HFModel:
             self.model = PeftModel.from_pretrained(self.model, adapter).eval()
         self.text = policy.is_text_model(self.model)
         if self.text and not perceiver:
-            raise SystemExit(f"{path} is a text-only LM (Embodied-R's reasoner): give --perceiver "
+            raise runtime.UserError(f"{path} is a text-only LM (Embodied-R's reasoner): give --perceiver "
                              f"({' | '.join(perceive.PERCEIVER_SPECS)}) to turn the videos into text")
         if perceiver and not self.text:
-            raise SystemExit(f"--perceiver is for text-only models; {path} is a VLM and sees the videos itself")
+            raise runtime.UserError(f"--perceiver is for text-only models; {path} is a VLM and sees the videos itself")
         if self.text:
             self.perceiver = perceive.make_perceiver(perceiver)
             self.cache = perceive.PerceptionCache(perception_cache)
@@ -558,11 +586,28 @@ def resolve_model(args):
     if (Path(DEMO_CHECKPOINT) / "config.json").is_file():
         return DEMO_CHECKPOINT, args.model_name or "rova-final"
     tiny = Path(args.out) / "tiny"
+    print(f"no --model and no {DEMO_CHECKPOINT} (`python train.py` trains it): evaluating an UNTRAINED tiny model "
+          f"({tiny})", flush=True)
     if not (tiny / "config.json").is_file():
         import policy
-        print(f"no {DEMO_CHECKPOINT}: building an untrained tiny model in {tiny}", flush=True)
-        policy.build_tiny(tiny)
+        with runtime.no_hf_progress_bars():
+            policy.build_tiny(tiny)
     return str(tiny), args.model_name or "tiny-untrained"
+
+
+def check_sources(args, spec):
+    """Every local model, adapter and judge the run will load exists: one line now, before any folder is
+    made or any video is read (an API model is checked by its first request)."""
+    if not spec.startswith("openai:"):
+        runtime.model_source(spec.removeprefix(AGENT_PREFIX))
+    if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
+        raise runtime.UserError(f"--adapter {args.adapter}: no adapter_config.json there (a peft LoRA adapter "
+                                "folder, e.g. train.py --lora-r's OUT/final)")
+    for flag, value in (("--judge", args.judge), ("--perceiver", args.perceiver)):
+        if value.startswith("hf:"):
+            runtime.model_source(value[3:], what=f"{flag} hf:")
+    if args.debias and not args.debias.startswith("openai:"):
+        runtime.model_source(args.debias, what="--debias")
 
 
 def _fingerprint(path):
@@ -709,58 +754,69 @@ def record(g, s, cond, prompt, text, error):
 # ----------------------------------------------------------------------------- main
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    a = ap.add_argument
-    a("--benchmark", default="synthetic", help="vsibench=PATH,urbanvideo=PATH (native files) or synthetic[=DIR] "
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
+                                 usage="%(prog)s [--model M] [--benchmark SRC=PATH,...] [--video-root ...] [options]")
+    g = ap.add_argument_group("benchmark", "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
+    g("--benchmark", default="synthetic", help="vsibench=PATH,urbanvideo=PATH (native files) or synthetic[=DIR] "
       f"(default {DEFAULT_SYNTH}; built with data.make_synthetic when it has no eval.jsonl)")
-    a("--video-root", default="", help="DIR for all, or vsibench=DIR,urbanvideo=DIR (default: next to the file)")
-    a("--subtypes", default="all", help="all (Table 8's 12), none, or a comma list of subtypes / categories "
+    g("--video-root", default="", help="DIR for all, or vsibench=DIR,urbanvideo=DIR (default: next to the file)")
+    g("--subtypes", default="all", help="all (Table 8's 12), none, or a comma list of subtypes / categories "
       "(lighting, occlusion, camera, weather)")
-    a("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="--subtypes all means: pvrbench "
+    g("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="--subtypes all means: pvrbench "
       "(Table 8's 12) or robust-to (Robust-TO's five: motion_blur, noise, overexposure = glare, static = "
       "occlusion, night = low light); robust-to adds a per-corruption table")
-    a("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
+    g("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
       "(round-robin within each task); all: clean + every subtype")
-    a("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
-    a("--frames", type=int, default=None, help="frames per video (App. D: 32; synthetic: 8)")
-    a("--frame-sampler", default="uniform", choices=["uniform", "keyframes"], help="uniform (qwen-vl-utils) or "
+    g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
+    g("--eta", type=float, default=perturb.DEFAULT_ETA, help="perturbation intensity (App. D: 0.7)")
+    g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit")
+    v = ap.add_argument_group("video", "how the frames are read").add_argument
+    v("--frames", type=int, default=None, help="frames per video (App. D: 32; synthetic: 8)")
+    v("--frame-sampler", default="uniform", choices=["uniform", "keyframes"], help="uniform (qwen-vl-utils) or "
       "Embodied-R's key frames (at most --frames; video.keyframes)")
-    a("--keyframe-eps", type=float, default=0.5, help="overlap threshold of --frame-sampler keyframes")
-    a("--max-pixels", type=int, default=None, help="pixels per frame (App. D: 256x28x28; synthetic: 56x56)")
-    a("--fps", default=None, help="fps given to the model for M-RoPE: 'video' (qwen-vl-utils' sample fps) or a number "
+    v("--keyframe-eps", type=float, default=0.5, help="overlap threshold of --frame-sampler keyframes")
+    v("--max-pixels", type=int, default=None, help="pixels per frame (App. D: 256x28x28; synthetic: 56x56)")
+    v("--fps", default=None, help="fps given to the model for M-RoPE: 'video' (qwen-vl-utils' sample fps) or a number "
       "(synthetic: 2.0, as train.py)")
-    a("--eta", type=float, default=perturb.DEFAULT_ETA, help="perturbation intensity (App. D: 0.7)")
-    a("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
-    a("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
-    a("--batch-size", type=int, default=None, help="samples per generate call / API concurrency (default 8; "
+    m = ap.add_argument_group("model", "the model evaluated and how it is asked").add_argument
+    m("--model", default="", help=f"checkpoint folder or hub id, openai:NAME, or robust-to:PATH (Robust-TO's "
+      f"orchestrated agent around the checkpoint; orchestrate.py) (default: {DEMO_CHECKPOINT}, else an untrained "
+      "tiny model, said so)")
+    m("--adapter", default="", help="a peft LoRA adapter folder for --model")
+    m("--model-name", default="", help="name of the results folder (default: from --model)")
+    m("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
+    m("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
+    m("--batch-size", type=int, default=None, help="samples per generate call / API concurrency (default 8; "
       "synthetic 32)")
-    a("--model", default="", help=f"checkpoint path, openai:NAME, or robust-to:PATH (Robust-TO's orchestrated agent "
-      f"around the checkpoint; orchestrate.py) (default: {DEMO_CHECKPOINT}, else an untrained tiny model)")
-    a("--adapter", default="", help="a peft LoRA adapter folder for --model")
-    a("--agent-k", type=int, default=0, help="--model robust-to:PATH: frames the agent selects of --frames "
+    m("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
+    m("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
+    m("--api-timeout", type=float, default=120.0, help="seconds per API request")
+    j = ap.add_argument_group("judge", "Table 2's reasoning-quality metrics").add_argument
+    j("--judge", default="local", help="local | openai:MODEL | hf:PATH | none")
+    j("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")
+    j("--judge-frames", type=int, default=4, help="frames shown to an openai: judge (0: text only)")
+    out_group = ap.add_argument_group("output", "results, resuming, comparing")
+    o = out_group.add_argument
+    o("--out", default="runs/eval", help="results go to OUT/<model>/; the same command run again continues an "
+      "unfinished evaluation and writes no new results when nothing changed")
+    o("--compare", nargs="+", default=None, metavar="RESULTS", help="lay several results.json side by side (the "
+      "latest of each model and configuration)")
+    o("--stop-after", type=int, default=0, help="testing: stop (as if killed) after this many generated samples")
+    runtime.add_debug_flag(out_group)
+    x = ap.add_argument_group("extensions", "Embodied-R (text models through a perceiver, the bias filter) and "
+                              "Robust-TO (--model robust-to:PATH)").add_argument
+    x("--perceiver", default="", help="a text-only --model (Embodied-R, train.py --policy text) reads this perception "
+      "model's text of each video: hf:PATH | openai:MODEL | cv (perceive.py)")
+    x("--perception-cache", default="", help="SQLite cache of perception texts (default OUT/perception_cache.sqlite)")
+    x("--debias", default="", help="semantic-bias filter (Embodied-R Sec. 3.1): drop the multiple-choice questions "
+      "this text-only model (openai:NAME or a local checkpoint) answers correctly without the video")
+    x("--agent-k", type=int, default=0, help="--model robust-to:PATH: frames the agent selects of --frames "
       "(default half)")
-    a("--agent-synthesis", default="policy", choices=("policy", "rules"), help="--model robust-to:PATH: who "
+    x("--agent-synthesis", default="policy", choices=("policy", "rules"), help="--model robust-to:PATH: who "
       "synthesises: the policy (Robust-TO), or the three tier rules applied by code (orchestrate.tiered_answer; "
       "an ablation that measures the tools and tiers alone)")
-    a("--synthesis-tokens", type=int, default=0, help="--model robust-to:PATH: new tokens of the agent's synthesis "
+    x("--synthesis-tokens", type=int, default=0, help="--model robust-to:PATH: new tokens of the agent's synthesis "
       "(default --max-new-tokens; its answer cites the evidence first, so give it more)")
-    a("--perceiver", default="", help="a text-only --model (Embodied-R, train.py --policy text) reads this perception "
-      "model's text of each video: hf:PATH | openai:MODEL | cv (perceive.py)")
-    a("--perception-cache", default="", help="SQLite cache of perception texts (default OUT/perception_cache.sqlite)")
-    a("--model-name", default="", help="name of the results folder (default: from --model)")
-    a("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
-    a("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
-    a("--api-timeout", type=float, default=120.0, help="seconds per API request")
-    a("--judge", default="local", help="local | openai:MODEL | hf:PATH | none (Table 2's reasoning quality)")
-    a("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")
-    a("--judge-frames", type=int, default=4, help="frames shown to an openai: judge (0: text only)")
-    a("--debias", default="", help="semantic-bias filter (Embodied-R Sec. 3.1): drop the multiple-choice questions "
-      "this text-only model (openai:NAME or a local checkpoint) answers correctly without the video")
-    a("--out", default="runs/eval", help="results go to OUT/<model>/")
-    a("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit")
-    a("--compare", nargs="+", default=None, metavar="RESULTS", help="lay several results.json side by side")
-    a("--stop-after", type=int, default=0, help="testing: stop (as if killed) after this many generated samples")
     args = ap.parse_args(argv)
     synthetic = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
     for key, value in SYNTH_DEFAULTS.items():
@@ -796,9 +852,13 @@ def versions():
 
 def main(argv=None):
     args = parse_args(argv)
+    runtime.out_dir(args.out, create=False)  # (made when there are results to write)
     if args.compare:
         return compare(args.compare, Path(args.out))
     t_start = time.perf_counter()
+    spec, name = resolve_model(args) if not args.export else (None, None)
+    if spec:
+        check_sources(args, spec)
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
     subtypes = parse_subtypes(args.subtypes, args.protocol)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
@@ -813,7 +873,6 @@ def main(argv=None):
     groups, manifest = make_plan(sources, subtypes, args.assign, args.eta)
     if args.export:
         return export(groups, manifest, args)
-    spec, name = resolve_model(args)
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"
     keyed = dict(model=spec, model_fp=_fingerprint(spec.removeprefix(AGENT_PREFIX)), adapter=args.adapter, adapter_fp=_fingerprint(args.adapter)
                  if args.adapter else None, base_url=args.base_url, sources={n: [str(p), _fingerprint(
@@ -877,6 +936,8 @@ def main(argv=None):
             window, size = [], 0
     if state["bar"] is not None:
         state["bar"].close()
+    if judge is not None and hasattr(judge, "close"):
+        judge.close()
 
     flat = defaultdict(list)   # the final records, in plan order, joined with their verdicts
     for g in groups:
@@ -885,6 +946,14 @@ def main(argv=None):
                 r = store.gen[g.source][(s.id, c)]
                 flat[g.source].append(dict(r, judge=store.jdg[g.source].get((s.id, c), {}).get("judge")))
     results = summarize(flat, subtypes)
+    robust_to = args.protocol == "robust-to"
+    table = (robust_to_table(name, args.frames, results["pvrbench"]) if robust_to
+             else TABLE_HEADER + table_row(name, args.frames, results["pvrbench"]))
+    legend = ROBUST_TO_LEGEND if robust_to else TABLE_LEGEND
+    previous = latest_results(model_dir, run_hash, args.judge)
+    if previous and json.loads(previous.read_text())["results"] == json.loads(json.dumps(results)):
+        print(f"nothing new since {previous}: no new results file\n" + table + legend, flush=True)
+        return json.loads(previous.read_text())
     ts = time.strftime("%Y%m%d_%H%M%S")
     elapsed = time.perf_counter() - t_start
     out = {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),
@@ -900,19 +969,16 @@ def main(argv=None):
         _write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
                      [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
     (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
-    table = (robust_to_table(name, args.frames, results["pvrbench"]) if args.protocol == "robust-to"
-             else TABLE_HEADER + table_row(name, args.frames, results["pvrbench"]))
-    (model_dir / "table.md").write_text(table)
+    (model_dir / "table.md").write_text(table + "\n" + legend)
     chart(model_dir / "per_task.png", [out], [name])
     for src, block in results["sources"].items():
         acc = block["accuracy"]
         print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
               f"{block['n_samples']} samples, {block['n_errors']} errors")
-    print(table + f"results: {model_dir / (ts + '_results.json')} ({elapsed:.0f} s)", flush=True)
-    if judge is not None and hasattr(judge, "close"):
-        judge.close()
+    print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({elapsed:.0f} s)", flush=True)
     return out
 
 
 if __name__ == "__main__":
-    main()
+    runtime.run(main, interrupted="rerun the same command to continue: the samples generated so far are kept in "
+                                  "OUT/<model>/run_<hash>/ and are not generated again")

@@ -181,7 +181,7 @@ def test_subtype_parsing_and_cycle_assignment():
     assert ev.parse_subtypes("all") == list(perturb.SUBTYPES)
     assert ev.parse_subtypes("rain,lighting,fog") == ["dusk", "night", "overexposure", "shadow", "fog", "rain"]
     assert ev.parse_subtypes("none") == []
-    with pytest.raises(SystemExit):
+    with pytest.raises(ev.runtime.UserError):
         ev.parse_subtypes("hail")
     samples = [data.Sample(id=f"{t}{i}", video=f"v{i % 5}.mp4", question="Q", options=["A. x", "B. y"], answer="A",
                            problem_type="multiple choice", task=t, source="urbanvideo", meta={"video_id": f"v{i % 5}"})
@@ -218,7 +218,8 @@ def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
     assert pvr["reasoning"]["avg_dagger"] == 3.0 and pvr["reasoning"]["orig_dagger"] == 3.0
     assert pvr["reasoning"]["metrics"]["fragility"] == 1.0 and stub.items == 16
     table = (model_dir / "table.md").read_text().strip().splitlines()
-    assert len(table) == 3 and table[2].startswith("| tiny | 4 |")
+    assert len(table) == 6 and table[2].startswith("| tiny | 4 |")  # header, rule, row, blank, the legend
+    assert table[4].startswith("#Fr frames per video") and "Sha. camera shake" in table[4]
     samples = lines(next(model_dir.glob("*_samples_pvrbench_synthetic.jsonl")))
     assert len(samples) == 16 and len({(s["doc_id"], s["condition"]) for s in samples}) == 16
     assert sorted({s["condition"] for s in samples}) == ["clean", "dusk", "fog", "rain", "static"]
@@ -407,3 +408,60 @@ def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
                    "--debias", str(tiny)])
     assert out["debias"]["model"] == str(tiny) and out["debias"]["checked"] >= 1
     assert (tmp_path / "eval" / "debias").is_dir()
+
+
+# ----------------------------------------------------------------------------- a user's first hour, through the CLI
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*argv):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "eval_pvrbench.py", *map(str, argv)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_a_rerun_that_changes_nothing_writes_no_new_results_and_compare_keeps_the_latest(assets, tmp_path):
+    out = tmp_path / "out"
+    first = run_cli(*cli(assets, out))
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run_cli(*cli(assets, out))
+    assert again.returncode == 0 and "nothing new since" in again.stdout
+    model_dir = out / "tiny"
+    assert len(list(model_dir.glob("*_results.json"))) == 1
+    # a second configuration of the same model, then --compare over every results file of the folder
+    other = run_cli(*cli(assets, out, "--subtypes", "fog"))
+    assert other.returncode == 0, other.stderr[-2000:]
+    results = sorted(model_dir.glob("*_results.json"))
+    assert len(results) == 2
+    stale = json.loads(results[0].read_text())
+    stale["date"] = "19990101_000000"  # an older result of the first configuration, e.g. from an earlier rerun
+    (model_dir / "19990101_000000_results.json").write_text(json.dumps(stale))
+    table = ev.main(["--compare", *map(str, model_dir.glob("*_results.json")), "--out", str(tmp_path / "cmp")])
+    rows = [ln for ln in table.strip().splitlines() if ln.startswith("| tiny")]
+    assert len(rows) == 2  # one row per configuration, not one per results file
+
+
+def test_mistakes_are_one_line_and_leave_no_folder(assets, tmp_path):
+    out = tmp_path / "ev"
+    for model, expect in ((tmp_path / "runs" / "nope" / "final", "no such folder"),
+                          ("someorg/not-in-the-cache", "HF_HUB_OFFLINE")):
+        run = run_cli(*cli(assets, out), "--model", model)
+        lines_ = [ln for ln in run.stderr.splitlines() if ln.strip()]
+        assert run.returncode == 2 and len(lines_) == 1 and expect in lines_[0], run.stderr
+    assert not out.exists()  # no empty runs/eval/nope-final/
+    (tmp_path / "afile").write_text("x")
+    run = run_cli(*cli(assets, tmp_path / "afile"))
+    assert run.returncode == 2 and "is a file" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_charts_use_their_canvas(tmp_path):
+    """The bars of the last task end near the right edge of the picture (they used to fill its left half)."""
+    res = {"results": {"sources": {"synthetic": {"per_task": {"clean": {"a": 0.9, "b": 0.8}, "perturbed":
+                                                               {"a": 0.5, "b": 0.4}}}}}}
+    ev.chart(tmp_path / "c.png", [res], ["m"])
+    img = np.asarray(Image.open(tmp_path / "c.png").convert("RGB")).astype(int)
+    coloured = np.where((np.abs(img - img.mean(axis=2, keepdims=True)).sum(axis=2) > 40).any(axis=0))[0]
+    assert coloured.max() > 0.8 * img.shape[1]
