@@ -274,25 +274,31 @@ def chart(path, results_list, labels):
     return bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
 
 
-def latest_results(model_dir, run_hash, judge):
-    """The newest <timestamp>_results.json of this configuration (run hash and judge) in model_dir, or None."""
-    found = [p for p in sorted(Path(model_dir).glob("*_results.json")) if _config_key(p)[1:] == (run_hash, judge)]
-    return found[-1] if found else None
-
-
-def _config_key(path):
-    c = json.loads(Path(path).read_text())["config"]
+def _config_key(res):
+    """A results.json's model and configuration: what the same command run again shares."""
+    c = res["config"]
     return c["model_name"], c.get("run_hash"), c.get("judge")
+
+
+def _latest_per_config(paths):
+    """{(model, run hash, judge): (path, results)} of the newest <timestamp>_results.json of each."""
+    latest = {}
+    for p in sorted(paths, key=lambda p: Path(p).name):  # timestamps first: oldest to newest
+        res = json.loads(Path(p).read_text())
+        latest[_config_key(res)] = (p, res)
+    return latest
+
+
+def latest_results(model_dir, run_hash, judge):
+    """(path, results) of the newest results of this configuration in model_dir, or None."""
+    return next((v for (_, h, j), v in _latest_per_config(Path(model_dir).glob("*_results.json")).items()
+                 if (h, j) == (run_hash, judge)), None)
 
 
 def compare(paths, out):
     """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png).
     Of several results of one model and configuration (reruns of one command), the latest is shown."""
-    latest = {}
-    for p in sorted(paths, key=lambda p: Path(p).name):  # <timestamp>_results.json: oldest first
-        latest[_config_key(p)] = p
-    paths = list(latest.values())
-    results = [json.loads(Path(p).read_text()) for p in paths]
+    paths, results = zip(*_latest_per_config(paths).values())
     labels = [r["config"]["model_name"] for r in results]
     labels = [f"{lb} ({Path(p).name[:15]})" if labels.count(lb) > 1 else lb for lb, p in zip(labels, paths)]
     table = TABLE_HEADER + "".join(table_row(lb, r["config"]["frames"], r["results"]["pvrbench"])
@@ -603,9 +609,7 @@ def check_sources(args, spec):
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise runtime.UserError(f"--adapter {args.adapter}: no adapter_config.json there (a peft LoRA adapter "
                                 "folder, e.g. train.py --lora-r's OUT/final)")
-    for flag, value in (("--judge", args.judge), ("--perceiver", args.perceiver)):
-        if value.startswith("hf:"):
-            runtime.model_source(value[3:], what=f"{flag} hf:")
+    runtime.check_hf_flags({"--judge": args.judge, "--perceiver": args.perceiver})
     if args.debias and not args.debias.startswith("openai:"):
         runtime.model_source(args.debias, what="--debias")
 
@@ -951,9 +955,9 @@ def main(argv=None):
              else TABLE_HEADER + table_row(name, args.frames, results["pvrbench"]))
     legend = ROBUST_TO_LEGEND if robust_to else TABLE_LEGEND
     previous = latest_results(model_dir, run_hash, args.judge)
-    if previous and json.loads(previous.read_text())["results"] == json.loads(json.dumps(results)):
-        print(f"nothing new since {previous}: no new results file\n" + table + legend, flush=True)
-        return json.loads(previous.read_text())
+    if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
+        print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)
+        return previous[1]
     ts = time.strftime("%Y%m%d_%H%M%S")
     elapsed = time.perf_counter() - t_start
     out = {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),

@@ -214,3 +214,10 @@ def model_source(name: str, what: str = "--model") -> dict:
         raise UserError(f"{lead} and the hub ({constants.ENDPOINT}) cannot be reached: run `hf download {name}` "
                         "where it is (then HF_HUB_OFFLINE=1 here), or give a local folder")
     return {}
+
+
+def check_hf_flags(flags: dict):
+    """model_source for every flag value of the form hf:PATH (local judges and perceivers)."""
+    for flag, spec in flags.items():
+        if spec.startswith("hf:"):
+            model_source(spec[3:], what=f"{flag} hf:")

@@ -1053,9 +1053,7 @@ def check_sources(cfg):
     """Every model the run will load exists (locally, in the cache or on a reachable hub): one line now,
     not a traceback after the data is read."""
     runtime.model_source(cfg.model)
-    for flag, spec in (("--judge", cfg.judge), ("--perceiver", cfg.perceiver)):
-        if spec.startswith("hf:"):
-            runtime.model_source(spec[3:], what=f"{flag} hf:")
+    runtime.check_hf_flags({"--judge": cfg.judge, "--perceiver": cfg.perceiver})
 
 
 def main(argv=None):
