@@ -1025,6 +1025,7 @@ def prepare_demo(cfg, rank):
     if text and cfg.out == TEXT_DEMO_OUT:
         synth = Path(Config().out) / "synthetic"
     if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
         if not (tiny / "config.json").is_file():
             log(f"demo: building the tiny {'text LM' if text else 'model'} in {tiny}")
             with runtime.no_hf_progress_bars():
@@ -1066,11 +1067,12 @@ def main(argv=None):
         apply_demo_preset(cfg)
     elif not (cfg.model and cfg.data):
         raise runtime.UserError("give both --model and --data (or neither, for the demo)")
-    out = runtime.out_dir(cfg.out)
+    out = runtime.out_dir(cfg.out, create=False)
     if demo:
         prepare_demo(cfg, rank)
     else:
-        check_sources(cfg)
+        check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder
+    out.mkdir(parents=True, exist_ok=True)
     RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {out / 'checkpoints'}"
     random.seed(cfg.seed * 1000 + rank)
     np.random.seed(cfg.seed * 1000 + rank)
