@@ -37,7 +37,6 @@ import cv2
 import numpy as np
 
 import runtime
-from runtime import UserError
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +46,7 @@ TEXT_TYPES = ("OCR", "free-form")
 VIDEO_EXTS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
 
-class DataError(UserError, ValueError):
+class DataError(runtime.UserError, ValueError):
     """A data file or one of its rows is malformed (message names file, row, id and field)."""
 
 
@@ -474,14 +473,14 @@ def make_subset(data_path, out_path, rule: str = "outdoor", video_root=None, for
     data_path = Path(data_path)
     out = runtime.out_file(out_path, (".json", ".jsonl"), what="--out")
     if rule not in SUBSET_RULES:
-        raise UserError(f"--rule {rule!r}: unknown (expected one of {', '.join(SUBSET_RULES)})")
+        raise runtime.UserError(f"--rule {rule!r}: unknown (expected one of {', '.join(SUBSET_RULES)})")
     if data_path.exists() and out.exists() and out.resolve() == data_path.resolve():
-        raise UserError(f"--out {out} is the input file; give another name")
+        raise runtime.UserError(f"--out {out} is the input file; give another name")
     if out.exists() and not force:
-        raise UserError(f"--out {out} exists; pass --force to replace it")
+        raise runtime.UserError(f"--out {out} exists; pass --force to replace it")
     root = Path(video_root) if video_root else None
     if root is not None and not root.is_dir():
-        raise UserError(f"--video-root {root}: not a folder")
+        raise runtime.UserError(f"--video-root {root}: not a folder")
     rows = _read_records(data_path)
     scan = _subset_scan(data_path, rows, rule, root, skip_invalid)
     if not scan["kept"]:
@@ -516,10 +515,11 @@ def _subset_scan(data_path, rows, rule, root, skip_invalid) -> dict:
         keep, reason, _, _ = subset_decision(row, rule)
         if sample is not None:
             n_video += 1
-            read_by[video_r1_source(row)] += 1
+            source = video_r1_source(row)
+            read_by[source] += 1
             if keep and root is not None and not os.path.exists(sample.video):
                 keep, reason = False, "missing video"
-            kept_by[video_r1_source(row)] += keep
+            kept_by[source] += keep
         reasons[reason] += 1
         if keep:
             kept.append(row)

@@ -114,13 +114,18 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 # ----------------------------------------------------------------------------- output paths
 
+def _no_file_on_the_way(folder: Path, path, what: str):
+    """A UserError when `folder` or one of its parents is a file (so that `path` cannot be made)."""
+    for parent in [folder, *folder.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"{what} {path}: {parent} is a file, not a folder")
+
+
 def out_dir(path, what: str = "--out", create: bool = True) -> Path:
     """Check that folder `path` can be made (a clear UserError when it, or a parent, is a file), and make
     it unless create=False."""
     p = Path(path)
-    for parent in [p, *p.parents]:
-        if parent.exists() and not parent.is_dir():
-            raise UserError(f"{what} {path}: {parent} is a file, not a folder")
+    _no_file_on_the_way(p, path, what)
     if create:
         p.mkdir(parents=True, exist_ok=True)
     return p
@@ -135,9 +140,7 @@ def out_file(path, suffixes, what: str = "--out") -> Path:
     if p.suffix.lower() not in suffixes:
         raise UserError(f"{what} {path}: unsupported extension {p.suffix or '(none)'!r} "
                         f"(use {' or '.join(suffixes)})")
-    for parent in p.parents:
-        if parent.exists() and not parent.is_dir():
-            raise UserError(f"{what} {path}: {parent} is a file, not a folder")
+    _no_file_on_the_way(p.parent, path, what)
     p.parent.mkdir(parents=True, exist_ok=True)
     return p
 
