@@ -70,7 +70,7 @@ import numpy as np
 
 import data
 import judge as judges
-import perceive
+from extensions.embodied_r import perceive
 import perturb
 import video
 
@@ -490,7 +490,7 @@ class AgentModel(HFModel):
     failure = "agent failed"
 
     def __init__(self, path, adapter=None, k=4, synthesis="policy", synthesis_tokens=0):
-        import orchestrate
+        from extensions.robust_to import orchestrate
         super().__init__(path, adapter)
         self.agent = orchestrate.Agent(self.model, self.processor, k=k, synthesis=synthesis)
         self.synthesis_tokens = synthesis_tokens

@@ -116,7 +116,7 @@ def _tiny_tokenizer(texts, vocab_size):
 
 def _perception_corpus():
     try:  # Embodied-R's perception text (perceive.py): what a text policy reads instead of a video
-        import perceive
+        from extensions.embodied_r import perceive
         return list(perceive.tokenizer_corpus())
     except (ImportError, AttributeError):
         return []

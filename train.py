@@ -57,7 +57,7 @@ import buffer as membuf
 import data
 import grpo
 import judge as judges
-import perceive
+from extensions.embodied_r import perceive
 import perturb
 import policy
 import video
@@ -587,7 +587,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, agent):
     evidence the tools return on the selected frames as orchestrate.warmup_target (the tiers' own
     synthesis when their evidence reaches the answer, else the evidence, Video-R1's chain of thought
     and the answer)."""
-    import orchestrate
+    from extensions.robust_to import orchestrate
 
     items = [(s, clips.get(s)) for s in batch]
     items = [(s, f) for s, f in items if f is not None]
@@ -869,7 +869,7 @@ class AgentRL(RL):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        import orchestrate
+        from extensions.robust_to import orchestrate
         cfg = self.cfg
         self.agent = orchestrate.Agent(self.model, self.processor, k=cfg.agent_k, max_subqueries=cfg.max_subqueries,
                                        synthesis_tokens=cfg.synthesis_tokens or cfg.max_new_tokens)
@@ -1117,7 +1117,7 @@ def main(argv=None):
     if state["stage"] == "sft":
         sft_agent = None
         if cfg.agent:
-            import orchestrate
+            from extensions.robust_to import orchestrate
             sft_agent = orchestrate.Agent(model, processor, k=cfg.agent_k, max_subqueries=cfg.max_subqueries)
         params, opt, sched = make_optimizer(cfg, model, cfg.sft_lr, sft_total)
         cursor = Cursor(len(shard), cfg.seed * 1000 + 2 * rank)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 import perturb  # noqa: E402
-import reliability  # noqa: E402
+from extensions.robust_to import reliability  # noqa: E402
 
 # the axis each corruption should move (None: only the combined reliability is checked)
 AXIS = {"motion_blur": "blur", "noise": "noise", "overexposure": "brightness", "static": "occlusion",

@@ -103,7 +103,7 @@ def main(argv=None):
             f"dtype {model.dtype}, max |logp diff| {diff:.4f}; LoRA step updated {changed} tensors"
 
     def agent():
-        import orchestrate
+        from extensions.robust_to import orchestrate
         model, proc = policy.load_policy(vlm_dir, device=device)
         s = data.Sample(id="q", source="synthetic", video="", question="Which action is the agent taking?",
                         answer="A", problem_type="multiple choice", options=["A. Turn left", "B. Turn right", "C. Go ahead"],

@@ -281,7 +281,7 @@ def ego_motion_tool(query, frames, frame_ids, ctx):
     the action with the largest summed confidence; confidence = its share of the summed confidence x
     the mean confidence of the pairs that voted for it (a clip whose pairs disagree, or whose flow is
     weak, is not trusted). Fewer than two frames -> None."""
-    import perceive
+    from extensions.embodied_r import perceive
 
     if len(frames) < 2:
         return None
@@ -304,7 +304,7 @@ def counter_tool(query, frames, frame_ids, ctx):
     count is the largest number seen in one selected frame (objects met one after another are
     undercounted: documented); confidence = the share of frames that see that many, halved when no
     colour is named (then every saturated blob counts). No frames -> None."""
-    import perceive
+    from extensions.embodied_r import perceive
 
     if len(frames) == 0:
         return None
@@ -442,7 +442,7 @@ class Agent:
     def select(self, frames, question):
         """(selected frame ids, per-frame disturbance [T] = 1 - reliability, disturbance profile of the
         selection), from one pass of reliability.frame_scores."""
-        import reliability
+        from extensions.robust_to import reliability
 
         kw = {} if self.alpha is None else {"alpha": self.alpha}
         scores = reliability.frame_scores(frames, question, scorer=self.scorer, **kw)

@@ -396,7 +396,7 @@ def reliability(frames) -> np.ndarray:
 
 def _question_terms(question: str) -> tuple[set, set]:
     """The basic colours and shape classes a question names (perceive's vocabulary)."""
-    import perceive
+    from extensions.embodied_r import perceive
 
     words = set(re.findall(r"[a-z]+", str(question).lower()))
     colours = {c for c in perceive.CV_COLOURS if c in words}
@@ -407,7 +407,7 @@ def _question_terms(question: str) -> tuple[set, set]:
 def _proxy_relevance(frames: np.ndarray, question: str) -> np.ndarray:
     """The classical fallback (a proxy, ours): how much of the question's named colours / shape words a
     frame shows, from perceive.colour_blobs."""
-    import perceive
+    from extensions.embodied_r import perceive
 
     T = len(frames)
     colours, shapes = _question_terms(question)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import data
-import perceive
+from extensions.embodied_r import perceive
 import perturb
-from perceive import (
+from extensions.embodied_r.perceive import (
     ACTIONS,
     CVPerceiver,
     colour_blobs,

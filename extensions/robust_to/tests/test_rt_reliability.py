@@ -16,7 +16,7 @@ import pytest
 
 import data
 import perturb
-import reliability as R
+from extensions.robust_to import reliability as R
 import video
 
 ETAS = (0.0, 0.3, 0.6, 0.9)
@@ -503,10 +503,10 @@ def test_cli_mistakes_are_one_line_exit_2(tmp_path):
 
     bad = tmp_path / "bad.mp4"
     bad.write_text("not a video\n" * 20)
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     for args, phrase in (([bad], "cannot be decoded as a video"), ([tmp_path / "missing.mp4"], "does not exist"),
                          ([bad, "--alpha", "2"], "--alpha must be in [0, 1]")):
-        run = subprocess.run([sys.executable, "reliability.py", *map(str, args)], cwd=root, capture_output=True,
+        run = subprocess.run([sys.executable, "-m", "extensions.robust_to.reliability", *map(str, args)], cwd=root, capture_output=True,
                              text=True)
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and phrase in lines[0], \

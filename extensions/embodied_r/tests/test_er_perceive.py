@@ -3,8 +3,8 @@ failure handling, and the plumbing of the HF backend on the tiny offline model."
 import numpy as np
 import pytest
 
-import perceive
-from perceive import (
+from extensions.embodied_r import perceive
+from extensions.embodied_r.perceive import (
     ACTIONS,
     PerceptionCache,
     make_perceiver,
@@ -12,7 +12,7 @@ from perceive import (
     parse_pair,
     render,
 )
-from perceive import perceive as run
+from extensions.embodied_r.perceive import perceive as run
 
 
 # --------------------------------------------------------------------------- parse_pair

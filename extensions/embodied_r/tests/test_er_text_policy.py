@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import data
-import perceive
+from extensions.embodied_r import perceive
 import policy
 import train
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import data
-import orchestrate as orc
-from orchestrate import HIGH, LOW, MEDIUM, Evidence, SubQuery, tier
+from extensions.robust_to import orchestrate as orc
+from extensions.robust_to.orchestrate import HIGH, LOW, MEDIUM, Evidence, SubQuery, tier
 
 
 # --------------------------------------------------------------------------- tiers
