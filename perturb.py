@@ -9,50 +9,56 @@ Four styles m in P = {lighting, camera, occlusion, weather} (Eq. 2), twelve subt
 
 plus temporal shuffle (Eq. 1), which combines with any of them (Eq. 2: V' = {f_pi(t) (.) P_t}).
 
-Robust-TO (the follow-up; its corruption protocol is motion blur, Gaussian noise, glare, occlusion and low
-light) uses two corruptions PVRBench lacks. They are here as EXTRA_SUBTYPES, category "sensor":
-
-    sensor     motion_blur, noise
-
-They are accepted wherever a subtype is (PerturbSpec, static_spec, apply, masks, the CLI) but are not
-in CATEGORIES / SUBTYPES, so Table 8 and the dynamic protocol's style draw (sample_spec) are unchanged.
-PROTOCOLS names the subtype list of each benchmark.
-
 Reading of Sec. 3.1 (see README, "Paper readings"): the paper's f' = f (.) P with P = B (.) C is read as
-compositing, f'_t = (1 - B_t C_t) f_t + B_t C_t E_t(f_t), where B_t in {0,1} is the layout (where),
-C_t in [0,1] the per-pixel strength (how much) and E_t the style's effect layer (fog airlight, rain
-radiance, a darkened shadow image, an occluder's texture...). Camera motion is a geometric warp:
-E_t = warp_t(f_t), C_t = 1, B_t = 1 wherever the warp moved content. `masks()` returns B and C;
-`apply()` returns f'. Where B is 0 a pixel is left exactly as it was.
+compositing, f'_t = (1 - B_t C_t) f_t + B_t C_t E_t(f_t), where B_t in {0,1} is the layout (where), C_t in
+[0,1] the per-pixel strength (how much) and E_t the style's effect layer (fog airlight, rain radiance, a
+darkened shadow image, an occluder's texture...). Camera motion is a geometric warp: E_t = warp_t(f_t),
+C_t = 1, B_t = 1 wherever the warp moved content. `masks()` returns B and C; `apply()` returns f'. Where B
+is 0 a pixel is left exactly as it was.
 
-Every effect is animated coherently over the frames of the clip (one animation tick per frame of the
-array): rain and snow fall, fog drifts, shadows and occluders move on smooth paths, the camera
-shakes along a smooth random walk, light changes slowly. Nothing is re-drawn independently per frame
-(sensor noise excepted, at night and in Robust-TO's `noise`, as in a real camera). Effects are
-spatially aware through a depth map in [0, 1] (0 = near, 1 = far): the caller's true depth, or a
-ground-plane proxy with a sky cue.
+Every effect is animated coherently over the frames of the clip (one animation tick per frame): rain and
+snow fall, fog drifts, shadows and occluders move on smooth paths, the camera shakes along a smooth random
+walk, light changes slowly. Nothing is re-drawn independently per frame (sensor noise excepted, as in a
+real camera). Effects are spatially aware through a depth map in [0, 1] (0 = near, 1 = far): the caller's
+true depth, or a ground-plane proxy with a sky cue.
 
-A `PerturbSpec` (the paper's V~, Eq. 4) is a few hundred bytes of JSON; the same spec on the same
-frames gives bit-identical output in any process and in any order of calls: all randomness comes
-from numpy Generators seeded by (spec.seed, subtype, purpose), never from global state.
+A `PerturbSpec` (the paper's V~, Eq. 4) is a few hundred bytes of JSON; the same spec on the same frames
+gives bit-identical output in any process and in any order of calls: all randomness comes from numpy
+Generators seeded by (spec.seed, subtype, purpose), never from global state. Frames are numpy uint8
+[T,H,W,3] (OpenCV kernels) or torch uint8 tensors on any device (the same effect code drives torch
+kernels, so it runs on a GPU when the frames are there).
 
-Frames are numpy uint8 [T,H,W,3] (OpenCV kernels) or torch uint8 tensors on any device (the same
-effect code drives torch kernels, so it runs on a GPU when the frames are there).
+The effects registry: every subtype, Table 8's included, is one `register_effect` call.
+
+    register_effect(subtype, category, draw_params, render)
+        draw_params(d) -> dict: the subtype's knobs at intensity d.eta, drawn from d (a ParamDraw on the
+            stream (seed, subtype, "params")) in an order that does not depend on eta;
+        render(ctx) -> iterator of one Layer per frame (ctx: a _Context: sizes, ctx.p = the knobs,
+            ctx.rng(*tags) = seeded streams, depth, ctx.ops = the frames' kernels).
+    register_protocol(name, subtypes)   PROTOCOLS[name]: the subtypes of a benchmark's protocol.
+
+A registered subtype is accepted wherever one of Table 8's is (PerturbSpec, static_spec with its seed by
+the same rule, sample_spec by name, apply, masks, the CLI); EFFECTS lists them, Table 8's first. A new
+category is not added to CATEGORIES (Table 8's four styles), so sample_spec's style draw never yields it.
+Extensions register on import (Robust-TO's motion_blur and noise: extensions/robust_to/corruptions.py).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import cv2
 import numpy as np
 
 import runtime
+import video
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),
@@ -61,24 +67,63 @@ CATEGORIES = {  # Table 8
     "weather": ("fog", "rain", "snow"),
 }
 SUBTYPES = tuple(s for subs in CATEGORIES.values() for s in subs)
-# Robust-TO's additions (not in PVRBench's Table 8, never drawn by sample_spec): camera motion blur and
-# sensor noise. Their category "sensor" is deliberately not a key of CATEGORIES (Table 8 has four styles).
-EXTRA_SUBTYPES = ("motion_blur", "noise")
-EXTRA_CATEGORY = "sensor"
-CATEGORY_OF = {s: c for c, subs in CATEGORIES.items() for s in subs}
-CATEGORY_OF.update({s: EXTRA_CATEGORY for s in EXTRA_SUBTYPES})
-# The subtypes of each benchmark's corruption protocol. Robust-TO's five corruption types mapped onto
-# this engine: motion blur, Gaussian noise (heteroscedastic sensor noise), glare = overexposure (its
-# glare source and bloom), occlusion = a static lens occluder, low light = night.
-PROTOCOLS = {"pvrbench": SUBTYPES, "robust-to": ("motion_blur", "noise", "overexposure", "static", "night")}
-_ALL_SUBTYPES = SUBTYPES + EXTRA_SUBTYPES
+CATEGORY_OF = {s: c for c, subs in CATEGORIES.items() for s in subs}  # + registered extensions' subtypes
+PROTOCOLS = {"pvrbench": SUBTYPES}  # + register_protocol's
 DEFAULT_ETA = 0.7  # App. D: perturbation intensity eta = 0.7
 SPEC_VERSION = 1
 
 
+# ----------------------------------------------------------------------------- the effects registry
+
+@dataclass(frozen=True)
+class Effect:
+    """One registered subtype (see the module docstring)."""
+    subtype: str
+    category: str
+    draw_params: Callable  # (ParamDraw) -> dict of knobs
+    render: Callable       # (_Context) -> iterator of one Layer per frame
+
+
+EFFECTS: dict[str, Effect] = {}  # subtype -> Effect, in registration order
+
+
+class ParamDraw:
+    """What draw_params(d) draws from: d.eta, d.s = 1 - (1 - eta)^2 (the perceptual strength curve of the
+    lighting blends), d.u(lo, hi) a uniform float, d.pick(options) a uniform choice, d.rng the Generator."""
+
+    def __init__(self, rng: np.random.Generator, eta: float):
+        self.rng, self.eta, self.s = rng, eta, 1.0 - (1.0 - eta) ** 2
+
+    def u(self, lo, hi) -> float:
+        return float(self.rng.uniform(lo, hi))
+
+    def pick(self, options):
+        return options[int(self.rng.integers(len(options)))]
+
+
+def register_effect(subtype: str, category: str, draw_params: Callable, render: Callable) -> Effect:
+    """Add (or replace) one perturbation subtype; see the module docstring for the contract."""
+    if CATEGORY_OF.get(subtype, category) != category:
+        raise ValueError(f"subtype {subtype!r} is in category {CATEGORY_OF[subtype]!r}, not {category!r}")
+    if subtype not in SUBTYPES and category in CATEGORIES:
+        raise ValueError(f"category {category!r} is one of Table 8's ({', '.join(CATEGORIES)}), which are closed; "
+                         f"give {subtype!r} a category of its own")
+    EFFECTS[subtype] = Effect(subtype, category, draw_params, render)
+    CATEGORY_OF[subtype] = category
+    return EFFECTS[subtype]
+
+
+def register_protocol(name: str, subtypes) -> tuple:
+    """PROTOCOLS[name] = the subtypes of a benchmark's corruption protocol (each already registered)."""
+    for s in subtypes:
+        _check_subtype(s)
+    PROTOCOLS[name] = tuple(subtypes)
+    return PROTOCOLS[name]
+
+
 # ----------------------------------------------------------------------------- randomness
 
-def _hash48(*parts) -> int:
+def hash48(*parts) -> int:
     """Stable 48-bit hash of strings (Python's hash() is salted per process; this is not)."""
     digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
     return int.from_bytes(digest[:6], "big")
@@ -86,10 +131,10 @@ def _hash48(*parts) -> int:
 
 def _rng(seed: int, *tags) -> np.random.Generator:
     """An independent stream per (seed, purpose): results never depend on the order of calls."""
-    return np.random.default_rng([int(seed), _hash48(*tags)])
+    return np.random.default_rng([int(seed), hash48(*tags)])
 
 
-def _walk(rng, T: int, dims: int, fmin=0.02, fmax=0.08, k=3) -> np.ndarray:
+def walk(rng, T: int, dims: int, fmin=0.02, fmax=0.08, k=3) -> np.ndarray:
     """Smooth random walk in [-1, 1], shape [dims, T]: a sum of k sinusoids per dimension with random
     frequencies in [fmin, fmax] cycles per frame, random phases and 1/f amplitudes. Band-limited, so
     consecutive frames move little; a function of the frame index, so a longer clip extends it."""
@@ -114,52 +159,24 @@ def _noise_field(rng, h: int, w: int, cells=4, octaves=3) -> np.ndarray:
     return acc / max(float(acc.max()), 1e-6)
 
 
+
 # ----------------------------------------------------------------------------- the spec (V~, Eq. 4)
 
 def _draw_params(subtype: str, eta: float, seed: int) -> dict:
     """Resolve the physical knobs of one subtype at intensity eta. The random factors are drawn in a
     fixed order that does not depend on eta, so with one seed every knob is monotone in eta."""
-    r = _rng(seed, subtype, "params")
-    u = lambda lo, hi: float(r.uniform(lo, hi))  # noqa: E731
-    s = 1.0 - (1.0 - eta) ** 2  # perceptual strength curve for the lighting blends
-    table = {
-        # lighting: E is the full-strength look; C = strength (Sec. 3.1 "per-pixel effect intensity")
-        "dusk": lambda: dict(strength=s * u(0.85, 1.0), warmth=u(0.6, 1.0), sky_lift=u(0.2, 0.45)),
-        "night": lambda: dict(strength=s * u(0.9, 1.0), gain=u(0.14, 0.22), noise=u(3.0, 5.0),
-                              tint=["moon", "sodium"][int(r.integers(2))], lamps=int(r.integers(1, 4))),
-        "overexposure": lambda: dict(strength=s * u(0.85, 1.0), stops=u(0.9, 1.5), bloom=u(0.4, 0.8),
-                                     glare=u(0.0, 1.0)),
-        "shadow": lambda: dict(coverage=(0.15 + 0.35 * eta) * u(0.85, 1.15),
-                               darkness=(0.35 + 0.6 * eta) * u(0.9, 1.0), speed=u(0.3, 1.0)),
-        # camera: amplitudes of the shake (fractions of the frame side, degrees)
-        "translation": lambda: dict(amplitude=0.06 * eta * u(0.85, 1.15)),
-        "zoom": lambda: dict(amplitude=0.22 * eta * u(0.85, 1.15)),
-        "rotation": lambda: dict(degrees=7.0 * eta * u(0.85, 1.15)),
-        # occlusion: covered area (static), size by nearness (dynamic)
-        "static": lambda: dict(area=(0.06 + 0.3 * eta) * u(0.85, 1.15),
-                               style=["object", "smear"][int(r.integers(2))], opacity=0.55 + 0.43 * eta),
-        "dynamic": lambda: dict(nearness=0.45 + 0.55 * eta * u(0.85, 1.0),
-                                style=["pedestrian", "vehicle"][int(r.integers(2))],
-                                direction=[-1, 1][int(r.integers(2))]),
-        # weather
-        "fog": lambda: dict(beta=3.6 * eta * u(0.85, 1.15), airlight=u(0.75, 0.9), heterogeneity=u(0.3, 0.6)),
-        "rain": lambda: dict(density=eta * u(0.85, 1.15), angle=u(-22.0, 22.0), speed=u(0.85, 1.15),
-                             mist=0.3 * eta * u(0.85, 1.15)),
-        "snow": lambda: dict(density=eta * u(0.85, 1.15), wind=u(-1.0, 1.0), flake=u(0.85, 1.2),
-                             haze=0.4 * eta * u(0.85, 1.15)),
-        # Robust-TO's sensor corruptions. motion_blur: the fraction of the frame interval the shutter is
-        # open (scales the measured camera motion into blur), and the length of the hand-shake blur as a
-        # fraction of the longer frame side. noise: var = shot * I + read^2 (I and read in 0..255 units).
-        "motion_blur": lambda: dict(shutter=eta * u(0.5, 0.8), shake=0.035 * eta * u(0.85, 1.15)),
-        "noise": lambda: dict(shot=2.5 * eta * u(0.85, 1.15), read=6.0 * eta * u(0.85, 1.15)),
-    }
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in table[subtype]().items()}
+    knobs = EFFECTS[subtype].draw_params(ParamDraw(_rng(seed, subtype, "params"), eta))
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in knobs.items()}
 
 
 def _check_subtype(subtype):
-    if subtype is not None and subtype not in _ALL_SUBTYPES:
-        raise ValueError(f"unknown perturbation subtype {subtype!r}; valid subtypes: {', '.join(SUBTYPES)} "
-                         f"(PVRBench), {', '.join(EXTRA_SUBTYPES)} (Robust-TO)")
+    if subtype is not None and subtype not in EFFECTS:
+        extra = {}  # the subtypes registered beyond Table 8, by category
+        for e in EFFECTS.values():
+            if e.subtype not in SUBTYPES:
+                extra.setdefault(e.category, []).append(e.subtype)
+        raise ValueError(f"unknown perturbation subtype {subtype!r}; valid subtypes: {', '.join(SUBTYPES)} (PVRBench)"
+                         + "".join(f", {', '.join(subs)} ({cat})" for cat, subs in extra.items()))
 
 
 @dataclass
@@ -229,7 +246,7 @@ class PerturbSpec:
 def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
     """Dynamic protocol (training, Sec. 4): a fresh spec per iteration. The style is uniform over the
     four categories (Eq. 2, App. B.2.1), the subtype uniform within it, unless given. The draw never
-    yields Robust-TO's EXTRA_SUBTYPES; one of them is used only when asked for by name."""
+    yields a subtype registered outside Table 8; one of them is used only when asked for by name."""
     rng = seed_or_rng if isinstance(seed_or_rng, np.random.Generator) else np.random.default_rng(seed_or_rng)
     _check_subtype(subtype)
     if category is not None and category not in CATEGORIES:
@@ -244,9 +261,9 @@ def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuff
 def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
     """Static protocol (PVRBench, Sec. 4): one fixed spec per (video, subtype), the same on every
     machine and Python version (the seed is a SHA-256 of the ids, never Python's salted hash()).
-    Robust-TO's EXTRA_SUBTYPES get their seeds by the same rule."""
+    Registered extensions' subtypes get their seeds by the same rule."""
     _check_subtype(subtype)
-    return PerturbSpec(subtype=subtype, eta=eta, seed=_hash48("pvrbench", video_id, subtype), shuffle=shuffle)
+    return PerturbSpec(subtype=subtype, eta=eta, seed=hash48("pvrbench", video_id, subtype), shuffle=shuffle)
 
 
 def temporal_permutation(T: int, seed: int) -> np.ndarray:
@@ -255,7 +272,6 @@ def temporal_permutation(T: int, seed: int) -> np.ndarray:
     if T > 1 and np.array_equal(perm, np.arange(T)):
         perm = np.roll(perm, 1)
     return perm
-
 
 # ----------------------------------------------------------------------------- kernels (numpy/OpenCV and torch)
 
@@ -316,31 +332,6 @@ class _CV:
 
     def add_signed(self, f, g128):  # f + (g - 128), saturating; g uint8 centred on 128
         return cv2.addWeighted(f, 1.0, g128, 1.0, -128.0)
-
-    def filter(self, f, pieces):
-        """Correlation with a kernel given as pieces (y0, x0, K): out(y, x) = sum over pieces of
-        sum K[v, u] f(y + y0 + v, x + x0 + u), reflect-101 border. OpenCV filters a uint8 image with a
-        kernel of up to ~11x11 by direct summation over its non-zero taps (cheap for a thin line) and
-        with a DFT above that (~15x slower at 448 px), so a long kernel comes as small pieces, each
-        filtered on a window of the padded frame, summed in 16-bit fixed point (1/64), rounded once."""
-        h, w = f.shape[:2]
-        r = max(0, *(max(-y0, -x0, y0 + k.shape[0] - 1, x0 + k.shape[1] - 1) for y0, x0, k in pieces))
-        padded = cv2.copyMakeBorder(f, r, r, r, r, cv2.BORDER_REFLECT_101) if r else f
-
-        def corr(y0, x0, k, ddepth):
-            win = padded[r + y0:r + y0 + h + k.shape[0] - 1, r + x0:r + x0 + w + k.shape[1] - 1]
-            return cv2.filter2D(win, ddepth, k, anchor=(0, 0))[:h, :w]
-
-        if len(pieces) == 1:
-            return np.ascontiguousarray(corr(*pieces[0], -1))
-        acc = None
-        for y0, x0, k in pieces:
-            g = corr(y0, x0, k * np.float32(64), cv2.CV_16S)
-            acc = g if acc is None else cv2.add(acc, g)
-        return cv2.convertScaleAbs(acc, alpha=1 / 64)
-
-    def add_noise(self, f, std, n):  # f + std[f] * n, rounded, saturating; std float32 [256, 3], n float32 [H,W,3]
-        return cv2.add(f, cv2.multiply(cv2.LUT(f, std.reshape(256, 1, 3)), n), dtype=cv2.CV_8U)
 
 
 _HOST = _CV()  # for host-side layers (particles), whatever the frames' backend
@@ -417,27 +408,6 @@ class _Torch:
 
     def add_signed(self, f, g128):
         return (f.int() + self.asarray(g128).int() - 128).clamp_(0, 255).to(self.torch.uint8)
-
-    def filter(self, f, pieces):  # the pieces summed into one kernel, one depthwise convolution
-        h, w = f.shape[:2]
-        y0 = min(p[0] for p in pieces)
-        x0 = min(p[1] for p in pieces)
-        y1 = max(p[0] + p[2].shape[0] for p in pieces)
-        x1 = max(p[1] + p[2].shape[1] for p in pieces)
-        kernel = np.zeros((y1 - y0, x1 - x0), np.float32)
-        for py, px, k in pieces:
-            kernel[py - y0:py - y0 + k.shape[0], px - x0:px - x0 + k.shape[1]] += k
-        r = max(0, -y0, -x0, y1 - 1, x1 - 1)
-        img = f.permute(2, 0, 1)[None].float()
-        if r:
-            img = self.F.pad(img, (r, r, r, r), mode="reflect")  # = OpenCV's BORDER_REFLECT_101
-        win = img[..., r + y0:r + y1 - 1 + h, r + x0:r + x1 - 1 + w]
-        k = self.asarray(kernel)[None, None].expand(3, 1, -1, -1)
-        return self._u8(self.F.conv2d(win, k, groups=3)[0].permute(1, 2, 0))
-
-    def add_noise(self, f, std, n):
-        s = self.asarray(std).gather(0, f.reshape(-1, 3).long()).reshape(f.shape)
-        return self._u8(f.float() + s * self.asarray(n))
 
 
 def _check_frames(frames):
@@ -517,6 +487,10 @@ class _Context:
     def rng(self, *tags):
         return _rng(self.spec.seed, self.spec.subtype, *tags)
 
+    def drift(self, tag, amount, fmin, fmax):
+        """[T]: 1 + amount x a smooth walk, for slow changes over the clip (light, exposure, density)."""
+        return 1 + amount * walk(self.rng(tag), self.T, 1, fmin, fmax)[0]
+
     def clip_lut(self, table, t):
         """Frame t of the whole clip through a tone table. One call for the clip (faster than per frame),
         written into `apply`'s output buffer: frame t of it is read as E_t, then overwritten by the
@@ -541,13 +515,19 @@ class _Context:
         return cv2.resize(m, (self.W, self.H), interpolation=cv2.INTER_LINEAR)
 
 
-@dataclass
-class _Layer:
+@dataclass(frozen=True)
+class Layer:
     """One frame's corruption: f' = f + w (E - f) inside roi (Sec. 3.1, w = B (.) C), or a warp."""
     weight: object = 1.0        # float (uniform) or float32 map [h, w] of the roi / frame
     effect: object = None       # colour tuple, host uint8 image, or callable(frame_region) -> image
     roi: tuple | None = None    # (y0, y1, x0, x1) or None for the whole frame
     warp: np.ndarray | None = None  # [2,3] output->source map: E = warp(f), C = 1
+
+    def effect_on(self, region):
+        return self.effect(region) if callable(self.effect) else self.effect
+
+
+UNCHANGED = Layer(0.0, (0, 0, 0))  # a frame left exactly as it was
 
 
 # ----------------------------------------------------------------------------- lighting
@@ -570,9 +550,9 @@ def _dusk(ctx):
     y = (np.arange(ctx.H, dtype=np.float32) + 0.5) / ctx.H
     grad = np.clip(1 - p["sky_lift"] * (1 - y / max(ctx.horizon, 0.05)), 0, 1)  # lighter toward the top
     grad_map = np.repeat(grad[:, None], ctx.W, 1).astype(np.float32)
-    drift = 1 + 0.08 * _walk(ctx.rng("drift"), ctx.T, 1, 0.005, 0.02)[0]
+    drift = ctx.drift("drift", 0.08, 0.005, 0.02)
     for t in range(ctx.T):  # grad <= 1, so the weight stays in [0, 1]
-        yield _Layer(grad_map * np.float32(min(1.0, p["strength"] * drift[t])), lambda f, t=t: ctx.clip_lut(table, t))
+        yield Layer(grad_map * np.float32(min(1.0, p["strength"] * drift[t])), lambda f, t=t: ctx.clip_lut(table, t))
 
 
 def _night(ctx):
@@ -598,28 +578,21 @@ def _night(ctx):
     noise = _noise_bank(ctx.H + 16, ctx.W + 16, p["noise"])
     rng = ctx.rng("noise")
     offs = rng.integers(0, 16, (ctx.T, 2))
-    drift = 1 + 0.05 * _walk(ctx.rng("drift"), ctx.T, 1, 0.01, 0.04)[0]
+    drift = ctx.drift("drift", 0.05, 0.01, 0.04)
     for t in range(ctx.T):
         oy, ox = offs[t]
         nz = noise[oy:oy + ctx.H, ox:ox + ctx.W]
-        yield _Layer(dark * np.float32(min(1.0, p["strength"] * drift[t])),
-                     lambda f, nz=nz: ops.add_signed(ops.lut(ops.color_matrix(f, m), gamma), nz))
+        yield Layer(dark * np.float32(min(1.0, p["strength"] * drift[t])),
+                    lambda f, nz=nz: ops.add_signed(ops.lut(ops.color_matrix(f, m), gamma), nz))
 
 
-_NOISE_CACHE = {}
-
-
+@functools.lru_cache(maxsize=9)
 def _noise_bank(h, w, sigma):
     """Gaussian sensor noise (luminance + weaker chroma), uint8 centred on 128. A fixed seed: a pure
     function of its arguments, cached because drawing normals is the slow part."""
-    key = (h, w, round(float(sigma), 4))
-    if key not in _NOISE_CACHE:
-        r = np.random.default_rng(_hash48("sensor-noise", h, w))
-        n = r.standard_normal((h, w, 1), np.float32) * sigma + r.standard_normal((h, w, 3), np.float32) * sigma * 0.4
-        if len(_NOISE_CACHE) > 8:
-            _NOISE_CACHE.clear()
-        _NOISE_CACHE[key] = np.clip(np.round(128 + n), 0, 255).astype(np.uint8)
-    return _NOISE_CACHE[key]
+    r = np.random.default_rng(hash48("sensor-noise", h, w))
+    n = r.standard_normal((h, w, 1), np.float32) * sigma + r.standard_normal((h, w, 3), np.float32) * sigma * 0.4
+    return np.clip(np.round(128 + n), 0, 255).astype(np.uint8)
 
 
 def _overexposure(ctx):
@@ -631,9 +604,9 @@ def _overexposure(ctx):
     bw, bh = max(4, ctx.W // 8), max(4, ctx.H // 8)
     rng = ctx.rng("glare")
     gx, gy = rng.uniform(0.15, 0.85) * bw, rng.uniform(0.0, 0.35) * ctx.horizon * bh
-    path = _walk(rng, ctx.T, 2, 0.01, 0.03) * 0.08 * bw
+    path = walk(rng, ctx.T, 2, 0.01, 0.03) * 0.08 * bw
     yy, xx = np.mgrid[0:bh, 0:bw].astype(np.float32)
-    hunt = 1 + 0.12 * _walk(ctx.rng("hunt"), ctx.T, 1, 0.02, 0.06)[0]
+    hunt = ctx.drift("hunt", 0.12, 0.02, 0.06)
 
     def effect(f, t):
         e = ctx.clip_lut(table, t)
@@ -647,7 +620,7 @@ def _overexposure(ctx):
         return ops.add(e, ops.resize(ops.asarray(np.clip(halo, 0, 255).astype(np.uint8)), ctx.W, ctx.H))
 
     for t in range(ctx.T):
-        yield _Layer(float(min(1.0, p["strength"] * hunt[t])), lambda f, t=t: effect(f, t))
+        yield Layer(float(min(1.0, p["strength"] * hunt[t])), lambda f, t=t: effect(f, t))
 
 
 def _shadow(ctx):
@@ -668,7 +641,7 @@ def _shadow(ctx):
         m = np.float32([[1, 0, ox], [0, 1, oy]])
         crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
         alpha = np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * (ctx.depth_small(t) < 0.97)
-        yield _Layer(ctx.upsample(alpha * np.float32(p["darkness"])), lambda f, t=t: ctx.clip_lut(table, t))
+        yield Layer(ctx.upsample(alpha * np.float32(p["darkness"])), lambda f, t=t: ctx.clip_lut(table, t))
 
 
 # ----------------------------------------------------------------------------- camera motion
@@ -677,7 +650,7 @@ def _camera(ctx):
     """Shake: a smooth random walk of translation, zoom or roll (never independent per-frame jitter),
     with the crop-in of electronic stabilisation so that no border is ever revealed."""
     p, sub, H, W = ctx.p, ctx.spec.subtype, ctx.H, ctx.W
-    walk = _walk(ctx.rng("walk"), ctx.T, 3, 0.015, 0.06)
+    path = walk(ctx.rng("walk"), ctx.T, 3, 0.015, 0.06)
     c = np.array([(W - 1) / 2, (H - 1) / 2])
     for t in range(ctx.T):
         shift = np.zeros(2)
@@ -685,18 +658,18 @@ def _camera(ctx):
         if sub == "translation":
             a = p["amplitude"]
             scale = 1 + 2 * a
-            shift = a * np.array([W * walk[0, t], 0.8 * H * walk[1, t]])
+            shift = a * np.array([W * path[0, t], 0.8 * H * path[1, t]])
         elif sub == "zoom":
-            scale = 1 + p["amplitude"] * (0.5 + 0.5 * walk[0, t])
-            shift = 0.4 * (1 - 1 / scale) * np.array([W, H]) * walk[1:, t]  # the centre wanders, inside the crop
+            scale = 1 + p["amplitude"] * (0.5 + 0.5 * path[0, t])
+            shift = 0.4 * (1 - 1 / scale) * np.array([W, H]) * path[1:, t]  # the centre wanders, inside the crop
         else:
             max_rad = math.radians(p["degrees"])
             scale = math.cos(max_rad) + math.sin(max_rad) * max(W / H, H / W)  # covers the frame at any roll
-            angle = max_rad * walk[0, t]
+            angle = max_rad * path[0, t]
         ca, sa = math.cos(angle) / scale, math.sin(angle) / scale
         a2 = np.array([[ca, -sa], [sa, ca]])  # output -> source: rotate and shrink about the centre
         m = np.hstack([a2, (c + shift - a2 @ c)[:, None]])
-        yield _Layer(warp=m.astype(np.float32))
+        yield Layer(warp=m.astype(np.float32))
 
 
 def _moved(m, H, W):
@@ -751,7 +724,7 @@ def _static(ctx):
     alpha[alpha < 1 / 255] = 0
     roi = _roi_of(alpha)
     if roi is None:
-        yield from (_Layer(0.0, (0, 0, 0)) for _ in range(ctx.T))
+        yield from (UNCHANGED for _ in range(ctx.T))
         return
     y0, y1, x0, x1 = roi
     a = alpha[y0:y1, x0:x1]
@@ -763,14 +736,14 @@ def _static(ctx):
         img = np.clip(base * (shade * tex)[..., None], 0, 255).astype(np.uint8)
         img = cv2.GaussianBlur(img, (0, 0), defocus)
         w = a * np.float32(min(1.0, p["opacity"] + 0.45))  # an object on the lens is (almost) opaque
-        yield from (_Layer(w, img, roi) for _ in range(ctx.T))
+        yield from (Layer(w, img, roi) for _ in range(ctx.T))
     else:
         smudge = 0.55 + 0.45 * cv2.resize(_noise_field(rng, 24, 24, cells=3), (x1 - x0, y1 - y0))
         w = a * smudge * np.float32(p["opacity"])
         haze = tuple(int(v) for v in rng.integers(200, 236, 3))
         sigma = max(1.0, 0.08 * radius)
         for _ in range(ctx.T):
-            yield _Layer(w, lambda f: ops.blend(_wide_blur(ops, f, sigma), haze, 0.3), roi)
+            yield Layer(w, lambda f: ops.blend(_wide_blur(ops, f, sigma), haze, 0.3), roi)
 
 
 def _wide_blur(ops, f, sigma):
@@ -857,10 +830,10 @@ def _dynamic(ctx):
         left = int(round(cx - img.shape[1] / 2))
         y0, y1, x0, x1 = max(top, 0), min(top + img.shape[0], H), max(left, 0), min(left + img.shape[1], W)
         if y0 >= y1 or x0 >= x1:
-            yield _Layer(0.0, (0, 0, 0))
+            yield UNCHANGED
             continue
         sl = (slice(y0 - top, y1 - top), slice(x0 - left, x1 - left))
-        yield _Layer(np.ascontiguousarray(alpha[sl]), np.ascontiguousarray(img[sl]), (y0, y1, x0, x1))
+        yield Layer(np.ascontiguousarray(alpha[sl]), np.ascontiguousarray(img[sl]), (y0, y1, x0, x1))
 
 
 # ----------------------------------------------------------------------------- weather
@@ -876,13 +849,13 @@ def _fog(ctx):
     start = pad / 2 - wind * ctx.T / 2
     cast = rng.uniform(-0.03, 0.03, 3)
     airlight = tuple(int(round(255 * min(1.0, p["airlight"] * (1 + c)))) for c in cast)
-    breathe = 1 + 0.1 * _walk(ctx.rng("breathe"), ctx.T, 1, 0.01, 0.04)[0]
+    breathe = ctx.drift("breathe", 0.1, 0.01, 0.04)
     for t in range(ctx.T):
         m = np.float32([[1, 0, start[0] + wind[0] * t], [0, 1, start[1] + wind[1] * t]])
         bank = cv2.warpAffine(banks, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
         beta = p["beta"] * breathe[t] * (1 + p["heterogeneity"] * 2 * (bank - 0.5))  # smooth: low resolution
         trans = cv2.exp(-ctx.upsample(beta.astype(np.float32)) * ctx.depth(t))  # depth edges: full resolution
-        yield _Layer(1 - trans, airlight)  # C = 1 - t
+        yield Layer(1 - trans, airlight)  # C = 1 - t
 
 
 # (depth z of the layer, drops per 448x448 at density 1, fall speed and streak length in frame heights
@@ -893,17 +866,18 @@ _RAIN_LAYERS = ((0.75, 700, 0.030, 0.050, 1, 0.35), (0.45, 260, 0.050, 0.085, 1,
 _SNOW_LAYERS = ((0.75, 900, 0.006, 0.8, 0.75), (0.45, 350, 0.012, 1.6, 0.9), (0.15, 70, 0.022, 3.2, 0.8))
 
 
-def _particles(ctx, layers, tracks, draw, veil, color):
-    """Shared by rain and snow: depth layers of particles that persist between frames. `tracks(i, u)`
-    gives layer i's particle positions for all frames at once; `draw(t, i, track)` rasterises frame
-    t of layer i. A layer at depth z is hidden where the scene is nearer than z; a veil (mist, haze)
-    grows with scene depth: P = 1 - (1 - veil)(1 - particles)."""
+def _particles(ctx, layers, strokes, soften, veil, color):
+    """Rain and snow: depth layers of particles that persist between frames. `strokes(layer, u)` turns a
+    layer's particles (u: [n, 6] uniform numbers each) into line groups (points [T, n, 2, 2] in fixed point
+    with 2 fractional bits, grey level, thickness) for all frames at once, one draw call per group and frame;
+    `soften(layer, image)` blurs the drawn layer. A layer at depth z is hidden where the scene is nearer than
+    z; a veil (mist, haze) grows with scene depth: P = 1 - (1 - veil)(1 - particles)."""
     area = ctx.H * ctx.W / 448 ** 2
     rng = ctx.rng("particles")
-    paths = []
-    for i, layer in enumerate(layers):  # the full density-1.15 population; lower densities take a prefix
+    lines = []
+    for layer in layers:  # the full density-1.15 population; lower densities take a prefix
         u = rng.random((int(math.ceil(layer[1] * 1.15 * area)), 6))
-        paths.append(tracks(i, u[:int(round(layer[1] * min(ctx.p["density"], 1.15) * area))]))
+        lines.append(strokes(layer, u[:int(round(layer[1] * min(ctx.p["density"], 1.15) * area))]))
     seen = {}
     for t in range(ctx.T):
         key = 0 if ctx.depth_small(t) is ctx.depth_small(0) else t
@@ -914,10 +888,13 @@ def _particles(ctx, layers, tracks, draw, veil, color):
                          veil_map, (1 - veil_map) * np.float32(1 / 255))
         hidden, veil_map, clear_map = seen[key]
         acc = None
-        for i in range(len(layers)):
-            buf = cv2.min(draw(t, i, paths[i]), hidden[i])
+        for layer, groups, behind in zip(layers, lines, hidden, strict=True):
+            buf = np.zeros((ctx.H, ctx.W), np.uint8)
+            for pts, level, thick in groups:
+                cv2.polylines(buf, pts[t], False, level, thick, cv2.LINE_AA, shift=2)
+            buf = cv2.min(soften(layer, buf), behind)
             acc = buf if acc is None else cv2.max(acc, buf)
-        yield _Layer(veil_map + acc * clear_map, color)
+        yield Layer(veil_map + acc * clear_map, color)
 
 
 def _rain(ctx):
@@ -927,26 +904,22 @@ def _rain(ctx):
     direction = np.array([math.sin(theta), math.cos(theta)])
     scale = H / 448
 
-    def tracks(i, u):  # streak end points for all frames, fixed-point (2 fractional bits)
-        z, _, speed, length, thick, opacity = _RAIN_LAYERS[i]
+    def strokes(layer, u):  # a streak per drop, from its tail to its head
+        z, _, speed, length, thick, opacity = layer
         v = speed * H * ctx.p["speed"] * (0.9 + 0.2 * u[:, 2])
         ln = length * H * (0.7 + 0.6 * u[:, 3])
         ext = np.array([W + 2 * length * H, H + length * H])  # wrap-around extent: rain never stops
         head = np.mod(u[:, :2] * ext + (np.arange(T)[:, None, None] * v[:, None]) * direction, ext)
         head = head - [length * H, 0]
         pts = np.round(np.stack([head - ln[:, None] * direction, head], 2) * 4).astype(np.int32)
-        faint = u[:, 4] < 0.5  # drops differ in brightness: two groups, one draw call each
-        return pts[:, faint], pts[:, ~faint]
+        faint = u[:, 4] < 0.5  # drops differ in brightness: two groups
+        width = max(1, int(round(thick * scale)))
+        return [(pts[:, faint], int(255 * (0.55 * opacity)), width), (pts[:, ~faint], int(255 * opacity), width)]
 
-    def draw(t, i, track):
-        z, _, speed, length, thick, opacity = _RAIN_LAYERS[i]
-        buf = np.zeros((H, W), np.uint8)
-        for pts, level in zip(track, (0.55 * opacity, opacity)):
-            cv2.polylines(buf, pts[t], False, int(255 * level), max(1, int(round(thick * scale))),
-                          cv2.LINE_AA, shift=2)
-        return cv2.GaussianBlur(buf, (0, 0), 0.8 * scale) if z < 0.3 else buf  # near drops: out of focus
+    def soften(layer, buf):  # near drops are out of focus
+        return cv2.GaussianBlur(buf, (0, 0), 0.8 * scale) if layer[0] < 0.3 else buf
 
-    yield from _particles(ctx, _RAIN_LAYERS, tracks, draw, ctx.p["mist"], (200, 205, 214))
+    yield from _particles(ctx, _RAIN_LAYERS, strokes, soften, ctx.p["mist"], (200, 205, 214))
 
 
 def _snow(ctx):
@@ -957,174 +930,54 @@ def _snow(ctx):
     scale = H / 448
     t = np.arange(T)[:, None]
 
-    def tracks(i, u):  # flake centres for all frames, grouped by flake size (one draw call per size)
-        z, _, speed, radius, opacity = _SNOW_LAYERS[i]
+    def strokes(layer, u):  # a zero-length thick line per flake, grouped by flake size
+        z, _, speed, radius, opacity = layer
         fall = speed * H * (0.8 + 0.4 * u[:, 2])
         sway = (0.5 + u[:, 3]) * radius * scale * 4 * np.sin((0.15 + 0.25 * u[:, 4]) * t + 2 * np.pi * u[:, 5])
         ext = np.array([W + 20 * scale, H + 20 * scale])
         pos = np.mod(u[:, :2] * ext + np.stack([wind * (1 - z) * t + sway, fall * t], 2), ext) - 10 * scale
         q = np.round(pos * 4).astype(np.int32)
         size = np.clip(np.round(2 * radius * scale * ctx.p["flake"] * (0.6 + 0.8 * u[:, 2])), 1, None).astype(int)
-        return [(int(d), np.stack([q[:, size == d]] * 2, 2)) for d in np.unique(size)]
+        return [(np.stack([q[:, size == d]] * 2, 2), int(255 * opacity), int(d)) for d in np.unique(size)]
 
-    def draw(t_, i, track):
-        z, _, speed, radius, opacity = _SNOW_LAYERS[i]
-        buf = np.zeros((H, W), np.uint8)
-        for d, pts in track:  # a zero-length thick line is a flake
-            cv2.polylines(buf, pts[t_], False, int(255 * opacity), d, cv2.LINE_AA, shift=2)
-        # soften into round flakes; the nearest layer is also out of focus
+    def soften(layer, buf):  # round flakes; the nearest layer is also out of focus
+        z, _, _, radius, _ = layer
         diam = 2 * radius * scale * ctx.p["flake"]
         return _wide_blur(_HOST, buf, radius * scale) if z < 0.3 else cv2.GaussianBlur(buf, (0, 0), 0.3 * diam)
 
-    yield from _particles(ctx, _SNOW_LAYERS, tracks, draw, ctx.p["haze"], (238, 241, 246))
+    yield from _particles(ctx, _SNOW_LAYERS, strokes, soften, ctx.p["haze"], (238, 241, 246))
 
 
-# ----------------------------------------------------------------------------- sensor (Robust-TO's additions)
+# ----------------------------------------------------------------------------- Table 8's effects, registered
 
-_LUMA = np.array([0.299, 0.587, 0.114], np.float32)
-
-
-def _capture_order(ctx) -> np.ndarray:
-    """cap[t]: the capture index of output frame t. With shuffle (Eq. 1) frame t is capture perm[t]."""
-    return temporal_permutation(ctx.T, ctx.spec.seed) if ctx.spec.shuffle else np.arange(ctx.T)
-
-
-def _global_motion(ctx, cap) -> np.ndarray:
-    """Global image motion at each output frame, [T, 2] (x, y) in px per frame: phase correlation
-    (cv2.phaseCorrelate, Hann window) of consecutive frames in capture order, on greyscale frames
-    block-averaged to <= 64 px, each step weighted by the confidence of its correlation peak (a scene
-    cut or unrelated frames give a low peak and no motion); a frame's motion is the mean of the steps
-    into and out of it. In capture order because blur happens at capture: under shuffle a frame keeps
-    its own blur."""
-    T, H, W, ops = ctx.T, ctx.H, ctx.W, ctx.ops
-    k = max(1, math.ceil(max(H, W) / 64))  # an integer factor: both backends average the same blocks
-    hs, ws = H // k, W // k
-    if T < 2 or min(hs, ws) < 8:
-        return np.zeros((T, 2))
-    where = np.argsort(cap)  # capture i is output frame where[i]
-    grey = []
-    for i in range(T):
-        f = ctx.frames[int(where[i])][:hs * k, :ws * k]
-        grey.append(ops.host(ops.resize(f, ws, hs) if k > 1 else f).astype(np.float32) @ _LUMA)
-    window = cv2.createHanningWindow((ws, hs), cv2.CV_32F)
-    steps = np.zeros((T - 1, 2))
-    for i in range(T - 1):
-        (dx, dy), peak = cv2.phaseCorrelate(grey[i], grey[i + 1], window)
-        steps[i] = np.array([dx, dy]) * k * float(np.clip((peak - 0.1) / 0.2, 0, 1))
-    ends = np.vstack([steps[:1], steps, steps[-1:]])
-    return (0.5 * (ends[:-1] + ends[1:]))[cap]
-
-
-def _line_pieces(bx: float, by: float, max_area: int = 121) -> list:
-    """Linear motion-blur kernel along the vector (bx, by) px, centred on the pixel: the segment from
-    -b/2 to +b/2 sampled at 4 points per px, bilinearly splatted, summing to 1. Returned as pieces
-    (y0, x0, K float32) along the segment, each with at most max_area taps (see _CV.filter)."""
-    length = math.hypot(bx, by)
-    n = max(2, math.ceil(4 * length) + 1)
-    for m in range(1, n + 1):
-        nn = m * math.ceil(n / m)
-        s = (np.arange(nn) + 0.5) / nn - 0.5
-        pieces = []
-        for idx in np.split(np.arange(nn), m):
-            xs, ys = s[idx] * bx, s[idx] * by
-            ix, iy = np.floor(xs).astype(int), np.floor(ys).astype(int)
-            fx, fy = xs - ix, ys - iy
-            x0, y0 = ix.min(), iy.min()
-            k = np.zeros((iy.max() - y0 + 2, ix.max() - x0 + 2))
-            for dy, wy in ((0, 1 - fy), (1, fy)):
-                for dx, wx in ((0, 1 - fx), (1, fx)):
-                    np.add.at(k, (iy - y0 + dy, ix - x0 + dx), wy * wx / nn)
-            rows, cols = np.nonzero(k.any(1))[0], np.nonzero(k.any(0))[0]  # trim all-zero borders
-            k = k[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
-            pieces.append((int(y0 + rows[0]), int(x0 + cols[0]), k.astype(np.float32)))
-        if all(k.size <= max_area for _, _, k in pieces):
-            return pieces
-    raise AssertionError("unreachable: a piece of one sample has at most 4 taps")
-
-
-def _motion_blur(ctx):
-    """Robust-TO's motion blur: each frame is blurred with a linear kernel along the camera's motion
-    during the exposure, b_t = shutter * v_t + shake_t. v_t is the global image motion measured
-    between consecutive frames (_global_motion); shake_t a hand-shake component on a smooth random
-    walk (length 0.4..1 x `shake` of the longer side, direction wandering +-0.6 rad about a random
-    one), so a static clip still gets blur whose direction and length drift smoothly. A line kernel
-    has no sign, so the shake's sign is free: it is chosen once per clip to point along the clip's
-    mean motion, so that a steady pan is never cancelled by the shake for a whole clip. Both terms
-    scale with eta (through `shutter` and `shake`), so the blur grows with eta: eta = 0 is no change.
-    The length is capped at 0.1 of the longer side. E_t = the blurred frame, C = 1 (like a camera
-    warp: every pixel is replaced by a mix of its neighbours), B = 1 wherever there is blur."""
-    p, ops, T, H, W = ctx.p, ctx.ops, ctx.T, ctx.H, ctx.W
-    cap = _capture_order(ctx)
-    rng = ctx.rng("shake")
-    theta0 = rng.uniform(0, np.pi)
-    walk = _walk(rng, T, 2, 0.02, 0.06)  # over capture time, like the motion
-    shake = p["shake"] * max(H, W)
-    motion = _global_motion(ctx, cap) if p["shutter"] > 0 else np.zeros((T, 2))
-    cap_len = min(0.1 * max(H, W), 2.0 * (min(H, W) - 3))  # the kernel also stays inside a reflection
-    if motion.sum(0) @ np.array([math.cos(theta0), math.sin(theta0)]) < 0:  # order-free: a sum over frames
-        theta0 += np.pi
-    for t in range(T):
-        c = cap[t]
-        theta = theta0 + 0.6 * walk[1, c]
-        direction = np.array([math.cos(theta), math.sin(theta)])
-        b = p["shutter"] * motion[t] + shake * (0.7 + 0.3 * walk[0, c]) * direction
-        length = float(np.hypot(*b))
-        if cap_len <= 0 or length < 1e-3:
-            yield _Layer(0.0, (0, 0, 0))
-            continue
-        if length > cap_len:
-            b *= cap_len / length
-        pieces = _line_pieces(float(b[0]), float(b[1]))
-        yield _Layer(1.0, lambda f, pieces=pieces: ops.filter(f, pieces))
-
-
-_UNIT_NOISE_CACHE = {}
-_NOISE_PAD = 32  # frame t reads the bank at one of (_NOISE_PAD + 1)^2 offsets
-
-
-def _unit_noise_bank(h, w):
-    """Sensor noise of unit variance per channel, float32 [h, w, 3]: a luminance part shared by the
-    three channels and a weaker (0.4) independent chroma part, as `_noise_bank` draws for the night
-    effect. A fixed seed: a pure function of its arguments, cached."""
-    key = (h, w)
-    if key not in _UNIT_NOISE_CACHE:
-        r = np.random.default_rng(_hash48("sensor-noise-unit", h, w))
-        n = r.standard_normal((h, w, 1), np.float32) + r.standard_normal((h, w, 3), np.float32) * np.float32(0.4)
-        if len(_UNIT_NOISE_CACHE) > 4:
-            _UNIT_NOISE_CACHE.clear()
-        _UNIT_NOISE_CACHE[key] = n * np.float32(1 / math.sqrt(1 + 0.4 ** 2))
-    return _UNIT_NOISE_CACHE[key]
-
-
-def _noise(ctx):
-    """Robust-TO's Gaussian noise as a sensor makes it: shot noise (Poisson, variance proportional to
-    the signal) plus read noise, f' = f + sqrt(shot * f + read^2) n, n ~ N(0, 1) per pixel (so bright
-    pixels are noisier than dark ones), both terms growing with eta. Drawn fresh per frame like the
-    night effect's noise: each frame reads a fixed noise bank at its own offset (all distinct within
-    a clip up to 1089 frames) with its own sign, both from the spec's seeded stream, so the clip is
-    deterministic given the spec. E_t = the noisy frame, C = 1, B = 1 (when eta > 0)."""
-    p, ops, T, H, W = ctx.p, ctx.ops, ctx.T, ctx.H, ctx.W
-    if p["shot"] <= 0 and p["read"] <= 0:
-        yield from (_Layer(0.0, (0, 0, 0)) for _ in range(T))
-        return
-    level = np.arange(256, dtype=np.float32)[:, None]
-    std = np.repeat(np.sqrt(np.float32(p["shot"]) * level + np.float32(p["read"]) ** 2), 3, 1)
-    std = {1: ops.asarray(std), -1: ops.asarray(-std)}
-    bank = ops.asarray(_unit_noise_bank(H + _NOISE_PAD, W + _NOISE_PAD))  # on the frames' device, once
-    rng = ctx.rng("noise")
-    side = _NOISE_PAD + 1
-    offsets = rng.choice(side * side, T, replace=T > side * side)
-    signs = rng.choice([-1, 1], T)
-    for t in range(T):
-        oy, ox = divmod(int(offsets[t]), side)
-        nz = bank[oy:oy + H, ox:ox + W]
-        yield _Layer(1.0, lambda f, nz=nz, s=std[int(signs[t])]: ops.add_noise(f, s, nz))
-
-
-_EFFECTS = {"dusk": _dusk, "night": _night, "overexposure": _overexposure, "shadow": _shadow,
-            "translation": _camera, "zoom": _camera, "rotation": _camera,
-            "static": _static, "dynamic": _dynamic, "fog": _fog, "rain": _rain, "snow": _snow,
-            "motion_blur": _motion_blur, "noise": _noise}  # the last two: Robust-TO's EXTRA_SUBTYPES
+# The knobs of each subtype at intensity eta (d: ParamDraw; App. B.2). Lighting: E is the full-strength look,
+# C = strength (Sec. 3.1 "per-pixel effect intensity"); camera: amplitudes of the shake (fractions of the frame
+# side, degrees); occlusion: covered area (static), size by nearness (dynamic).
+_TABLE_8 = {
+    "dusk": (lambda d: dict(strength=d.s * d.u(0.85, 1.0), warmth=d.u(0.6, 1.0), sky_lift=d.u(0.2, 0.45)), _dusk),
+    "night": (lambda d: dict(strength=d.s * d.u(0.9, 1.0), gain=d.u(0.14, 0.22), noise=d.u(3.0, 5.0),
+                             tint=d.pick(("moon", "sodium")), lamps=int(d.rng.integers(1, 4))), _night),
+    "overexposure": (lambda d: dict(strength=d.s * d.u(0.85, 1.0), stops=d.u(0.9, 1.5), bloom=d.u(0.4, 0.8),
+                                    glare=d.u(0.0, 1.0)), _overexposure),
+    "shadow": (lambda d: dict(coverage=(0.15 + 0.35 * d.eta) * d.u(0.85, 1.15),
+                              darkness=(0.35 + 0.6 * d.eta) * d.u(0.9, 1.0), speed=d.u(0.3, 1.0)), _shadow),
+    "translation": (lambda d: dict(amplitude=0.06 * d.eta * d.u(0.85, 1.15)), _camera),
+    "zoom": (lambda d: dict(amplitude=0.22 * d.eta * d.u(0.85, 1.15)), _camera),
+    "rotation": (lambda d: dict(degrees=7.0 * d.eta * d.u(0.85, 1.15)), _camera),
+    "static": (lambda d: dict(area=(0.06 + 0.3 * d.eta) * d.u(0.85, 1.15), style=d.pick(("object", "smear")),
+                              opacity=0.55 + 0.43 * d.eta), _static),
+    "dynamic": (lambda d: dict(nearness=0.45 + 0.55 * d.eta * d.u(0.85, 1.0), style=d.pick(("pedestrian", "vehicle")),
+                               direction=d.pick((-1, 1))), _dynamic),
+    "fog": (lambda d: dict(beta=3.6 * d.eta * d.u(0.85, 1.15), airlight=d.u(0.75, 0.9),
+                           heterogeneity=d.u(0.3, 0.6)), _fog),
+    "rain": (lambda d: dict(density=d.eta * d.u(0.85, 1.15), angle=d.u(-22.0, 22.0), speed=d.u(0.85, 1.15),
+                            mist=0.3 * d.eta * d.u(0.85, 1.15)), _rain),
+    "snow": (lambda d: dict(density=d.eta * d.u(0.85, 1.15), wind=d.u(-1.0, 1.0), flake=d.u(0.85, 1.2),
+                            haze=0.4 * d.eta * d.u(0.85, 1.15)), _snow),
+}
+for _sub in SUBTYPES:
+    register_effect(_sub, CATEGORY_OF[_sub], *_TABLE_8[_sub])
+del _sub
 
 
 # ----------------------------------------------------------------------------- public API
@@ -1159,22 +1012,17 @@ def apply(frames, spec, depth=None):
     if spec.subtype is None:
         return x.clone() if hasattr(x, "clone") else x.copy()
     out = ops.empty_like(x)
-    for t, layer in enumerate(_EFFECTS[spec.subtype](_Context(x, spec, depth, ops, out))):
+    for t, layer in enumerate(EFFECTS[spec.subtype].render(_Context(x, spec, depth, ops, out))):
         f = x[t]
         if layer.warp is not None:
             out[t] = ops.warp(f, layer.warp)
-            continue
-        if layer.roi is None:
-            region = f
+        elif layer.roi is None:
+            ops.blend(f, layer.effect_on(f), layer.weight, out=out[t])
         else:
             out[t] = f
             y0, y1, x0, x1 = layer.roi
             region = f[y0:y1, x0:x1]
-        effect = layer.effect(region) if callable(layer.effect) else layer.effect
-        if layer.roi is None:
-            ops.blend(region, effect, layer.weight, out=out[t])
-        else:
-            out[t, y0:y1, x0:x1] = ops.blend(region, effect, layer.weight)
+            out[t, y0:y1, x0:x1] = ops.blend(region, layer.effect_on(region), layer.weight)
     return out
 
 
@@ -1187,7 +1035,7 @@ def masks(frames, spec, depth=None):
     T, H, W = (int(s) for s in x.shape[:3])
     C = np.zeros((T, H, W), np.float32)
     if spec.subtype is not None:
-        for t, layer in enumerate(_EFFECTS[spec.subtype](_Context(x, spec, depth, ops))):
+        for t, layer in enumerate(EFFECTS[spec.subtype].render(_Context(x, spec, depth, ops))):
             if layer.warp is not None:
                 C[t] = _moved(layer.warp, H, W)
             elif layer.roi is None:
@@ -1248,22 +1096,15 @@ def _memory_available():
         return None
 
 
-def _decoded_size(info, num_frames, max_pixels):
-    """(frames, height, width) that video.read_clip returns for these options."""
-    import video
-
-    h, w = info["height"], info["width"]
+def _check_memory(path, info, num_frames, max_pixels, copies):
+    """Refuse, before decoding, a clip whose `copies` (decoded + corrupted [+ shuffled]) cannot fit, at the
+    size video.read_clip decodes it for these options."""
+    n, h, w = num_frames or info["frames"], info["height"], info["width"]
     if max_pixels is not None:
         try:
             h, w = video.smart_resize(h, w, max_pixels=max_pixels)
         except ValueError as e:
             raise runtime.UserError(f"--max-pixels {max_pixels}: {e}") from None
-    return num_frames or info["frames"], h, w
-
-
-def _check_memory(path, info, num_frames, max_pixels, copies):
-    """Refuse, before decoding, a clip whose `copies` (decoded + corrupted [+ shuffled]) cannot fit."""
-    n, h, w = _decoded_size(info, num_frames, max_pixels)
     need, have = copies * n * h * w * 3, _memory_available()
     if have is not None and need > have:
         raise runtime.UserError(
@@ -1278,8 +1119,6 @@ def _fps_text(fps):
 
 def _read(path, num_frames, max_pixels):
     """video.read_clip, ffmpeg's own messages about a bad file held back (the VideoError says it)."""
-    import video
-
     with video.held_native_stderr():
         return video.read_clip(path, num_frames, max_pixels)
 
@@ -1306,8 +1145,6 @@ def _read_for_out(args, info):
 
 
 def _write_out(args, out, frames, fps, depth, what):
-    import video
-
     spec = PerturbSpec(args.subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
     video.write_video(out, apply(frames, spec, depth), fps=fps)
     T, h, w = frames.shape[:3]
@@ -1318,8 +1155,6 @@ def _write_out(args, out, frames, fps, depth, what):
 
 
 def _write_grid(args, grid, frames, depth, what):
-    import video
-
     rows, labels = [frames], ["clean"]
     for sub in PROTOCOLS[args.protocol]:
         spec = PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
@@ -1333,16 +1168,14 @@ def _write_grid(args, grid, frames, depth, what):
 
 
 def main(argv=None):
-    import video
-
     ap = argparse.ArgumentParser(
-        description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8) or Robust-TO's "
-                    "additions (motion_blur, noise), or render the contact sheet of a protocol's subtypes. "
+        description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8) or a registered "
+                    "extension's, or render the contact sheet of a protocol's subtypes. "
                     "With no INPUT, a procedural street clip (with its true depth) generated by the project "
                     "is used.", epilog=_CLI_EPILOG)
     ap.add_argument("input", nargs="?", help="input video (mp4, ...); default: the built-in sample clip")
-    ap.add_argument("--subtype", choices=_ALL_SUBTYPES,
-                    help="perturbation subtype (Table 8, or Robust-TO's motion_blur / noise)")
+    ap.add_argument("--subtype", choices=tuple(EFFECTS),
+                    help="perturbation subtype (Table 8, or a registered extension's)")
     ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
     ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
@@ -1350,7 +1183,7 @@ def main(argv=None):
                                   "size and fps unless --frames / --max-pixels)")
     ap.add_argument("--grid", help="output .png: the contact sheet of clean + the protocol's subtypes")
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="pvrbench",
-                    help="subtypes of the --grid: pvrbench (Table 8's 12, default) or robust-to (its 5)")
+                    help="subtypes of the --grid: pvrbench (Table 8's 12, default) or a registered protocol")
     ap.add_argument("--frames", type=int, metavar="N",
                     help="sample N frames uniformly from INPUT, as the model does (the fps written is scaled "
                          f"to keep the clip's duration); default: all of them for --out, {GRID_FRAMES} for "
@@ -1381,7 +1214,9 @@ def main(argv=None):
             what = f"{n} sampled uniformly from {args.input} (of its {info['frames']})"
             _write_grid(args, grid, frames, None, what)
         return 0
-    frames, depth = video.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
+    import synthetic  # the built-in clip (imported here: synthetic imports data, which the engine needs not)
+
+    frames, depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
     if out is not None:
         _write_out(args, out, frames, SAMPLE_FPS, depth, "the built-in sample clip, with its true depth")
     if grid is not None:

@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import perturb  # noqa: E402
-import video  # noqa: E402
+import synthetic  # noqa: E402
 
 
 def timed(fn, repeats, sync=lambda: None, warmup=12):
@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--eta", type=float, default=perturb.DEFAULT_ETA)
     args = ap.parse_args()
 
-    clip, _ = video.sample_clip(args.frames, args.size, args.size)
+    clip, _ = synthetic.sample_clip(args.frames, args.size, args.size)
     copy_s = min(timed(lambda: np.copy(clip), 200))
     print(f"clip {clip.shape} uint8, np.copy {copy_s * 1e3:.3f} ms (min of 200)")
     seconds = {}

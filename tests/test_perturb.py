@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import perturb
+import synthetic
 import video
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def clip():
-    frames, depth = video.sample_clip(8, 72, 96, seed=1)
+    frames, depth = synthetic.sample_clip(8, 72, 96, seed=1)
     return frames, depth
 
 
 @pytest.fixture(scope="module")
 def still():
     """One frame held for 16 frames: any change between frames comes from the perturbation itself."""
-    frames, _ = video.sample_clip(16, 96, 96, seed=2)
+    frames, _ = synthetic.sample_clip(16, 96, 96, seed=2)
     return np.repeat(frames[:1], 16, axis=0)
 
 
@@ -96,7 +97,7 @@ def test_static_spec_is_stable_across_processes():
 
 
 def test_apply_is_bit_identical_across_processes(tmp_path):
-    code = ("import hashlib, perturb, video; f, d = video.sample_clip(6, 48, 64); "
+    code = ("import hashlib, perturb, synthetic; f, d = synthetic.sample_clip(6, 48, 64); "
             "h = lambda a: hashlib.sha256(a.tobytes()).hexdigest()[:12]; "
             "print(''.join(h(perturb.apply(f, perturb.static_spec('v1', s), d)) for s in perturb.SUBTYPES))")
     outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -206,7 +207,7 @@ def test_compositing_equation(sub, clip):
 
 
 def test_depth_proxy_puts_sky_far_and_ground_near():
-    frames, depth = video.sample_clip(1, 224, 224, seed=3)
+    frames, depth = synthetic.sample_clip(1, 224, 224, seed=3)
     small = cv2.resize(frames[0], (56, 56), interpolation=cv2.INTER_AREA)  # as the engine calls it
     d = perturb.depth_proxy(small)
     assert d.shape == (56, 56) and d.min() >= 0 and d.max() <= 1
@@ -295,7 +296,7 @@ def test_tiny_and_odd_sizes_work():
 # ----------------------------------------------------------------------------- command line
 
 def test_cli_writes_a_corrupted_video_and_the_contact_sheet(tmp_path):
-    src = video.write_sample_video(tmp_path / "in.mp4", num_frames=12, height=96, width=96)
+    src = synthetic.write_sample_video(tmp_path / "in.mp4", num_frames=12, height=96, width=96)
     out = tmp_path / "fog.mp4"
     run = subprocess.run([sys.executable, "perturb.py", str(src), "--subtype", "fog", "--eta", "0.7",
                           "--seed", "0", "--out", str(out), "--frames", "8"],
@@ -341,8 +342,8 @@ def _write_odd(path, frames, fps):
 def cli_clips(tmp_path_factory):
     """An even 30-frame 160x128 clip at 15 fps and an odd 9-frame 161x97 one at 12 fps, with their decoded frames."""
     d = tmp_path_factory.mktemp("cli")
-    even = video.write_video(d / "even.mp4", video.sample_clip(30, 128, 160, seed=4, supersample=1)[0], fps=15.0)
-    odd = _write_odd(d / "odd.mp4", video.sample_clip(9, 97, 161, seed=5, supersample=1)[0], 12.0)
+    even = video.write_video(d / "even.mp4", synthetic.sample_clip(30, 128, 160, seed=4, supersample=1)[0], fps=15.0)
+    odd = _write_odd(d / "odd.mp4", synthetic.sample_clip(9, 97, 161, seed=5, supersample=1)[0], 12.0)
     return {"even": Path(even), "odd": Path(odd)}
 
 
@@ -385,14 +386,15 @@ def test_cli_frames_and_max_pixels_still_sample_as_the_model_does(cli_clips, tmp
 
 
 def test_cli_grid_of_a_full_length_clip_shows_a_few_sampled_frames(cli_clips, tmp_path):
+    """(The same with Robust-TO's protocol: extensions/robust_to/tests/test_rt_corruptions.py.)"""
     from PIL import Image
 
     grid = tmp_path / "grid.png"
-    run = _cli(cli_clips["even"], "--grid", grid, "--protocol", "robust-to")
+    run = _cli(cli_clips["even"], "--grid", grid, "--protocol", "pvrbench")
     assert run.returncode == 0, run.stderr
     h, w = video.smart_resize(128, 160, max_pixels=perturb.GRID_MAX_PIXELS)
     with Image.open(grid) as im:
-        assert im.size == (140 + 4 * w, 6 * h)  # 4 columns; clean + 5 rows
+        assert im.size == (140 + 4 * w, 13 * h)  # 4 columns; clean + 12 rows
     assert f"x 4 frames of 16 sampled uniformly from {cli_clips['even']} (of its 30), {w}x{h} each" in run.stdout
 
 
