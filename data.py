@@ -1,39 +1,33 @@
-"""Samples, prompts, loaders and answer scoring for ROVA and PVRBench.
+"""Samples, loaders, prompts and answer scoring for ROVA and PVRBench.
 
-One record type, :class:`Sample`, for every source the paper uses:
+One record type, :class:`Sample`, for every source: the Video-R1 training JSON (ROVA trains on an outdoor
+subset of Video-R1-260k, Sec. 5.1; our rule for that subset, which the paper leaves undefined, is
+:func:`make_subset`, CLI ``make-subset``), VSI-Bench and UrbanVideo-Bench (PVRBench's sources, App. B.1)
+and the synthetic benchmark (synthetic.py, written in the Video-R1 / VSI-Bench formats). Loaders return
+``(samples, missing)``: rows whose video file is absent are reported (and logged), never dropped silently;
+a malformed row raises :class:`DataError` naming the file, the row and the field.
 
-* the Video-R1 training JSON (ROVA trains on an outdoor subset of Video-R1-260k, Sec. 5.1; our rule for
-  that subset, which the paper leaves undefined, is :func:`make_subset`, CLI ``make-subset``);
-* VSI-Bench and UrbanVideo-Bench, the two benchmarks PVRBench is built from (App. B.1);
-* the synthetic embodied benchmark of this project (section at the end of the file).
-
-Loaders return ``(samples, missing)``: rows whose video file is absent are reported in
-``missing`` (and logged), never dropped silently; a malformed row raises :class:`DataError`
-naming the file, the row and the field.
-
-Prompts follow the official code of each source exactly (verified against Video-R1's
-``src/r1-v/src/open_r1/grpo.py`` / ``sft_video.py``, lmms-eval's ``tasks/vsibench/utils.py`` and
-UrbanVideo-Bench's ``run.py``): style ``"reason"`` is Video-R1's think/answer template (the one ROVA
-trains and evaluates with), style ``"official"`` the benchmark's own direct-answer prompt.
-
-Scoring follows the official evaluations: Video-R1 (exact-match MC, 2-decimal numerical, 1 - WER
-for OCR, ROUGE for free-form, mean relative accuracy for regression), lmms-eval's VSI-Bench
-(``fuzzy_matching`` + case-insensitive exact match, MRA with ``<=``) and UrbanVideo-Bench's
-``eval.py`` (the ``Option:`` regex, first-character fallback). Every place where we depart from,
-or had to fill a gap in, the official code is marked "our addition" / "our reading".
+Prompts and scoring follow the official code of each source (verified against Video-R1's
+``src/r1-v/src/open_r1/grpo.py`` / ``sft_video.py`` / ``eval_bench.py``, lmms-eval's
+``tasks/vsibench/utils.py`` and UrbanVideo-Bench's ``run.py`` / ``eval.py``): prompt style ``"reason"`` is
+Video-R1's think/answer template (the one ROVA trains and evaluates with), ``"official"`` the benchmark's own
+direct-answer prompt. Every place where we depart from, or fill a gap in, the official code is marked
+"our addition" / "our reading".
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import math
 import os
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import cv2
 import numpy as np
 
 import runtime
@@ -72,14 +66,31 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: dict) -> Sample:
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - names)
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"Sample.from_dict: unknown keys {unknown}")
-        d = dict(d)
-        d["options"] = list(d.get("options") or [])
-        d["meta"] = dict(d.get("meta") or {})
-        return cls(**d)
+        return cls(**{**d, "options": list(d.get("options") or []), "meta": dict(d.get("meta") or {})})
+
+
+# --------------------------------------------------------------------------- option labels
+# The project's one option-label grammar: a letter, optionally in parentheses, then a separator:
+# "A." "A)" "(A)" "A:" or the full-width "Ａ．" "Ａ：". A labelled option needs an upper-case letter (a
+# lower-case one would read "e.g. the car" as option E); a bare letter ("B", "(b)", "b.") may be either.
+OPTION_SEPARATORS = "[.):\uff0e\uff1a]"
+_LABELLED = re.compile(rf"\s*\(?([A-Z\uff21-\uff3a]){OPTION_SEPARATORS}\s*(.*)", re.DOTALL)
+_BARE = re.compile(rf"\s*\(?([A-Za-z\uff21-\uff3a\uff41-\uff5a])\)?{OPTION_SEPARATORS}?\s*")
+
+
+def split_option(text) -> tuple[str | None, str]:
+    """``(letter, text)`` of an option: "A. red" / "(A) red" / "A) red" / "A: red" / "Ａ．red" -> ("A", "red");
+    a bare "B" / "(b)" / "b." -> ("B", ""); no label ("A red car") -> (None, the text). The letter is
+    upper-case ASCII, the text stripped."""
+    text = "" if text is None else str(text)
+    bare = _BARE.fullmatch(text)
+    m = bare or _LABELLED.match(text)
+    if m is None:
+        return None, text.strip()
+    return unicodedata.normalize("NFKC", m.group(1)).upper(), "" if bare else m.group(2).strip()
 
 
 # --------------------------------------------------------------------------- reading files
@@ -91,20 +102,16 @@ def _read_records(path) -> list[dict]:
     with open(path, "rb") as f:
         head = f.read(4)
     if path.suffix.lower() == ".parquet" or head == b"PAR1":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:  # pragma: no cover - pyarrow is a requirement
-            raise DataError(f"{path}: reading parquet needs pyarrow ({e})") from e
+        import pyarrow.parquet as pq
         try:
             rows = pq.read_table(path).to_pylist()
         except Exception as e:
             raise DataError(f"{path}: not a readable parquet file ({e})") from e
     else:
         try:
-            text = path.read_text(encoding="utf-8")
+            rows = _parse_json_text(path, path.read_text(encoding="utf-8"))
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not JSON/JSONL/parquet (not UTF-8 text)") from e
-        rows = _parse_json_text(path, text)
     if not isinstance(rows, list):
         raise DataError(f"{path}: expected a list of records, got {type(rows).__name__}")
     for i, row in enumerate(rows):
@@ -114,6 +121,7 @@ def _read_records(path) -> list[dict]:
 
 
 def _parse_json_text(path: Path, text: str):
+    """A JSON document, else JSONL (one record a line; a .jsonl file is always read so)."""
     if path.suffix.lower() != ".jsonl":
         try:
             return json.loads(text)
@@ -143,34 +151,27 @@ class _Row:
     def error(self, name: str, msg: str) -> DataError:
         return DataError(f"{self.where}: field {name!r}: {msg}")
 
-    def text(self, name: str) -> str:
-        """A required, non-empty string."""
+    def text(self, name: str, required: bool = True) -> str:
+        """A string: required and non-empty, or optional ("" when absent or null)."""
         v = self.row.get(name)
+        if v is None and not required:
+            return ""
         if v is None:
             raise self.error(name, "missing")
         if not isinstance(v, str):
             raise self.error(name, f"expected a string, got {type(v).__name__}")
-        if not v.strip():
+        if required and not v.strip():
             raise self.error(name, "empty")
-        return v
-
-    def opt_str(self, name: str) -> str:
-        """An optional string ("" when absent or null)."""
-        v = self.row.get(name)
-        if v is None:
-            return ""
-        if not isinstance(v, str):
-            raise self.error(name, f"expected a string, got {type(v).__name__}")
         return v
 
     def ident(self, name: str) -> str:
         """A required id: an int or a non-empty string, returned as a string."""
         v = self.row.get(name)
-        if v is None or isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise self.error(name, "missing" if v is None else f"expected an int or string, got {type(v).__name__}")
-        if isinstance(v, str) and not v.strip():
-            raise self.error(name, "empty")
-        return str(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return str(v)
+        if v is not None and not isinstance(v, str):
+            raise self.error(name, f"expected an int or string, got {type(v).__name__}")
+        return self.text(name)
 
     def choice(self, name: str, allowed) -> str:
         v = self.text(name)
@@ -187,28 +188,18 @@ class _Row:
             return []
         if not isinstance(v, (list, tuple)) or not all(isinstance(o, str) for o in v):
             raise self.error(name, f"expected a list of strings, got {v!r}")
-        if mc:
-            letters = [option_letter(o) for o in v]
-            if None in letters:
-                raise self.error(name, f"cannot parse option {v[letters.index(None)]!r} (expected 'A. ...')")
-            if len(set(letters)) != len(letters):
-                raise self.error(name, f"repeated option letters {letters}")
+        letters = [split_option(o)[0] for o in v]
+        if mc and None in letters:
+            raise self.error(name, f"cannot parse option {v[letters.index(None)]!r} (expected 'A. ...')")
+        if mc and len(set(letters)) != len(letters):
+            raise self.error(name, f"repeated option letters {letters}")
         return list(v)
 
     def mc_answer(self, name: str, answer: str, options: list[str]) -> str:
-        letters = [option_letter(o) for o in options]
+        letters = [split_option(o)[0] for o in options]
         if answer not in letters:
             raise self.error(name, f"answer {answer!r} is not one of the option letters {letters}")
         return answer
-
-
-_OPTION_LABEL = re.compile(r"^\s*\(?([A-Z])[.):\uff0e\uff1a]")   # "A." "A)" "(A)" "A:" (also full-width)
-
-
-def option_letter(option: str) -> str | None:
-    """'A. sofa' / 'A) sofa' / '(A) sofa' / 'A: sofa' -> 'A'; None without a letter label."""
-    m = _OPTION_LABEL.match(option) if isinstance(option, str) else None
-    return m.group(1) if m else None
 
 
 def _zip_hint(paths, limit: int = 20) -> str:
@@ -245,10 +236,7 @@ def _report_missing(what: str, missing: list, total: int | None = None) -> None:
 
 def _finish(path, samples_all: list, require_videos: bool):
     """Split rows into present and missing videos, log the missing ones."""
-    exists = {}
-    for s in samples_all:
-        if s.video not in exists:
-            exists[s.video] = os.path.exists(s.video)
+    exists = {v: os.path.exists(v) for v in dict.fromkeys(s.video for s in samples_all)}
     missing = [(s.meta["row"], s.video) for s in samples_all if not exists[s.video]]
     _report_missing(str(path), missing, total=len(exists))
     if require_videos:
@@ -280,31 +268,27 @@ def _video_r1_sample(r: _Row, root: Path) -> Sample:
     rel = r.text("path")
     video = os.path.normpath(rel if os.path.isabs(rel) else str(root / rel))
     return Sample(
-        id=pid, video=video, question=problem, options=options, answer=answer,
-        problem_type=ptype, task=r.opt_str("data_source"), source="video-r1", process=r.opt_str("process"),
+        id=pid, video=video, question=problem, options=options, answer=answer, problem_type=ptype,
+        task=r.text("data_source", required=False), source="video-r1", process=r.text("process", required=False),
         data_type=data_type, meta={"file": str(r.path), "row": r.index, "path": rel})
 
 
-def load_video_r1(json_path, video_root=None, require_videos: bool = True,
-                  include_images: bool = False):
+def load_video_r1(json_path, video_root=None, require_videos: bool = True, include_images: bool = False):
     """Load a Video-R1 JSON/JSONL (Video-R1-260k, Video-R1-COT-165k or a subset of them).
 
-    ROVA trains on an outdoor subset of the *video* split of Video-R1-260k (Sec. 5.1), so image
-    records are skipped (their number is logged) unless ``include_images=True``, which keeps
-    them with ``data_type="image"``. Skipped image rows are only checked for ``data_type``.
-    ``path`` ("./LLaVA-Video-178K/x.mp4") is resolved against ``video_root``, by default the
-    JSON's folder (Video-R1 keeps its JSON in ``Video-R1-data/`` next to the media folders).
-    ``answer`` is the content of ``solution``'s ``<answer>`` tag; ``process`` is kept verbatim.
+    ROVA trains on the *video* split (Sec. 5.1), so image records are skipped (counted in the log; only
+    their ``data_type`` is checked) unless ``include_images=True`` keeps them with ``data_type="image"``.
+    ``path`` ("./LLaVA-Video-178K/x.mp4") is resolved against ``video_root``, by default the JSON's
+    folder (Video-R1 keeps its JSON in ``Video-R1-data/`` next to the media folders). ``answer`` is
+    the content of ``solution``'s ``<answer>`` tag; ``process`` is kept verbatim.
     Returns ``(samples, missing)``, ``missing`` = [(row index, video path)].
     """
     json_path = Path(json_path)
     root = Path(video_root) if video_root is not None else json_path.parent
-    rows = _read_records(json_path)
     samples, images = [], 0
-    for i, row in enumerate(rows):
+    for i, row in enumerate(_read_records(json_path)):
         r = _Row(json_path, i, row, "problem_id")
-        data_type = r.choice("data_type", ("video", "image"))
-        if data_type == "image" and not include_images:
+        if r.choice("data_type", ("video", "image")) == "image" and not include_images:
             images += 1
             continue
         samples.append(_video_r1_sample(r, root))
@@ -381,6 +365,19 @@ def _term_pattern(terms) -> re.Pattern:
 _OUTDOOR_RE = _term_pattern(OUTDOOR_TERMS)
 _INDOOR_RE = _term_pattern(INDOOR_TERMS)
 
+SUBSET_HELP = f"""rules:
+  outdoor  (default, {OUTDOOR_RULE_VERSION}) the paper filters Video-R1-260k's video split "by scene category
+           labels" to an outdoor-relevant ~10% but defines neither; Video-R1 has no such labels. Ours,
+           decided from each record alone (data.py: SUBSET_EXCLUDED_SOURCES, OUTDOOR_TERMS, INDOOR_TERMS):
+           1. data_type == "video";
+           2. not from STAR, PerceptionTest, CLEVRER, nor LLaVA-Video-178K's Charades / YouCook2 /
+              Perception Test / Something-Something clips (components of path and data_source);
+           3. problem + options + process (the CoT, in Video-R1-COT-165k) name an outdoor term (street,
+              road, car, traffic, drone, city, sky, weather, park, ...) and more distinct outdoor than
+              indoor terms (kitchen, bedroom, sofa, table, ...).
+  video    every video record (the denominator).
+The share of video records kept is printed; the paper reports ~10% (not measured here)."""
+
 
 def _record_text(row: dict) -> str:
     """The text the rule reads: problem, options and process (the CoT of Video-R1-COT-165k; absent in
@@ -432,43 +429,21 @@ def subset_decision(row: dict, rule: str = "outdoor") -> tuple[bool, str, list[s
     return True, "kept", outdoor, indoor
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def make_subset(data_path, out_path, rule: str = "outdoor", video_root=None, force: bool = False,
                 skip_invalid: bool = False) -> dict:
-    """Write the training subset of a Video-R1 JSON (Sec. 5.1): the records `rule` keeps, unchanged and in
-    their order, as a JSON list (``.json``) or JSONL (``.jsonl``) that :func:`load_video_r1` and
-    ``train.py --data`` read.
+    """Write the training subset of a Video-R1 JSON (Sec. 5.1): the records `rule` keeps (see SUBSET_HELP,
+    the command's --help, and :func:`subset_decision`), unchanged and in their order, as a JSON list
+    (``.json``) or JSONL (``.jsonl``) that :func:`load_video_r1` and ``train.py --data`` read.
 
-    Rule "outdoor" (OUTDOOR_RULE_VERSION; the paper does not define "outdoor", nor its scene labels, and
-    Video-R1 has none, so this is our reading, decided from each record alone):
-
-    1. video records only (``data_type == "video"``), as the paper's "video split";
-    2. not from a source whose footage is never outdoor (SUBSET_EXCLUDED_SOURCES, matched against the
-       components of ``path`` and ``data_source``: STAR, PerceptionTest, CLEVRER, and LLaVA-Video-178K's
-       Charades / YouCook2 / Perception Test / Something-Something clips);
-    3. its text (``problem``, ``options`` and, in Video-R1-COT-165k, the ``process`` chain of thought,
-       which describes the scene) names at least one OUTDOOR_TERMS entry (street, road, car, traffic,
-       drone, city, sky, weather, park, ...; whole words) and more distinct outdoor than INDOOR_TERMS
-       entries (kitchen, bedroom, sofa, table, ...).
-
-    Rule "video" keeps every video record (the denominator). Share kept: Video-R1-260k's video split is
-    116,248 records; step 2 leaves at most 90,225 (77.6%: LLaVA-Video-178K and NeXT-QA) before the
-    LLaVA-Video-178K sub-sources; what step 3 keeps has not been measured here (no copy of the JSON
-    offline). The paper reports ~10% (~11.6k records); the command prints the share it kept, to compare.
+    Share kept: Video-R1-260k's video split is 116,248 records; the excluded sources leave at most 90,225
+    (77.6%: LLaVA-Video-178K and NeXT-QA) before LLaVA-Video-178K's sub-sources; what the text test keeps
+    has not been measured here (no copy of the JSON offline). The paper reports ~10% (~11.6k records);
+    the command prints the share it kept, to compare.
 
     ``video_root``: also drop the records whose video is missing under it (resolved as
-    :func:`load_video_r1` does), e.g. while only some zips are unpacked. A malformed row raises
-    :class:`DataError` naming the file, the row and the field (every video record is checked as
-    :func:`load_video_r1` checks it); ``skip_invalid`` skips such rows instead and counts them.
-    ``out_path`` is never replaced unless ``force``. Returns the summary that the command prints.
+    :func:`load_video_r1` does), e.g. while only some zips are unpacked. Every video record is checked as
+    :func:`load_video_r1` checks it: a malformed row raises :class:`DataError`, or with ``skip_invalid``
+    is skipped and counted. ``out_path`` is never replaced unless ``force``. Returns the printed summary.
     """
     data_path = Path(data_path)
     out = runtime.out_file(out_path, (".json", ".jsonl"), what="--out")
@@ -487,7 +462,9 @@ def make_subset(data_path, out_path, rule: str = "outdoor", video_root=None, for
         log.warning("%s: rule %s kept no record", data_path, rule)
     _write_records(out, scan["kept"])
     reasons, n_video, kept = scan["reasons"], scan["n_video"], scan["kept"]
-    return {"input": str(data_path), "input_sha256": _sha256(data_path), "rule": rule,
+    with open(data_path, "rb") as f:
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"input": str(data_path), "input_sha256": digest, "rule": rule,
             "rule_version": OUTDOOR_RULE_VERSION if rule == "outdoor" else rule, "out": str(out),
             "read": len(rows), "video": n_video, "image": reasons.get("image", 0), "invalid": len(scan["invalid"]),
             "invalid_examples": scan["invalid"][:3], "kept": len(kept),
@@ -538,12 +515,10 @@ def _write_records(out: Path, rows: list) -> None:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, out)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
 
 
-def _print_subset_summary(summary: dict) -> None:
-    s = summary
+def _print_subset_summary(s: dict) -> None:
     print(f"{s['input']}: read {s['read']} records ({s['video']} video, {s['image']} image"
           + (f", {s['invalid']} invalid, skipped" if s['invalid'] else "") + ")")
     for msg in s["invalid_examples"]:
@@ -565,10 +540,6 @@ VSI_MC_TYPES = ("object_rel_direction_easy", "object_rel_direction_medium", "obj
                 "object_rel_distance", "route_planning", "obj_appearance_order")
 VSI_NUMERIC_TYPES = ("object_abs_distance", "object_counting", "object_size_estimation",
                      "room_size_estimation")
-VSI_DATASETS = ("arkitscenes", "scannet", "scannetpp")   # VSI-Bench's; not enforced (the synthetic
-                                                         # benchmark writes the same layout)
-
-
 # What `hf download nyu-visionx/VSI-Bench` gives, in the order a folder is searched: the full set as JSONL
 # (the hub's current main), the full set as parquet (the first release). The debiased / pruned subsets
 # (test_debiased.parquet, test_pruned.parquet) are loaded by passing their file.
@@ -606,28 +577,22 @@ def load_vsibench(path, video_root=None, require_videos: bool = True):
     samples = []
     for i, row in enumerate(_read_records(path)):
         r = _Row(path, i, row, "id")
-        rid = r.ident("id")
-        dataset = r.text("dataset")
-        scene = r.text("scene_name")
+        rid, dataset, scene = r.ident("id"), r.text("dataset"), r.text("scene_name")
         qtype = r.choice("question_type", VSI_MC_TYPES + VSI_NUMERIC_TYPES)
         question = r.text("question")
         mc = qtype in VSI_MC_TYPES
         options = r.options("options", mc=mc)
         gt = row.get("ground_truth")
-        if isinstance(gt, (int, float)) and not isinstance(gt, bool):   # JSONL may hold numbers
-            gt = str(gt)
-        elif gt is None or not isinstance(gt, str) or not gt.strip():
-            r.text("ground_truth")    # raises with the right message
-        gt = gt.strip()
+        numeric = isinstance(gt, (int, float)) and not isinstance(gt, bool)   # JSONL may hold numbers
+        gt = (str(gt) if numeric else r.text("ground_truth")).strip()
         if mc:
             r.mc_answer("ground_truth", gt, options)
         elif _to_float(gt) is None or not math.isfinite(_to_float(gt)):
             raise r.error("ground_truth", f"numeric question type {qtype!r} needs a number, got {gt!r}")
-        video = os.path.normpath(str(Path(video_root) / dataset / f"{scene}.mp4"))
         samples.append(Sample(
-            id=rid, video=video, question=question, options=options, answer=gt,
-            problem_type="multiple choice" if mc else "regression", task=qtype, source="vsibench",
-            meta={"file": str(path), "row": i, "dataset": dataset, "scene_name": scene}))
+            id=rid, video=os.path.normpath(str(video_root / dataset / f"{scene}.mp4")), question=question,
+            options=options, answer=gt, problem_type="multiple choice" if mc else "regression", task=qtype,
+            source="vsibench", meta={"file": str(path), "row": i, "dataset": dataset, "scene_name": scene}))
         if isinstance(row.get("pruned"), bool):
             samples[-1].meta["pruned"] = row["pruned"]
     return _finish(path, samples, require_videos)
@@ -640,10 +605,9 @@ _URBAN_MARKER = re.compile(r"(?:choices?|choose|options?)\s*:", re.IGNORECASE)
 
 
 def _label_at(text: str, letter: str, start: int):
-    """Position of the option label `letter` ("B." / "B)" / "(B)") at or after `start`,
-    at the start of the text or after whitespace."""
-    pat = re.compile(r"(?:(?<=\s)|^)\(?" + letter + r"[.):\uff0e\uff1a]")
-    m = pat.search(text, start)
+    """Span of the option label `letter` ("B." / "B)" / "(B)", the grammar of :func:`split_option`) at or
+    after `start`, at the start of the text or after whitespace."""
+    m = re.compile(r"(?:(?<=\s)|^)\(?" + letter + OPTION_SEPARATORS).search(text, start)
     return (m.start(), m.end()) if m else None
 
 
@@ -659,23 +623,17 @@ def parse_inline_options(question: str):
         first = _label_at(tail, "A", 0)
         if first is None or tail[:first[0]].strip():
             continue
-        spans, pos, letter = [], 0, "A"
-        while True:
-            hit = _label_at(tail, letter, pos)
-            if hit is None:
-                break
+        spans, letter = [first], "B"
+        while (hit := _label_at(tail, letter, spans[-1][1])) is not None:
             spans.append(hit)
-            pos, letter = hit[1], chr(ord(letter) + 1)
+            letter = chr(ord(letter) + 1)
         if len(spans) < 2:
             continue
-        options = []
-        for k, (s, e) in enumerate(spans):
-            end = spans[k + 1][0] if k + 1 < len(spans) else len(tail)
-            body = " ".join(tail[e:end].split())
-            if not body:
-                return question.strip(), []
-            options.append(f"{chr(ord('A') + k)}. {body}")
-        return question[:marker.start()].strip(), options
+        ends = [s for s, _ in spans[1:]] + [len(tail)]
+        bodies = [" ".join(tail[e:end].split()) for (_, e), end in zip(spans, ends)]
+        if not all(bodies):
+            return question.strip(), []
+        return question[:marker.start()].strip(), [f"{chr(ord('A') + k)}. {b}" for k, b in enumerate(bodies)]
     return question.strip(), []
 
 
@@ -722,11 +680,8 @@ def load_urbanvideo(path, video_root=None, require_videos: bool = True, skip_unp
     samples, skipped = [], []
     for i, row in enumerate(_read_records(path)):
         r = _Row(path, i, row, "Question_id")
-        qid = r.ident("Question_id")
-        video_id = r.text("video_id").strip()
-        category = r.text("question_category")
-        raw = r.text("question")
-        answer = r.text("answer").strip()
+        qid, video_id = r.ident("Question_id"), r.text("video_id").strip()
+        category, raw, answer = r.text("question_category"), r.text("question"), r.text("answer").strip()
         stem, options = parse_inline_options(raw)
         if not options:
             if skip_unparsable:
@@ -787,11 +742,6 @@ URBAN_PRE_PROMPT = (
 STYLES = ("reason", "official")
 
 
-def _check_sample(sample: Sample) -> None:
-    if sample.problem_type not in PROBLEM_TYPES:
-        raise ValueError(f"sample {sample.id!r}: unknown problem_type {sample.problem_type!r}")
-
-
 def build_prompt(sample: Sample, style: str = "reason") -> str:
     """The user text of the prompt.
 
@@ -802,7 +752,8 @@ def build_prompt(sample: Sample, style: str = "reason") -> str:
     + "\\n" + the verbatim question; Video-R1 and synthetic samples have no official direct prompt,
     so they get the lmms-eval VSI-Bench wording (our choice).
     """
-    _check_sample(sample)
+    if sample.problem_type not in PROBLEM_TYPES:
+        raise ValueError(f"sample {sample.id!r}: unknown problem_type {sample.problem_type!r}")
     if style == "reason":
         question = sample.question
         if sample.problem_type == "multiple choice":
@@ -811,8 +762,7 @@ def build_prompt(sample: Sample, style: str = "reason") -> str:
     if style != "official":
         raise ValueError(f"unknown prompt style {style!r} (expected one of {STYLES})")
     if sample.source == "urbanvideo":
-        raw = sample.meta.get("raw_question") or (
-            sample.question + "\n" + "\n".join(sample.options))
+        raw = sample.meta.get("raw_question") or (sample.question + "\n" + "\n".join(sample.options))
         return URBAN_PRE_PROMPT + "\n" + raw
     if sample.problem_type == "multiple choice":
         options = "Options:\n" + "\n".join(sample.options)
@@ -841,14 +791,21 @@ def sft_target(sample: Sample) -> str:
     return f"{process}\n<answer>{sample.answer}</answer>"
 
 
+def question_text(sample: Sample) -> str:
+    """The question with its options, one per line after "Options:" (what the answerability prompt, the
+    perception stage and Robust-TO's agent are given)."""
+    return sample.question + ("\nOptions:\n" + "\n".join(sample.options) if sample.options else "")
+
+
 _NUMBER_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
                  "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
                  "eighteen", "nineteen"]
 _TENS_WORDS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 
 
-def tokenizer_corpus() -> list[str]:
-    """Every fixed string the project prompts with, for policy.py's tiny offline tokenizer."""
+def tokenizer_corpus(extra=()) -> list[str]:
+    """Every fixed string data.py prompts with, then the strings of ``extra`` (policy.build_tiny adds
+    synthetic.tokenizer_corpus()), each once: what policy.py's tiny offline tokenizer is trained on."""
     letters = [chr(c) for c in range(ord("A"), ord("I"))]
     texts = [
         QUESTION_TEMPLATE.replace("{Question}\n", ""), "Options:\n", *TYPE_TEMPLATE.values(),
@@ -862,12 +819,7 @@ def tokenizer_corpus() -> list[str]:
         "up", "down", "turn left", "turn right", "go straight", "meters", "centimeters",
         "square meters", "let me think", "wait", "Hmm", "oh, I see", "let's break it down",
     ]
-    out, seen = [], set()
-    for t in texts + list(_synthetic_corpus()):
-        if t not in seen:
-            seen.add(t)
-            out.append(t)
-    return out
+    return list(dict.fromkeys([*texts, *extra]))
 
 
 # --------------------------------------------------------------------------- answer extraction
@@ -920,9 +872,7 @@ def extract_answer(text, source: str | None = None, *, problem_type: str | None 
     """
     if text is None:
         return ""
-    if not isinstance(text, str):
-        text = str(text)
-    span, tagged = _answer_span(text)
+    span, tagged = _answer_span(text if isinstance(text, str) else str(text))
     if strict and not tagged:
         return ""
     if problem_type in TEXT_TYPES or not span:
@@ -935,6 +885,25 @@ def extract_answer(text, source: str | None = None, *, problem_type: str | None 
         return span
     m = _URBAN_OPTION.search(span)
     return m.group(1) if m else _fuzzy_matching(span)
+
+
+_THINK_TAG = re.compile(r"<think>\s*(.*?)\s*(</think>|$)", re.DOTALL)
+
+
+def extract_reasoning(text, *, lenient: bool = False) -> str:
+    """The reasoning in a model output, stripped; never raises (not a string -> "").
+
+    The content of the first ``<think>...</think>`` block: Alg. 1 Step 2's p_j, "" without a closed
+    block (a rollout that breaks the format has no reasoning to align). ``lenient=True`` also reads
+    outputs that break the format (PVRBench's local quality judge rates any response): an unclosed
+    ``<think>`` gives everything after it, an output without one its text outside the ``<answer>`` block.
+    """
+    if not isinstance(text, str):
+        return ""
+    m = _THINK_TAG.search(text)
+    if m and (m.group(2) or lenient):
+        return m.group(1).strip()
+    return _ANSWER_TAG.sub(" ", text).strip() if lenient and not m else ""
 
 
 # --------------------------------------------------------------------------- numbers
@@ -991,15 +960,24 @@ def _normalize_number(s: str) -> float | None:
 _MRA_START, _MRA_END, _MRA_INTERVAL = 0.5, 0.95, 0.05
 
 
-def _numeric_pair(pred, gt):
-    """(pred, gt) as finite floats, or None when either is not a finite number."""
-    try:
-        pred, gt = float(pred), float(gt)
-    except (TypeError, ValueError):
-        return None
-    return (pred, gt) if math.isfinite(pred) and math.isfinite(gt) else None
+def _relative_metric(metric):
+    """The shared edge cases of the relative metrics: non-finite or non-numeric inputs score 0.0, and
+    gt == 0 (undefined: lmms-eval raises ZeroDivisionError) scores our limit, 1.0 if pred == 0 else 0.0."""
+    @functools.wraps(metric)
+    def wrapper(pred, gt, *args, **kwargs) -> float:
+        try:
+            pred, gt = float(pred), float(gt)
+        except (TypeError, ValueError):
+            return 0.0
+        if not (math.isfinite(pred) and math.isfinite(gt)):
+            return 0.0
+        if gt == 0:
+            return 1.0 if pred == 0 else 0.0
+        return metric(pred, gt, *args, **kwargs)
+    return wrapper
 
 
+@_relative_metric
 def mean_relative_accuracy(pred: float, gt: float, strict: bool = False) -> float:
     """Mean relative accuracy over confidence thresholds theta in {0.50, 0.55, ..., 0.95}.
 
@@ -1009,16 +987,9 @@ def mean_relative_accuracy(pred: float, gt: float, strict: bool = False) -> floa
     ``strict=True``: Video-R1 eval_bench, torch float32: thresholds
     ``arange(.5, .95 + .025, .05)``, ``|pred - gt| / (|gt| + 1e-8) < 1 - theta``, float32 mean;
     emulated with numpy float32 (tests check it against torch).
-    gt == 0 (undefined in lmms-eval, where it raises ZeroDivisionError): our limit, 1.0 if
-    pred == 0 else 0.0, for both variants. A negative gt uses |gt| (never happens in VSI-Bench).
-    Non-finite inputs score 0.0.
+    A negative gt uses |gt| (never happens in VSI-Bench); gt == 0 and non-finite inputs: see
+    :func:`_relative_metric`.
     """
-    pair = _numeric_pair(pred, gt)
-    if pair is None:
-        return 0.0
-    pred, gt = pair
-    if gt == 0:
-        return 1.0 if pred == 0 else 0.0
     if strict:
         p32, g32 = np.float32(pred), np.float32(gt)
         rel = np.abs(p32 - g32) / (np.abs(g32) + np.float32(1e-8))
@@ -1030,18 +1001,13 @@ def mean_relative_accuracy(pred: float, gt: float, strict: bool = False) -> floa
     return float((abs(pred - gt) / abs(gt) <= 1 - conf).mean())
 
 
+@_relative_metric
 def relative_error_reward(pred: float, gt: float) -> float:
     """Video-R1 grpo.py training reward for regression: 1 - clip((|p - g| + 1e-9) / (|g| + 1e-9), 0, 1).
 
-    (The evaluation script uses MRA instead, see :func:`mean_relative_accuracy`.) gt == 0: our
-    limit as for MRA (the literal formula gives 0.0 even for pred == 0).
+    (The evaluation script uses MRA instead, see :func:`mean_relative_accuracy`.) gt == 0: our limit as
+    for MRA (the literal formula gives 0.0 even for pred == 0).
     """
-    pair = _numeric_pair(pred, gt)
-    if pair is None:
-        return 0.0
-    pred, gt = pair
-    if gt == 0:
-        return 1.0 if pred == 0 else 0.0
     rel = (abs(pred - gt) + 1e-9) / (abs(gt) + 1e-9)
     return 1.0 - min(1.0, max(0.0, rel))
 
@@ -1058,21 +1024,41 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
     return prev[len(hyp)] / max(1, len(ref))
 
 
-_ROUGE = None
+@functools.cache
+def _rouge():
+    from rouge_score import rouge_scorer
+    return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
 
 
 def rouge_score(reference: str, hypothesis: str) -> float:
     """Video-R1's compute_rouge_score: mean F of ROUGE-1/2/L with the Porter stemmer."""
-    global _ROUGE
-    if _ROUGE is None:
-        from rouge_score import rouge_scorer
-        _ROUGE = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-    s = _ROUGE.score(reference, hypothesis)
+    s = _rouge().score(reference, hypothesis)
     return (s["rouge1"].fmeasure + s["rouge2"].fmeasure + s["rougeL"].fmeasure) / 3
 
 
-def score(pred, gt, problem_type: str, source: str | None = None, *,
-          train_reward: bool = False) -> float:
+def _score_numerical(pred: str, gt: str) -> float:
+    p, g = _numberize(pred), _numberize(gt)
+    if (("." in g) or ("," in g)) != (("." in p) or ("," in p)):
+        return 0.0
+    pn, gn = _normalize_number(p), _normalize_number(g)
+    if pn is None or gn is None:
+        return 0.0
+    return 1.0 if round(gn, 2) == round(pn, 2) else 0.0
+
+
+def _score_regression(pred: str, gt: str, source, train_reward: bool) -> float:
+    parse = _to_float if source == "vsibench" else _normalize_number
+    pn, gn = parse(_numberize(pred)), parse(_numberize(gt))
+    if pn is None or gn is None:
+        return 0.0
+    if source == "vsibench":
+        return mean_relative_accuracy(pn, gn, strict=False)
+    if train_reward:
+        return relative_error_reward(pn, gn)
+    return mean_relative_accuracy(pn, gn, strict=True)
+
+
+def score(pred, gt, problem_type: str, source: str | None = None, *, train_reward: bool = False) -> float:
     """Accuracy of an *extracted* answer (see :func:`extract_answer`) in [0, 1]; never raises on
     a garbage prediction (0.0), raises ValueError on an unknown problem_type.
 
@@ -1096,28 +1082,12 @@ def score(pred, gt, problem_type: str, source: str | None = None, *,
         if problem_type == "multiple choice":
             p, g = pred.strip(), gt.strip()
             if source == "vsibench":
-                return 1.0 if p.lower() == g.lower() else 0.0
+                p, g = p.lower(), g.lower()
             return 1.0 if p == g else 0.0
         if problem_type == "numerical":
-            p, g = _numberize(pred), _numberize(gt)
-            if (("." in g) or ("," in g)) != (("." in p) or ("," in p)):
-                return 0.0
-            pn, gn = _normalize_number(p), _normalize_number(g)
-            if pn is None or gn is None:
-                return 0.0
-            return 1.0 if round(gn, 2) == round(pn, 2) else 0.0
+            return _score_numerical(pred, gt)
         if problem_type == "regression":
-            if source == "vsibench":
-                pn, gn = _to_float(_numberize(pred)), _to_float(_numberize(gt))
-            else:
-                pn, gn = _normalize_number(_numberize(pred)), _normalize_number(_numberize(gt))
-            if pn is None or gn is None:
-                return 0.0
-            if source == "vsibench":
-                return mean_relative_accuracy(pn, gn, strict=False)
-            if train_reward:
-                return relative_error_reward(pn, gn)
-            return mean_relative_accuracy(pn, gn, strict=True)
+            return _score_regression(pred, gt, source, train_reward)
         if problem_type == "OCR":
             return max(0.0, min(1.0, 1.0 - word_error_rate(gt, pred)))
         return max(0.0, min(1.0, rouge_score(gt, pred)))   # free-form
@@ -1126,10 +1096,10 @@ def score(pred, gt, problem_type: str, source: str | None = None, *,
         return 0.0
 
 
-def question_text(sample: Sample) -> str:
-    """The question with its options, one per line after "Options:" (what the answerability prompt, the
-    perception stage and Robust-TO's agent are given)."""
-    return sample.question + ("\nOptions:\n" + "\n".join(sample.options) if sample.options else "")
+def score_sample(output, sample: Sample, *, strict: bool = False, train_reward: bool = False) -> float:
+    """Score a raw model output against a sample: extract with the sample's source, then score."""
+    pred = extract_answer(output, sample.source, problem_type=sample.problem_type, strict=strict)
+    return score(pred, sample.answer, sample.problem_type, sample.source, train_reward=train_reward)
 
 
 def video_identity(sample: Sample) -> str:
@@ -1146,353 +1116,19 @@ def video_identity(sample: Sample) -> str:
     return f"{sample.source}/{Path(sample.video).name}"
 
 
-def score_sample(output, sample: Sample, *, strict: bool = False, train_reward: bool = False) -> float:
-    """Score a raw model output against a sample: extract with the sample's source, then score."""
-    pred = extract_answer(output, sample.source, problem_type=sample.problem_type, strict=strict)
-    return score(pred, sample.answer, sample.problem_type, sample.source, train_reward=train_reward)
-
-
-# ---- synthetic embodied benchmark (below) ----
-#
-# A small, real task on which the whole pipeline can run and learn on a CPU: egocentric clips of a
-# camera moving over a textured ground among coloured objects, with their true depth, and questions
-# of PVRBench's task families (App. B.1): the next action of Fig. 1 (turn left / turn right / go
-# ahead), first-appearance order, object counting (numeric, MRA) and relative distance. Written as a
-# Video-R1 training file (with a `process` chain of thought for SFT) and a VSI-Bench evaluation file,
-# so that the real loaders read it. Same seed, same bytes.
-
-SYNTH_COLOURS = {"red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200),
-                 "yellow": (220, 200, 40), "purple": (140, 60, 170), "orange": (235, 130, 30)}
-SYNTH_SHAPES = {"cube": (0.8, 0.8, 0.8), "pillar": (0.5, 1.8, 0.5), "block": (1.4, 0.6, 0.9),
-                "slab": (1.2, 0.3, 1.2)}  # width, height, depth in metres
-SYNTH_ACTIONS = ("Turn left", "Turn right", "Go ahead")
-SYNTH_FAMILIES = {  # family -> VSI-Bench question_type it is filed under
-    "next_action": "route_planning", "appearance_order": "obj_appearance_order",
-    "counting": "object_counting", "relative_distance": "object_rel_distance"}
-_CAM_HEIGHT, _FOV = 1.5, 70.0
-_Q_ACTION = ("The video is what an agent sees while it moves through a scene. "
-             "Which action is the agent taking?")
-_Q_ORDER = "What is the first-time appearance order of the following objects in the video: {}?"
-_Q_COUNT = "How many {} objects appear in the video?"
-_Q_DIST = "Which of these objects is the closest to the {}?"
-
-
-def _synthetic_corpus() -> list[str]:
-    names = [f"{c} {s}" for c in SYNTH_COLOURS for s in SYNTH_SHAPES]
-    return ([_Q_ACTION, _Q_ORDER.format(", ".join(names[:3])), _Q_DIST.format(names[0])] + list(SYNTH_ACTIONS)
-            + [_Q_COUNT.format(c) for c in SYNTH_COLOURS] + names + _SYNTH_PROCESS_WORDS)
-
-
-def _camera_matrix(yaw, pitch=np.radians(12)):
-    """Camera -> world rotation: looking down by `pitch`, turned by `yaw` (positive = to the left,
-    toward -x; x is right, y up, z forward)."""
-    c, s = np.cos(yaw), np.sin(yaw)
-    cp, sp = np.cos(pitch), np.sin(pitch)
-    return np.array([[c, 0, -s], [0, 1, 0], [s, 0, c]]) @ np.array([[1, 0, 0], [0, cp, -sp], [0, sp, cp]])
-
-
-def render_synthetic(objects, yaw_rate, speed, num_frames=16, size=112, supersample=2):
-    """Render one egocentric clip: a pinhole camera 1.5 m above a checkered ground plane, moving
-    forward `speed` m/frame and turning `yaw_rate` rad/frame (positive = left), among box objects
-    drawn in painter's order (far to near). Returns (frames uint8 [T,S,S,3], depth float32 [T,S,S]
-    in metres, visible_px int [T, n_objects] at output resolution)."""
-    S = size * supersample
-    f = (S / 2) / np.tan(np.radians(_FOV) / 2)
-    px = (np.arange(S) + 0.5 - S / 2) / f
-    rx, ry = np.meshgrid(px, -px)  # camera rays (x right, y up, z forward)
-    rays = np.stack([rx, ry, np.ones_like(rx)], -1)
-    sky = np.array((150, 190, 235), np.float32) * (0.8 + 0.2 * np.clip(ry, 0, 1))[..., None] ** 0.5
-    frames = np.zeros((num_frames, size, size, 3), np.uint8)
-    depth = np.zeros((num_frames, size, size), np.float32)
-    visible = np.zeros((num_frames, len(objects)), np.int64)
-    for t in range(num_frames):
-        yaw = yaw_rate * t
-        R = _camera_matrix(yaw)
-        heading = np.array([-np.sin(yaw), 0.0, np.cos(yaw)])
-        cam = np.array([0.0, _CAM_HEIGHT, 0.0]) + speed * t * heading  # moves along its heading
-        d = rays @ R.T
-        down = d[..., 1] < -1e-6
-        tt = np.where(down, _CAM_HEIGHT / np.maximum(-d[..., 1], 1e-6), 1e3)
-        hx, hz = cam[0] + tt * d[..., 0], cam[2] + tt * d[..., 2]
-        checker = (np.floor(hx) + np.floor(hz)) % 2
-        fade = np.exp(-tt / 25.0)[..., None]  # far texture fades into haze (no moire at the horizon)
-        ground = np.where(checker[..., None] > 0, (120, 128, 96), (84, 92, 70)).astype(np.float32)
-        haze = np.array((170, 180, 185), np.float32)
-        img = np.where(down[..., None], ground * fade + haze * (1 - fade), sky)
-        zbuf = np.where(down, tt, 1e3).astype(np.float32)  # z-depth: rays have unit forward component
-        ids = np.full((S, S), -1, np.int32)
-        order = sorted(range(len(objects)), key=lambda i: -np.linalg.norm(np.array(objects[i]["pos"]) - cam[[0, 2]]))
-        for i in order:  # painter's order: far to near
-            _draw_box(img, zbuf, ids, i, objects[i], cam, R, f, S)
-        frames[t] = cv2.resize(np.clip(img, 0, 255).astype(np.uint8), (size, size), interpolation=cv2.INTER_AREA)
-        depth[t] = cv2.resize(zbuf, (size, size), interpolation=cv2.INTER_AREA)
-        counts = np.bincount(ids[ids >= 0].ravel(), minlength=len(objects))
-        visible[t] = counts // (supersample * supersample)
-    return frames, depth, visible
-
-
-def _draw_box(img, zbuf, ids, index, obj, cam, R, f, S):
-    w, h, dd = SYNTH_SHAPES[obj["shape"]]
-    x, z = obj["pos"]
-    xs, ys, zs = np.array([-w, w]) / 2 + x, np.array([0.0, h]), np.array([-dd, dd]) / 2 + z
-    corners = np.array([[a, b, c] for a in xs for b in ys for c in zs])  # index = 4i + 2j + k
-    faces = [((0, 1, 3, 2), (-1, 0, 0)), ((4, 5, 7, 6), (1, 0, 0)), ((2, 3, 7, 6), (0, 1, 0)),
-             ((0, 2, 6, 4), (0, 0, -1)), ((1, 3, 7, 5), (0, 0, 1))]  # sides, top, front, back
-    local = (corners - cam) @ R  # world -> camera
-    if (local[:, 2] < 0.2).any():  # partly behind the camera: not drawn (it is leaving the view)
-        return
-    uv = np.stack([S / 2 + f * local[:, 0] / local[:, 2], S / 2 - f * local[:, 1] / local[:, 2]], 1)
-    base = np.array(SYNTH_COLOURS[obj["colour"]], np.float32)
-    light = np.array([0.4, 0.8, -0.45]) / np.linalg.norm([0.4, 0.8, -0.45])
-    for idx, normal in faces:
-        fc = corners[list(idx)].mean(0)
-        if np.dot(np.array(normal), cam - fc) <= 0:  # back face
-            continue
-        shade = 0.55 + 0.45 * max(0.0, float(np.dot(normal, light)))
-        poly = np.round(uv[list(idx)] * 16).astype(np.int32)
-        cv2.fillConvexPoly(img, poly, tuple(float(v) for v in base * shade), cv2.LINE_AA, shift=4)
-        cv2.fillConvexPoly(zbuf, poly, float(local[list(idx)].mean(0)[2]), shift=4)
-        cv2.fillConvexPoly(ids, poly, int(index), shift=4)
-
-
-_SYNTH_PROCESS_WORDS = [
-    "Let me look at how the view changes from frame to frame.",
-    "The ground pattern and the objects slide to the right, so the camera is rotating to the left.",
-    "The ground pattern and the objects slide to the left, so the camera is rotating to the right.",
-    "The objects grow and move outward from the centre without sliding sideways, so the camera moves straight ahead.",
-    "I note the frame in which each object first becomes visible.",
-    "I count the objects of that colour across all frames, each one once.",
-    "I compare the distances between the objects on the ground.",
-]
-
-
-def _synthetic_scene(rng, action, count_colour, count):
-    """Objects for one clip: `count` objects of `count_colour` in the forward view, 3-5 distractors of
-    other colours; unique (colour, shape) names. Positions (x, z) in metres, camera at the origin."""
-    names, objects = set(), []
-
-    def add(colour, x, z):
-        for shape in rng.permutation(list(SYNTH_SHAPES)):
-            if (colour, shape) not in names:
-                names.add((colour, shape))
-                objects.append({"colour": colour, "shape": str(shape), "pos": (float(x), float(z))})
-                return True
-        return False
-
-    lanes = rng.permutation(np.linspace(-2.4, 2.4, 5))[:count]
-    for lane in lanes:  # the counted objects: spread across the forward view, never hidden
-        add(count_colour, lane + rng.uniform(-0.25, 0.25), rng.uniform(5.0, 8.0))
-    others = [c for c in SYNTH_COLOURS if c != count_colour]
-    turn = {"Turn left": -1, "Turn right": 1, "Go ahead": 0}[action]  # the side the turn reveals
-    for _ in range(int(rng.integers(3, 6))):  # distractors; while turning, most enter from that side
-        if turn and rng.random() < 0.8:
-            angle = np.radians(rng.uniform(38, 75))  # outside the first frame's view, inside the last's
-            r = rng.uniform(4.0, 10.0)
-            x, z = turn * r * np.sin(angle), r * np.cos(angle) + 1.0
-        else:
-            x, z = rng.uniform(-4.0, 4.0), rng.uniform(9.0, 14.0)
-        add(str(rng.choice(others)), x, z)
-    return objects
-
-
-def _obj_name(o):
-    return f"{o['colour']} {o['shape']}"
-
-
-def _centre_distance(a, b):
-    """Ground distance between object centres (VSI-Bench measures from the closest points; centres
-    keep the object's size from giving the answer away)."""
-    return float(np.hypot(a["pos"][0] - b["pos"][0], a["pos"][1] - b["pos"][1]))
-
-
-def _place(rng, correct, distractors, slot):
-    """MC options with the correct one at letter `slot` (answers balanced by construction)."""
-    rest = [distractors[i] for i in rng.permutation(len(distractors))]
-    opts = rest[:slot] + [correct] + rest[slot:]
-    return [f"{'ABCD'[i]}. {o}" for i, o in enumerate(opts)], "ABCD"[slot]
-
-
-def synthetic_questions(rng, objects, visible, action, count_colour, slots):
-    """The questions one clip supports, as dicts (family, question, options, answer, process)."""
-    seen = visible.max(0) >= 12  # an object "appears" once it covers a dozen pixels
-    qs = [{"family": "next_action", "question": _Q_ACTION,
-           "options": [f"{'ABC'[i]}. {a}" for i, a in enumerate(SYNTH_ACTIONS)],
-           "answer": "ABC"[SYNTH_ACTIONS.index(action)],
-           "process": _SYNTH_PROCESS_WORDS[0] + " " + _SYNTH_PROCESS_WORDS[1 + SYNTH_ACTIONS.index(action)]
-           + f" The agent's action is: {action}."}]
-    n = int(sum(seen[i] for i, o in enumerate(objects) if o["colour"] == count_colour))
-    qs.append({"family": "counting", "question": _Q_COUNT.format(count_colour), "options": [], "answer": str(n),
-               "process": f"{_SYNTH_PROCESS_WORDS[5]} There are {n} {count_colour} objects."})
-    first = {i: int(np.argmax(visible[:, i] >= 12)) for i in range(len(objects)) if seen[i]}
-    by_frame = {}
-    for i, t in first.items():
-        by_frame.setdefault(t, []).append(i)
-    singles = [v[0] for t, v in sorted(by_frame.items()) if len(v) == 1]  # unambiguous first frames
-    if len(singles) >= 3:
-        pick = sorted(rng.choice(singles, 3, replace=False).tolist(), key=lambda i: first[i])
-        names = [_obj_name(objects[i]) for i in pick]
-        wrong = [p for p in (", ".join(names[j] for j in perm) for perm in
-                             ([0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]))]
-        wrong = [wrong[j] for j in rng.permutation(5)[:3]]
-        options, answer = _place(rng, ", ".join(names), wrong, slots["appearance_order"])
-        shown = options[int(rng.integers(4))][3:]  # the question lists them in the order of a random option
-        qs.append({"family": "appearance_order", "question": _Q_ORDER.format(shown), "options": options,
-                   "answer": answer, "process": f"{_SYNTH_PROCESS_WORDS[4]} The order is {', '.join(names)}."})
-    vis = [i for i in range(len(objects)) if seen[i]]
-    ref = int(rng.choice(vis)) if vis else -1
-    cands = [i for i in vis if objects[i]["colour"] != objects[ref]["colour"]]  # colour tells nothing
-    if len(cands) >= 4:
-        gaps = sorted((_centre_distance(objects[ref], objects[i]), i) for i in cands)
-        if gaps[1][0] > 1.2 * gaps[0][0] + 0.2:  # the closest one is clearly the closest
-            pool = [i for _, i in gaps[1:]]
-            distract = [_obj_name(objects[i]) for i in rng.permutation(pool)[:3]]
-            options, answer = _place(rng, _obj_name(objects[gaps[0][1]]), distract, slots["relative_distance"])
-            qs.append({"family": "relative_distance", "question": _Q_DIST.format(_obj_name(objects[ref])),
-                       "options": options, "answer": answer,
-                       "process": f"{_SYNTH_PROCESS_WORDS[6]} The closest is the {_obj_name(objects[gaps[0][1]])}."})
-    return qs
-
-
-def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fraction=0.25):
-    """Render `n` clips with their depth and write the benchmark (see the section comment):
-    videos/synthetic/<id>.mp4, depth/<id>.npy (float16 metres), train.json (Video-R1 format) and
-    eval.jsonl (VSI-Bench format, dataset "synthetic"). Returns a summary dict (also summary.json)."""
-    import video
-    out = Path(out_dir)
-    (out / "videos" / "synthetic").mkdir(parents=True, exist_ok=True)
-    (out / "depth").mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng([seed, 0x5EED])
-    n_eval = int(round(n * eval_fraction))
-    actions, counts = [], []
-    for size_ in (n_eval, n - n_eval):  # balanced within each split: cycles, shuffled
-        actions += [SYNTH_ACTIONS[i % 3] for i in rng.permutation(size_)]
-        counts += [1 + i % 4 for i in rng.permutation(size_)]
-    train, evaluation, balance = [], [], {}
-    slot_counter = {}
-    for k in range(n):
-        vid = f"synth_{seed}_{k:05d}"
-        crng = np.random.default_rng([seed, k])
-        action, colour = actions[k], str(crng.choice(list(SYNTH_COLOURS)))
-        for _ in range(20):  # resample until the counted objects are all visible
-            objects = _synthetic_scene(crng, action, colour, counts[k])
-            yaw = {"Turn left": 1, "Turn right": -1, "Go ahead": 0}[action] * crng.uniform(0.035, 0.05)
-            frames, depth, visible = render_synthetic(objects, yaw, crng.uniform(0.15, 0.25), num_frames, size)
-            seen = visible.max(0) >= 12
-            if sum(seen[i] for i, o in enumerate(objects) if o["colour"] == colour) == counts[k]:
-                break
-        split = "eval" if k < n_eval else "train"
-        slots = {fam: slot_counter.get((split, fam), 0) % 4 for fam in ("appearance_order", "relative_distance")}
-        qs = synthetic_questions(crng, objects, visible, action, colour, slots)
-        for q in qs:  # the correct letter cycles A-D within each split and family
-            slot_counter[(split, q["family"])] = slot_counter.get((split, q["family"]), 0) + 1
-        video.write_video(out / "videos" / "synthetic" / f"{vid}.mp4", frames, fps=8.0)
-        np.save(out / "depth" / f"{vid}.npy", depth.astype(np.float16))
-        for q in qs:
-            balance.setdefault(split, {}).setdefault(q["family"], {}).setdefault(q["answer"], 0)
-            balance[split][q["family"]][q["answer"]] += 1
-            qid = f"{vid}_{q['family']}"
-            ptype = "regression" if q["family"] == "counting" else "multiple choice"
-            if split == "eval":
-                evaluation.append({"id": qid, "dataset": "synthetic", "scene_name": vid,
-                                   "question_type": SYNTH_FAMILIES[q["family"]], "question": q["question"],
-                                   "options": q["options"] or None, "ground_truth": q["answer"]})
-            else:
-                train.append({"problem_id": qid, "problem": q["question"], "data_type": "video",
-                              "problem_type": ptype, "options": q["options"], "process": q["process"],
-                              "solution": f"<answer>{q['answer']}</answer>",
-                              "path": f"./videos/synthetic/{vid}.mp4", "data_source": f"synthetic/{q['family']}"})
-    (out / "train.json").write_text(json.dumps(train, indent=1))
-    (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evaluation))
-    summary = {"n_clips": n, "seed": seed, "frames": num_frames, "size": size, "n_train": len(train),
-               "n_eval": len(evaluation), "answer_balance": balance}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    return summary
-
-
-def _option_features(sample, option):
-    """What a text-only model can see about one option: its letter, whether it repeats a colour or a
-    shape named in the question, whether it repeats the question's own listing."""
-    text = option[3:]
-    q = sample.question
-    return (option[0], any(c in q and c in text for c in SYNTH_COLOURS),
-            any(s in q and s in text for s in SYNTH_SHAPES), text in q)
-
-
-def _family(sample):
-    """The synthetic family of a sample, from the training file's data_source or the VSI question_type."""
-    if sample.task.startswith("synthetic/"):
-        return sample.task.split("/", 1)[1]
-    return {v: k for k, v in SYNTH_FAMILIES.items()}.get(sample.task, sample.task)
-
-
-def text_only_baseline(train, evaluation):
-    """A blind baseline: it sees the question and options, never the video. Multiple choice: naive
-    Bayes over `_option_features`, learnt from the training answers of the same family; numeric: the
-    training median. Returns {family: (score, chance)}, chance being 1/k for k options and, for
-    numeric answers, the score of the best constant answer on the evaluation set (an oracle)."""
-    from collections import Counter, defaultdict
-    stats = defaultdict(lambda: defaultdict(Counter))  # family -> feature index -> (value, correct) -> n
-    numeric = defaultdict(list)
-    for s in train:
-        for opt in s.options:
-            for j, v in enumerate(_option_features(s, opt)):
-                stats[_family(s)][j][(v, opt[0] == s.answer)] += 1
-        if not s.options:
-            numeric[_family(s)].append(float(s.answer))
-
-    def loglik(s, opt):
-        c = stats[_family(s)]
-        return sum(np.log((c[j][(v, True)] + 1) / (c[j][(v, True)] + c[j][(v, False)] + 2))
-                   for j, v in enumerate(_option_features(s, opt)))
-
-    results = {}
-    for fam in sorted({_family(s) for s in evaluation}):
-        group = [s for s in evaluation if _family(s) == fam]
-        if group[0].options:
-            preds = [max(s.options, key=lambda o: loglik(s, o))[0] for s in group]
-            chance = float(np.mean([1 / len(s.options) for s in group]))
-        else:
-            preds = [str(np.median(numeric[fam])) if numeric[fam] else "0"] * len(group)
-            chance = max(float(np.mean([score(str(c), s.answer, s.problem_type, s.source) for s in group]))
-                         for c in range(0, 11))
-        acc = float(np.mean([score(p, s.answer, s.problem_type, s.source) for p, s in zip(preds, group)]))
-        results[fam] = (acc, chance)
-    return results
-
-
 # --------------------------------------------------------------------------- command line
 def main(argv=None):
     import argparse
 
-    ap = argparse.ArgumentParser(description="Data tools of the ROVA reference implementation.")
+    ap = argparse.ArgumentParser(description="Data tools of the ROVA reference implementation (the synthetic "
+                                             "benchmark: synthetic.py).")
     runtime.add_debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True)
-    mk = sub.add_parser("make-synthetic", help="render the synthetic embodied benchmark (videos, depth, "
-                        "Video-R1 train.json, VSI-Bench eval.jsonl)")
-    mk.add_argument("--out", required=True, help="output folder")
-    mk.add_argument("--n", type=int, default=200, help="number of clips")
-    mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--frames", type=int, default=16, help="frames per clip")
-    mk.add_argument("--size", type=int, default=112, help="frame side in pixels")
-    mk.add_argument("--eval-fraction", type=float, default=0.25, help="share of clips in eval.jsonl")
-    runtime.add_debug_flag(mk)
     ms = sub.add_parser(
-        "make-subset", formatter_class=argparse.RawDescriptionHelpFormatter,
+        "make-subset", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SUBSET_HELP,
         help="write ROVA's training subset of a Video-R1 JSON (Sec. 5.1: outdoor scenes, video records)",
         description="Write the records of a Video-R1 JSON (Video-R1-COT-165k.json or Video-R1-260k.json) that "
-                    "a rule keeps, unchanged and in order, in the same format (train.py --data reads it).",
-        epilog=f"""rules:
-  outdoor  (default, {OUTDOOR_RULE_VERSION}) the paper filters Video-R1-260k's video split "by scene category
-           labels" to an outdoor-relevant ~10% but defines neither; Video-R1 has no such labels. Ours,
-           decided from each record alone (data.py: SUBSET_EXCLUDED_SOURCES, OUTDOOR_TERMS, INDOOR_TERMS):
-           1. data_type == "video";
-           2. not from STAR, PerceptionTest, CLEVRER, nor LLaVA-Video-178K's Charades / YouCook2 /
-              Perception Test / Something-Something clips (components of path and data_source);
-           3. problem + options + process (the CoT, in Video-R1-COT-165k) name an outdoor term (street,
-              road, car, traffic, drone, city, sky, weather, park, ...) and more distinct outdoor than
-              indoor terms (kitchen, bedroom, sofa, table, ...).
-  video    every video record (the denominator).
-The share of video records kept is printed; the paper reports ~10% (not measured here).""")
+                    "a rule keeps, unchanged and in order, in the same format (train.py --data reads it).")
     ms.add_argument("--data", required=True, help="the Video-R1 JSON / JSONL to filter")
     ms.add_argument("--out", required=True, help="the subset to write (.json: a JSON list; .jsonl: one record a "
                     "line); never replaced without --force")
@@ -1505,16 +1141,9 @@ The share of video records kept is printed; the paper reports ~10% (not measured
                     "shown) instead of stopping at the first")
     runtime.add_debug_flag(ms)
     args = ap.parse_args(argv)
-    if args.command == "make-subset":
-        summary = make_subset(args.data, args.out, rule=args.rule, video_root=args.video_root or None,
-                              force=args.force, skip_invalid=args.skip_invalid)
-        _print_subset_summary(summary)
-        return 0
-    runtime.out_dir(args.out)
-    summary = make_synthetic(args.out, n=args.n, seed=args.seed, num_frames=args.frames, size=args.size,
-                             eval_fraction=args.eval_fraction)
-    print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
-    print("answer balance:", json.dumps(summary["answer_balance"], sort_keys=True))
+    summary = make_subset(args.data, args.out, rule=args.rule, video_root=args.video_root or None,
+                          force=args.force, skip_invalid=args.skip_invalid)
+    _print_subset_summary(summary)
     return 0
 
 

@@ -33,7 +33,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import data
 import runtime
+import synthetic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -64,7 +66,7 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Tokenizer corpus when data.tokenizer_corpus() is not available: the prompt templates and answers.
+# Appended to the project's prompt strings (data.tokenizer_corpus()): the templates and answers in prose.
 _FALLBACK_CORPUS = [
     "You are a helpful assistant.",
     ("Think about the question step by step in <think> </think> tags, then give the final answer in "
@@ -87,16 +89,6 @@ _FALLBACK_CORPUS = [
 
 
 # ----------------------------------------------------------------------------- tiny offline model
-def _corpus(texts):
-    if texts is not None:
-        return list(texts)
-    try:  # another module may provide the project's own prompt corpus
-        import data
-        return list(data.tokenizer_corpus()) + _FALLBACK_CORPUS
-    except (ImportError, AttributeError):
-        return list(_FALLBACK_CORPUS)
-
-
 def _tiny_tokenizer(texts, vocab_size):
     """A byte-level BPE trained on ``texts``, wrapped as a transformers fast tokenizer with Qwen's specials."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -114,25 +106,18 @@ def _tiny_tokenizer(texts, vocab_size):
         chat_template=CHAT_TEMPLATE, model_max_length=32768)
 
 
-def _perception_corpus():
-    try:  # Embodied-R's perception text (perceive.py): what a text policy reads instead of a video
-        from extensions.embodied_r import perceive
-        return list(perceive.tokenizer_corpus())
-    except (ImportError, AttributeError):
-        return []
-
-
 ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2")  # the last is a text-only LM (Embodied-R's reasoner)
 
 
-def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
+def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, extra_texts=()):
     """Write a tiny random-weight video VLM (~1 MB) that reloads offline with the Auto classes.
-    ``arch="qwen2"``: the same text model without a vision tower (a Qwen2ForCausalLM and its tokenizer,
-    which is also trained on perceive.py's perception vocabulary): Embodied-R's reasoner in miniature.
+    ``arch="qwen2"``: the same text model without a vision tower (a Qwen2ForCausalLM and its tokenizer):
+    Embodied-R's reasoner in miniature (its extension passes the perception vocabulary as ``extra_texts``).
 
     Text model: 2 layers, 64 wide (4 heads of 16, mrope_section [2, 3, 3] sums to head_dim / 2); vision
     tower: 2 blocks, 32 wide; tied embeddings. Processor: byte-level BPE tokenizer trained on ``texts``
-    (default: ``data.tokenizer_corpus()`` when it exists, plus a built-in template corpus), and image/video
+    (default: the project's prompts, ``data.tokenizer_corpus`` with the synthetic benchmark's, plus a
+    built-in template corpus), then ``extra_texts``, and image/video
     processors limited to 56x56 .. 64 patches of 28x28 per frame (32x32 for Qwen3-VL), temporal_patch_size 2,
     no frame re-sampling (the frames given are the frames seen). ``vocab_size`` is the BPE target; a small
     corpus gives fewer tokens. ``arch``: "qwen2_5_vl" (default), "qwen2_vl" or "qwen3_vl" (timestamps in the
@@ -144,7 +129,9 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024):
         raise ValueError(f"arch must be one of {', '.join(map(repr, ARCHS))}, got {arch!r}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    corpus = _corpus(texts) + (_perception_corpus() if arch == "qwen2" and texts is None else [])
+    if texts is None:
+        texts = data.tokenizer_corpus(synthetic.tokenizer_corpus()) + _FALLBACK_CORPUS
+    corpus = list(texts) + list(extra_texts)
     tokenizer = _tiny_tokenizer(corpus, vocab_size)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     unit = 32 if arch == "qwen3_vl" else 28  # a merged 2x2 group of 16- or 14-pixel patches
@@ -274,6 +261,31 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
             model = get_peft_model(model, config)
     model.eval()  # as from_pretrained; call model.train() for updates (LoRA dropout, checkpointing act in train mode)
     return model, processor
+
+
+def load_checkpoint(name_or_path, weights=None, *, lora_r=0, load_in_4bit=False, device=None,
+                    gradient_checkpointing=False):
+    """load_policy for training: from `name_or_path`, or from a checkpoint's `weights` folder (the full
+    model, or a LoRA adapter on top of `name_or_path`)."""
+    lora = lora_r > 0
+    model, processor = load_policy(weights if (weights and not lora) else name_or_path, lora_r=lora_r,
+                                   load_in_4bit=load_in_4bit, device=device,
+                                   gradient_checkpointing=gradient_checkpointing)
+    if weights and lora:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+        set_peft_model_state_dict(model, load_file(str(Path(weights) / "adapter_model.safetensors"),
+                                                   device=str(model_device(model))))
+    return model, processor
+
+
+def save(model, processor, folder):
+    """safetensors: the full model with its processor, or only the LoRA adapter; transformers' own bars
+    off (no "Writing model shards" bar inside a training bar)."""
+    with runtime.no_hf_progress_bars():
+        model.save_pretrained(folder, safe_serialization=True)
+    if not hasattr(model, "peft_config"):
+        processor.save_pretrained(folder)
 
 
 def frozen_copy(model):

@@ -364,6 +364,8 @@ def test_tokenizer_corpus():
                   data.VSI_NA_POST_PROMPT, data.URBAN_PRE_PROMPT, "<think>", "</answer>", "twenty", "7", "E"]:
         assert piece in corpus
     assert "Please think about this question" in text
+    more = data.tokenizer_corpus(["Which way?", "<think>", "Which way?"])   # appended, each once
+    assert more == corpus + ["Which way?"]
 
 
 # --------------------------------------------------------------------------- extraction
@@ -517,8 +519,19 @@ def test_parse_inline_options_edge_cases():
     stem, opts = data.parse_inline_options("Which option: is best? Choices: A. x B. y")
     assert stem == "Which option: is best?" and opts == ["A. x", "B. y"]
     assert data.parse_inline_options("choose: A. only one") == ("choose: A. only one", [])
-    assert data.option_letter("C) sofa") == "C" and data.option_letter("(D) bed") == "D"
-    assert data.option_letter("sofa") is None and data.option_letter("I go left") is None
+    assert data.split_option("C) sofa")[0] == "C" and data.split_option("(D) bed")[0] == "D"
+    assert data.split_option("sofa")[0] is None and data.split_option("I go left")[0] is None
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("A. red", ("A", "red")), ("(A) red", ("A", "red")), ("A) red", ("A", "red")), ("A: red", ("A", "red")),
+    ("Ａ．red", ("A", "red")), ("A：red", ("A", "red")), ("  C)  two words ", ("C", "two words")),
+    ("B", ("B", "")), ("(b)", ("B", "")), ("b.", ("B", "")), ("(B)", ("B", "")), ("Ｂ", ("B", "")),
+    ("A red car", (None, "A red car")), ("e.g. the car", (None, "e.g. the car")), ("sofa", (None, "sofa")),
+    ("AB. x", (None, "AB. x")), ("1. one", (None, "1. one")), ("", (None, "")), (None, (None, "")),
+])
+def test_split_option_is_the_one_label_grammar(text, expected):
+    assert data.split_option(text) == expected
 
 
 # --------------------------------------------------------------------------- missing-video report

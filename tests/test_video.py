@@ -1,4 +1,5 @@
-"""Tests for video.py: resizing maths, decoding, writers, contact sheets and the sample clip."""
+"""Tests for video.py: resizing maths, decoding, samplers, writers and contact sheets (on synthetic.py's street
+clip)."""
 import math
 from pathlib import Path
 
@@ -8,8 +9,8 @@ import pytest
 from PIL import Image
 
 import video
-from video import (VideoError, contact_sheet, read_frames, sample_clip, smart_resize, uniform_indices,
-                   write_gif, write_sample_video, write_video)
+from synthetic import sample_clip
+from video import VideoError, contact_sheet, read_frames, smart_resize, uniform_indices, write_gif, write_video
 
 MAX_PIXELS, MIN_PIXELS = 128 * 28 * 28, 4 * 28 * 28
 
@@ -128,6 +129,18 @@ def test_read_clip_and_probe_raise_video_error(tmp_path, street_mp4):
                 fn(path)
     with pytest.raises(ValueError):
         video.read_clip(street_mp4, num_frames=0)
+
+
+def test_read_frames_with_a_sampler(street_mp4):
+    def picks(path, num_frames):  # any callable (path, num_frames) -> frame indices
+        assert Path(path) == Path(street_mp4) and num_frames == 4
+        return [0, 5, 5, 39]
+    frames, indices, _ = read_frames(street_mp4, num_frames=4, sampler=picks)
+    every, _, _ = read_frames(street_mp4, num_frames=40)
+    assert indices.tolist() == [0, 5, 5, 39] and indices.dtype == np.int64
+    assert np.array_equal(frames, every[[0, 5, 5, 39]])
+    with pytest.raises(ValueError, match="sampler"):
+        read_frames(street_mp4, sampler="keyframes")
 
 
 def test_read_frames_argument_checks(street_mp4):
@@ -250,32 +263,3 @@ def test_contact_sheet_validates(street, tmp_path):
         contact_sheet([street[0]], ["a", "b"], tmp_path / "x.png")
     with pytest.raises(ValueError):
         contact_sheet([], [], tmp_path / "x.png")
-
-
-# ----------------------------------------------------------------------------- sample clip
-def test_sample_clip_shape_and_determinism():
-    frames, depth = sample_clip(4, 48, 64, seed=3)
-    assert frames.shape == (4, 48, 64, 3) and frames.dtype == np.uint8
-    assert depth.shape == (4, 48, 64) and depth.dtype == np.float32
-    again, depth_again = sample_clip(4, 48, 64, seed=3)
-    assert np.array_equal(frames, again) and np.array_equal(depth, depth_again)
-    assert not np.array_equal(frames, sample_clip(4, 48, 64, seed=4)[0])
-
-
-def test_sample_clip_depth_and_motion(street):
-    frames, depth = street
-    assert np.all(depth > 0) and np.all(np.isfinite(depth))
-    assert depth.max() == video.SKY_DEPTH
-    top, bottom = depth[:, :10].mean(), depth[:, -10:].mean()
-    assert top > 20 * bottom and bottom < 10  # sky above, nearby road below
-    assert frames.std() > 30  # textured, not flat
-    step = np.abs(np.diff(frames.astype(float), axis=0)).mean(axis=(1, 2, 3))
-    noise = np.random.default_rng(0).integers(0, 256, frames[0].shape)
-    assert np.all(step > 0.5)  # the camera moves ...
-    assert step.max() < 0.3 * np.abs(frames[0] - noise.astype(float)).mean()  # ... smoothly
-
-
-def test_write_sample_video(tmp_path):
-    path = write_sample_video(tmp_path / "sample.mp4", fps=4.0, num_frames=3, height=56, width=56)
-    frames, indices, fps = read_frames(path, num_frames=3)
-    assert frames.shape == (3, 56, 56, 3) and fps == pytest.approx(4.0) and indices.tolist() == [0, 1, 2]
