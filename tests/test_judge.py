@@ -1,7 +1,7 @@
-"""Tests for judge.py: prompts, tolerant parsing, the SQLite verdict cache (threads and processes), the
-OpenAI-compatible client against a scripted fake server on 127.0.0.1 (retries, Retry-After, timeouts,
-4xx, garbage, concurrency, the key never leaking), the local rule+MiniLM judge on a labelled set of
-reasoning pairs, the HF judge on the tiny policy model, and make_judge."""
+"""Tests for judge.py: prompts, tolerant parsing, the OpenAI judge against the scripted fake server of
+test_chat.py (retries, Retry-After, timeouts, 4xx, garbage, concurrency, the reply cache across runs and
+processes, the key never leaking), the local rule+MiniLM judge on the labelled reasoning pairs of
+benchmarks/calibrate_judge.py, the HF judge on the tiny policy model, and make_judge."""
 from __future__ import annotations
 
 import json
@@ -11,185 +11,23 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict, deque
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import test_chat
 
+import buffer
 import judge
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = "sk-test-9f3a7c1e-DO-NOT-LEAK-4b2d"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from calibrate_judge import CALIBRATION_PAIRS, TURN_L, calibrate_thresholds
 
-# --------------------------------------------------------------------------- labelled reasoning pairs
-# (reference, candidate, tier) in the style of this project's traces (the synthetic embodied benchmark,
-# VSI-Bench, UrbanVideo-Bench). Tiers as Fig. 9: 1.0 paraphrase (minor omissions allowed), 0.5
-# generally consistent with unsupported additions or missing key steps, 0.0 contradiction or
-# hallucinated core facts. Written before measuring; LocalJudge's thresholds were chosen on them.
-TURN_L = ("The ground pattern and the objects slide to the right, so the camera is rotating to the left. "
-          "The agent is turning left.")
-COUNT = ("I count the red objects across all frames, each one once. There is a red cube on the left and a "
-         "red pillar in the middle, so there are 2 red objects.")
-ORDER = ("The blue slab appears first in frame 2, then the green cube enters in frame 6, and the yellow "
-         "pillar becomes visible last in frame 11.")
-DIST = ("The orange block is about 1 metre from the purple cube, while the other objects are more than "
-        "3 metres away, so the orange block is the closest.")
-SOFA = ("The sofa is against the back wall and the TV is on the opposite wall. Using the door, about 2 "
-        "metres wide, as a scale, the sofa is roughly 4 metres from the TV.")
-DRONE = ("The drone is flying toward the tall glass building. The target red sign is on its right side, "
-         "so the drone should turn right and descend.")
-FOG = ("Fog hides the distant objects, but the near ground pattern still shifts to the left between "
-       "frames, so the camera rotates to the right. The agent turns right.")
-AHEAD = ("The objects grow and move outward from the centre without sliding sideways, so the camera "
-         "moves straight ahead.")
-ROOM = ("The room contains a bed, a desk and a wardrobe. Its length is about 5 metres and its width about "
-        "4 metres, so the area is about 20 square metres.")
-KITCHEN = ("First the chair appears at the start of the video, then the lamp on the table, and finally the "
-           "refrigerator near the end when the camera enters the kitchen.")
+SECRET = test_chat.SECRET
+server = test_chat.server    # the fake chat-completions server (a fixture)
 
-CALIBRATION_PAIRS = [
-    # 1.0: the same facts and steps, paraphrased
-    (TURN_L, ("Objects and the checkerboard ground move rightward across the frames, which means the camera "
-              "turns to the left; the agent turns left."), 1.0),
-    (COUNT, ("Counting each red object once over the whole video: a red cube at the left and a red pillar near "
-             "the centre. That makes two red objects."), 1.0),
-    (ORDER, ("First the blue slab shows up (frame 2), next the green cube (frame 6), and finally the yellow "
-             "pillar around frame 11."), 1.0),
-    (DIST, ("Compared with the others, which are over 3 m away, the orange block sits roughly a metre from the "
-            "purple cube, making it the nearest."), 1.0),
-    (SOFA, ("The sofa stands by the back wall, facing the TV on the other wall. Taking the 2 m wide door as a "
-            "reference, the distance between the sofa and the TV is about 4 m."), 1.0),
-    (DRONE, ("Heading towards the glass tower, the drone sees the red sign to the right of the building; it "
-             "needs to turn right and lower its altitude."), 1.0),
-    (FOG, ("Even though fog covers the far part of the scene, the nearby ground moves left from frame to "
-           "frame, so the agent is turning right."), 1.0),
-    (AHEAD, ("Nothing slides sideways; the objects just get bigger and spread out from the middle of the view, "
-             "so the agent is going straight ahead."), 1.0),
-    (ROOM, ("With a bed, a desk and a wardrobe inside, the room measures roughly 5 m by 4 m, giving an area of "
-            "around 20 square metres."), 1.0),
-    (KITCHEN, ("The chair is seen first, followed by the lamp, and the refrigerator appears last once the "
-               "camera reaches the kitchen."), 1.0),
-    # 0.5: generally consistent, but unsupported additions or missing key steps
-    (TURN_L, ("The objects slide to the right. A person is also walking behind the red pillar and the light "
-              "gets darker, so the agent turns left."), 0.5),
-    (COUNT, "There are 2 red objects.", 0.5),
-    (ORDER, ("The blue slab appears first. The rain makes the scene hard to see and a car passes in front of "
-             "the camera. The yellow pillar is last."), 0.5),
-    (DIST, ("The orange block is the closest because it has the same size as the purple cube and both stand "
-            "near the wall."), 0.5),
-    (SOFA, ("The sofa is against the back wall. It is roughly 4 metres from the TV, judging by the number of "
-            "floor tiles between them and the height of the ceiling lamp."), 0.5),
-    (DRONE, ("The drone flies toward the glass building and should turn right and descend; a second drone and "
-             "a helicopter are also circling near the roof."), 0.5),
-    (FOG, "Fog covers the scene, so I cannot see much; the agent probably turns right.", 0.5),
-    (AHEAD, "The objects get bigger, and a car on the road speeds past a bus stop, so the agent goes ahead.", 0.5),
-    (ROOM, "The room looks like a bedroom, so it is probably about 20 square metres.", 0.5),
-    (KITCHEN, ("The chair appears first and the refrigerator last; a dog runs through the hallway in the middle "
-               "of the video."), 0.5),
-    # 0.0: contradicts the reference (minimal edits: the hard case for an encoder) ...
-    (TURN_L, ("The ground pattern and the objects slide to the left, so the camera is rotating to the right. "
-              "The agent is turning right."), 0.0),
-    (COUNT, ("I count the red objects across all frames. There is only a red cube on the left; the pillar in "
-             "the middle is orange, so there is 1 red object."), 0.0),
-    (ORDER, ("The yellow pillar appears first in frame 2, then the green cube enters in frame 6, and the blue "
-             "slab becomes visible last in frame 11."), 0.0),
-    (DIST, ("The orange block is more than 3 metres from the purple cube, while the green pillar stands right "
-            "next to it, so the green pillar is the closest."), 0.0),
-    (SOFA, ("There is no TV in the room; the sofa faces a window, and the only screen is a laptop on the desk "
-            "about 1 metre away."), 0.0),
-    (DRONE, ("The drone is flying away from the glass building. The red sign is on its left side, so the drone "
-             "should turn left and climb."), 0.0),
-    (FOG, ("The fog makes everything static: the near ground does not move at all, so the agent is standing "
-           "still."), 0.0),
-    (AHEAD, ("The objects slide quickly to the left across the frames, so the camera is turning right rather "
-             "than moving ahead."), 0.0),
-    (ROOM, ("The room is a large kitchen of about 10 by 8 metres with an island and a dining table, roughly 80 "
-            "square metres."), 0.0),
-    (KITCHEN, ("The refrigerator is visible from the first frame, the chair appears last, and there is no lamp "
-               "in the video."), 0.0),
-    # ... or describes a different scene altogether (heavy corruption)
-    (TURN_L, ("It is night and the frames are almost black; I can only make out a street lamp, so I guess the "
-              "agent has stopped."), 0.0),
-    (COUNT, "A woman in a yellow coat crosses the street while two buses wait at the traffic light.", 0.0),
-    (SOFA, "The drone climbs above the bridge and follows the river toward the harbour.", 0.0),
-    (DRONE, "The camera is mounted on a car driving through a tunnel; the red light ahead means it must stop.", 0.0),
-]
 MEASURED_ACCURACY = 18 / 34   # DEFAULT_THRESHOLDS on CALIBRATION_PAIRS, measured with this package's MiniLM
-
-
-# --------------------------------------------------------------------------- the fake server
-class FakeServer:
-    """A chat-completions endpoint on 127.0.0.1 with scripted behaviour.
-
-    ``script[marker]`` is a queue of actions for requests whose prompt contains `marker`, consumed one
-    per request: ("status", code, headers, body), ("sleep", seconds) then the default reply,
-    ("text", content). Without a matching action the reply is ``respond(prompt)`` (default "1").
-    Every request is recorded in ``hits`` (prompt, Authorization header, payload)."""
-
-    def __init__(self):
-        self.hits, self.script, self.lock = [], defaultdict(deque), threading.Lock()
-        self.respond = lambda prompt: "1"
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                content = body["messages"][0]["content"]
-                prompt = content if isinstance(content, str) else content[-1]["text"]
-                with server.lock:
-                    server.hits.append({"path": self.path, "auth": self.headers.get("Authorization"),
-                                        "prompt": prompt, "payload": body})
-                    action = None
-                    for marker, queue in server.script.items():
-                        if marker in prompt and queue:
-                            action = queue.popleft()
-                            break
-                try:
-                    if action and action[0] == "status":
-                        _, code, headers, text = action
-                        if text == "ECHO_AUTH":   # a server that quotes the key back in its error
-                            text = f"invalid key {self.headers.get('Authorization')}"
-                        self.send_response(code)
-                        for k, v in headers.items():
-                            self.send_header(k, v)
-                        self.send_header("Content-Length", str(len(text.encode())))
-                        self.end_headers()
-                        self.wfile.write(text.encode())
-                        return
-                    if action and action[0] == "sleep":
-                        time.sleep(action[1])
-                    reply = action[1] if action and action[0] == "text" else server.respond(prompt)
-                    out = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(out)))
-                    self.end_headers()
-                    self.wfile.write(out)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass   # the client gave up (timeout test)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-
-    def count(self, marker=""):
-        with self.lock:
-            return sum(marker in h["prompt"] for h in self.hits)
-
-
-@pytest.fixture
-def server():
-    s = FakeServer()
-    yield s
-    s.httpd.shutdown()
-    s.httpd.server_close()
 
 
 def client(server, **kw):
@@ -203,7 +41,7 @@ def test_prompts_format_with_their_placeholders():
     assert "Reference answer: 0" in a and "Candidate answer: zero" in a and "no partial credit" in a
     r = judge.REASONING_CONSISTENCY_PROMPT.format(reference="R {x}", candidate="C")
     assert "R {x}" in r and all(t in r for t in ("1.0", "0.5", "0.0")) and "independently" in r
-    q = judge.ANSWERABILITY_PROMPT.format(question="Which way?")
+    q = buffer.ANSWERABILITY_PROMPT.format(question="Which way?")
     assert "Which way?" in q and "YES" in q and "NO" in q
     m = judge.REASONING_QUALITY_PROMPT.format(question="Q", clean="C", perturbed="P")
     assert all(k in m for k in judge.QUALITY_KEYS) and "LOWER is better" in m
@@ -221,12 +59,6 @@ def test_prompts_format_with_their_placeholders():
 def test_parse_scores(text, answer, reasoning):
     assert judge.parse_answer_score(text) == answer
     assert judge.parse_reasoning_score(text) == reasoning
-
-
-@pytest.mark.parametrize("text, value", [("YES", 1), ("**YES**", 1), ("No.", 0), ("answer: no", 0),
-                                         ("Yes, it can", 1), ("maybe", None), ("", None), ("NOTE", None)])
-def test_parse_yes_no(text, value):
-    assert judge.parse_yes_no(text) == value
 
 
 def test_parse_quality_json_in_fences_prose_and_key_value_forms():
@@ -329,7 +161,7 @@ def test_duplicates_in_a_batch_are_asked_once(server):
     assert len(server.hits) == 2 and j.stats["calls"] == 2 and j.stats["cache_hits"] == 4
 
 
-def test_reasoning_quality_and_answerability_with_frames(server):
+def test_reasoning_quality_with_frames(server):
     import numpy as np
     server.respond = lambda p: ('```json\n{"fragility": 1, "consistency": 4, "belief": 3, "recovery": 2, '
                                 '"attention": 5}\n```' if "Rate each metric" in p else "**YES**")
@@ -341,7 +173,8 @@ def test_reasoning_quality_and_answerability_with_frames(server):
     assert [c["type"] for c in content] == ["image_url", "image_url", "text"]
     assert content[0]["image_url"]["url"].startswith("data:image/jpeg;base64,")
     assert server.hits[0]["payload"]["max_tokens"] == 256
-    assert j.answerability("Which way?", images=frames) == 1
+    assert j.reasoning_quality("Which way?", "<think>left</think><answer>A</answer>", "<think>l</think>",
+                               images=frames[:1]) == q
     assert j.reasoning_quality("Which way?", "a", "b", images=frames[:1]) is not None
     assert len(server.hits) == 3     # other frames, another prompt
 
@@ -377,34 +210,6 @@ def test_cache_is_shared_across_processes(server, tmp_path):
     assert out.stdout.split() == ["1.0", "1", "1"]
     assert server.count("ref trace") == 1 and server.count("Candidate answer: one") == 1  # only the new one
     assert j.answer_consistency("new", "one") == 1 and len(server.hits) == 2   # written by the other process
-
-
-def test_cache_survives_concurrent_threads_and_connections(tmp_path):
-    path = tmp_path / "threads.sqlite"
-    caches = [judge.VerdictCache(path), judge.VerdictCache(path)]    # two connections to one file
-    errors = []
-
-    def work(t):
-        try:
-            c = caches[t % 2]
-            for i in range(60):
-                k = judge.VerdictCache.key("b", "m", f"prompt {t} {i}")
-                c.put(k, f"reply {t} {i}")
-                assert c.get(k) == f"reply {t} {i}"
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
-    assert len(caches[0]) == len(caches[1]) == 8 * 60
-    assert caches[1].get(judge.VerdictCache.key("b", "m", "prompt 7 59")) == "reply 7 59"
-    memory = judge.VerdictCache(None)
-    memory.put("k", "v")
-    assert memory.get("k") == "v" and memory.get("other") is None and memory.path is None
 
 
 # --------------------------------------------------------------------------- the key never leaks
@@ -464,7 +269,7 @@ def test_local_reasoning_tiers_on_the_labelled_pairs(local):
     assert acc >= MEASURED_ACCURACY - 0.06, acc               # 18/34 measured; chance 1/3
     mean = {t: sum(s for s, u in zip(sims, tiers) if u == t) / tiers.count(t) for t in (1.0, 0.5, 0.0)}
     assert mean[1.0] > mean[0.0] and mean[1.0] > mean[0.5]
-    hi, lo, best = judge.calibrate_thresholds(sims, tiers)   # the exact optimum: 0.826, 0.516, 19/34
+    hi, lo, best = calibrate_thresholds(sims, tiers)         # the exact optimum: 0.826, 0.516, 19/34
     assert (hi, lo) == pytest.approx(judge.DEFAULT_THRESHOLDS, abs=0.02) and acc <= best <= acc + 0.04
     for dh in (-0.03, 0.0, 0.03):                            # the defaults sit on a plateau, not a knife edge
         for dl in (-0.1, 0.0, 0.1):
@@ -508,7 +313,7 @@ def test_local_judge_names_its_package_when_missing(monkeypatch):
 
 
 def test_calibrate_thresholds_on_separable_data():
-    hi, lo, acc = judge.calibrate_thresholds([0.1, 0.2, 0.5, 0.6, 0.9, 0.95], [0.0, 0.0, 0.5, 0.5, 1.0, 1.0])
+    hi, lo, acc = calibrate_thresholds([0.1, 0.2, 0.5, 0.6, 0.9, 0.95], [0.0, 0.0, 0.5, 0.5, 1.0, 1.0])
     assert acc == 1.0 and 0.6 < hi < 0.9 and 0.2 < lo < 0.5
 
 
@@ -551,8 +356,3 @@ def test_make_judge_forms(monkeypatch, tiny_path):
     for bad in ("bogus", "openai:", "hf:", "gpt-4o"):
         with pytest.raises(ValueError, match="local.*openai:MODEL.*hf:PATH.*none"):
             judge.make_judge(bad)
-
-
-def test_file_ends_with_the_self_assessment_marker():
-    text = (ROOT / "judge.py").read_text()
-    assert "# ---- self-reflective assessment (below) ----" in text
