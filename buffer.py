@@ -1,22 +1,33 @@
-"""The temporal memory buffer of ROVA's self-reflective curriculum (Sec. 3.2, Eq. 4-6, Alg. 2 l.12-21).
+"""ROVA's self-reflective, difficulty-aware curriculum, whole (Sec. 3.2, Eq. 3-6, Alg. 2 l.6-21, App. C.2).
 
-Samples the policy judges too difficult under their current corruption are deferred here instead of
-being trained on (Alg. 2 l.7-8). An entry is (q, V~, k): the sample's id, the corruption spec V~
-(a `perturb.PerturbSpec` as a dict, so the corrupted video is regenerated on demand and never
-stored, Eq. 4) and the number of re-evaluations k. Every `period` steps, or when the buffer is full
-(Alg. 2 l.13), each entry is re-assessed under the current policy (Eq. 5):
+1. Self-assessment (Eq. 3): (d, c) = F_theta(q, V', S_e). The policy answers the answerability prompt S_e
+   (Fig. 10) on the perturbed video V'; c = its P(YES) from the next-token probabilities of YES and NO
+   (`answerability`). d comes from the step's own rollouts and that verdict (`self_assess`):
+     easy        perturbed accuracy >= a_max, the clean and perturbed branches agree on the answer,
+                 and the masked video is judged answerable;
+     difficult   perturbed accuracy < a_min, or the masked video is judged unanswerable (P(YES) below
+                 `unanswerable_below`, 0.5);
+     informative otherwise.
+   Selection (Sec. 3.2 (i)-(iii), Alg. 2 l.6-10): easy with c > tau is discarded, difficult is deferred
+   to the memory buffer, the rest (informative, and easy with c <= tau) is trained on. App. D: tau = 0.8,
+   a_min = 0.3, a_max = 0.85. (docs/DESIGN.md, "Paper readings", says why d reads this way.)
+
+2. The temporal memory buffer (Eq. 4-6, Alg. 2 l.12-21). A deferred sample is stored as (q, V~, k): its
+   id, the corruption spec V~ (a `perturb.PerturbSpec` as a dict, so the corrupted video is regenerated on
+   demand and never stored, Eq. 4) and its number of re-evaluations k. Every `period` steps, or when the
+   buffer is full (l.13), each entry is re-assessed under the current policy on its regenerated video
+   (Eq. 5, the same forward as above):
 
     informative -> promoted: trained on now and removed          (Alg. 2 l.16-17)
     easy        -> evicted                                        (l.18-19)
     difficult   -> kept with k + 1; evicted once k > N_max        (l.18-19, Eq. 6)
 
-App. D gives N_max = 3 replay attempts over at most |M|_max = 1000 entries, re-evaluated every 50
-steps; it also writes K_max = 537, which conflicts with N_max = 3 (README): `n_max` is a parameter.
-
-Adding to a full buffer (the paper is silent): the entry with the most re-evaluations (the oldest
-among equals) is evicted to make room (counted as evicted for "capacity"), so new difficult samples
-are never refused and no entry is kept past its chances; `due()` is then true, so the next check
-re-evaluates the whole buffer. Pure Python: no torch, JSON state for checkpoints.
+   App. D gives N_max = 3 replay attempts over at most |M|_max = 1000 entries, re-evaluated every 50
+   steps; it also writes K_max = 537, which conflicts with N_max = 3 (README): `n_max` is a parameter.
+   Adding to a full buffer (the paper is silent): the entry with the most re-evaluations (the oldest
+   among equals) is evicted to make room (counted as evicted for "capacity"), so new difficult samples
+   are never refused and no entry is kept past its chances; `due()` is then true, so the next check
+   re-evaluates the whole buffer. The buffer's state is JSON, for checkpoints.
 """
 from __future__ import annotations
 
@@ -24,10 +35,134 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 log = logging.getLogger(__name__)
 
 LABELS = ("easy", "informative", "difficult")
 
+
+# ----------------------------------------------------------------------------- self-assessment (Eq. 3)
+
+# Fig. 10 / App. C.2: answerability from the masked (perturbed) video only. The policy answers this
+# prompt itself, with the video, in the self-reflective assessment (Sec. 3.2, Eq. 3); c = P(YES).
+ANSWERABILITY_PROMPT = """You are given a video that has been degraded by visual perturbations (for example \
+darkness, glare, shadows, fog, rain, snow, occlusion or camera shake).
+
+Use only this perturbed video: no outside knowledge and no guessing. Decide whether it still contains \
+enough visual information to answer the question below reliably.
+
+Question: {question}
+
+If the perturbed video provides sufficient information to answer the question reliably, output YES; \
+otherwise output NO. Output only YES or NO."""
+
+
+@dataclass
+class Assessment:
+    difficulty: str          # "easy" | "informative" | "difficult"
+    confidence: float        # c = P(YES | answerability prompt), normalised over YES/NO
+    decision: str            # "discard" | "defer" | "train"
+    accuracy: float          # mean accuracy of the perturbed rollouts
+    agreement: bool | None   # clean and perturbed majority answers agree (None: no clean rollouts)
+
+
+def _majority(answers):
+    norm = [" ".join(str(a).lower().split()) for a in answers if str(a).strip()]
+    if not norm:
+        return None
+    counts = {}
+    for a in norm:
+        counts[a] = counts.get(a, 0) + 1
+    return max(counts, key=lambda a: (counts[a], -norm.index(a)))  # ties: the first seen
+
+
+def self_assess(perturbed_accuracy, p_yes, perturbed_answers=None, clean_answers=None, *,
+                tau: float = 0.8, a_min: float = 0.3, a_max: float = 0.85,
+                unanswerable_below: float = 0.5) -> Assessment:
+    """Eq. 3 and the selection policy of Sec. 3.2 for one sample at one step.
+
+    perturbed_accuracy: r^Acc of each perturbed rollout (or their mean); p_yes: c, the policy's
+    P(YES) on the answerability prompt (see `answerability_confidence`); perturbed_answers /
+    clean_answers: the extracted answers of the j-th rollouts, for the agreement test (clean ones are
+    absent when the buffer re-assesses a regenerated video, Eq. 5: agreement is then not required).
+    unanswerable_below: P(YES) under which the masked video counts as judged unanswerable (NO, Fig. 10);
+    0 ignores the verdict (for a policy never taught the answerability question, whose P(YES) is noise)."""
+    many = hasattr(perturbed_accuracy, "__iter__")
+    acc = [float(a) for a in perturbed_accuracy] if many else [float(perturbed_accuracy)]
+    if not acc:
+        raise ValueError("self_assess needs at least one perturbed rollout's accuracy")
+    accuracy = sum(acc) / len(acc)
+    c = float(p_yes)
+    if not 0.0 <= c <= 1.0:
+        raise ValueError(f"p_yes must be a probability in [0, 1], got {p_yes!r}")
+    agreement = None
+    if clean_answers is not None and perturbed_answers is not None:
+        m_clean, m_pert = _majority(clean_answers), _majority(perturbed_answers)
+        agreement = m_clean is not None and m_clean == m_pert
+    answerable = c >= unanswerable_below
+    if accuracy < a_min or not answerable:
+        d = "difficult"
+    elif accuracy >= a_max and agreement is not False:
+        d = "easy"
+    else:
+        d = "informative"
+    decision = "discard" if (d == "easy" and c > tau) else ("defer" if d == "difficult" else "train")
+    return Assessment(d, c, decision, accuracy, agreement)
+
+
+YES_WORDS = ("YES", "Yes", "yes", " YES", " Yes", " yes")
+NO_WORDS = ("NO", "No", "no", " NO", " No", " no")
+
+
+def answerability_token_ids(tokenizer):
+    """Token ids that start a YES or a NO reply (the first token of each spelling)."""
+    def first_ids(words):
+        ids = set()
+        for w in words:
+            toks = tokenizer(w, add_special_tokens=False)["input_ids"]
+            if toks:
+                ids.add(int(toks[0]))
+        return sorted(ids)
+    yes, no = first_ids(YES_WORDS), first_ids(NO_WORDS)
+    overlap = set(yes) & set(no)
+    return [i for i in yes if i not in overlap], [i for i in no if i not in overlap]
+
+
+def answerability_confidence(next_token_logits, yes_ids, no_ids) -> float:
+    """c of Eq. 3: P(YES) / (P(YES) + P(NO)) from the next-token logits after the answerability
+    prompt (Fig. 10), summing the probabilities of every spelling's first token."""
+    x = np.asarray(next_token_logits, dtype=np.float64).ravel()
+    ids = list(yes_ids) + list(no_ids)
+    if not yes_ids or not no_ids:
+        raise ValueError("need at least one YES and one NO token id")
+    sel = x[ids]
+    sel = np.exp(sel - sel.max())
+    p_yes = sel[:len(yes_ids)].sum()
+    return float(p_yes / sel.sum())
+
+
+def answerability_messages(questions) -> list:
+    """S_e of Eq. 3 for each question: one user turn holding the (perturbed) video and Fig. 10's prompt."""
+    return [[{"role": "user", "content": [{"type": "video"},
+                                          {"type": "text", "text": ANSWERABILITY_PROMPT.format(question=q)}]}]
+            for q in questions]
+
+
+def answerability(model, inputs, tokenizer) -> list[float]:
+    """c of Eq. 3 for a batch: the policy's P(YES) on the answerability prompt, one forward pass without
+    gradient (`inputs`: the model's batch for `answerability_messages` with the perturbed videos)."""
+    import torch
+
+    yes, no = answerability_token_ids(tokenizer)
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(**{k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()},
+                       use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
+    return [answerability_confidence(row, yes, no) for row in logits]
+
+
+# ----------------------------------------------------------------------------- the memory buffer (Eq. 4-6)
 
 @dataclass
 class BufferEntry:

@@ -1,14 +1,14 @@
-"""judge.self_assess (Eq. 3, Sec. 3.2 selection) at each App. D threshold, and the YES/NO confidence."""
+"""buffer.self_assess (Eq. 3, Sec. 3.2 selection) at each App. D threshold, and the YES/NO confidence."""
 import math
 
 import numpy as np
 import pytest
 
-import judge
+import buffer
 
 
 def assess(acc, p_yes, pert=None, clean=None):
-    return judge.self_assess(acc, p_yes, pert, clean, tau=0.8, a_min=0.3, a_max=0.85)
+    return buffer.self_assess(acc, p_yes, pert, clean, tau=0.8, a_min=0.3, a_max=0.85)
 
 
 @pytest.mark.parametrize("acc,p_yes,agree,want_d,want_decision", [
@@ -47,16 +47,16 @@ def test_answerability_confidence_normalises_over_yes_and_no():
     logits[[1, 2]] = [2.0, 1.0]   # two YES spellings
     logits[3] = 0.5               # one NO spelling
     want = (math.exp(2) + math.exp(1)) / (math.exp(2) + math.exp(1) + math.exp(0.5))
-    assert judge.answerability_confidence(logits, [1, 2], [3]) == pytest.approx(want)
-    assert judge.answerability_confidence(np.zeros(5), [0], [1]) == pytest.approx(0.5)
+    assert buffer.answerability_confidence(logits, [1, 2], [3]) == pytest.approx(want)
+    assert buffer.answerability_confidence(np.zeros(5), [0], [1]) == pytest.approx(0.5)
     with pytest.raises(ValueError):
-        judge.answerability_confidence(logits, [], [3])
+        buffer.answerability_confidence(logits, [], [3])
 
 
 def test_answerability_token_ids_on_the_tiny_tokenizer(tmp_path):
     import policy
     _, processor = policy.load_policy(policy.build_tiny(tmp_path / "tiny"))
-    yes, no = judge.answerability_token_ids(processor.tokenizer)
+    yes, no = buffer.answerability_token_ids(processor.tokenizer)
     assert yes and no and not set(yes) & set(no)
     decode = processor.tokenizer.decode
     assert all(decode([i]).strip().upper().startswith("Y") for i in yes)

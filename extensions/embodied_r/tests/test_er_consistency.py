@@ -1,13 +1,15 @@
 """Embodied-R's logical-consistency reward (Embodied-R Sec. 2.3) and its staged reward weights:
-grpo.consistency_reward / total_reward(w_consistency=...) with a scripted judge, reward_weights and
-parse_reward_weights against hand-computed values, the judges' answer_from_reasoning (the prompt
-judge through a scripted completion backend, LocalJudge's heuristic)."""
+er.consistency_reward / total_reward(w_consistency=...) with a scripted judge, reward_weights and
+parse_reward_weights against hand-computed values, judging.answer_from_reasoning on the core judges (the
+prompt judge through a scripted completion backend, LocalJudge's heuristic)."""
 from __future__ import annotations
 
 import pytest
 
 import grpo
 import judge
+from extensions.embodied_r import judging
+from extensions.embodied_r import rewards as er
 
 Q = "Which way does the agent turn?"
 OPTS = ["A. Turn left", "B. Turn right", "C. Go straight"]
@@ -18,8 +20,8 @@ def out(think, answer):
 
 
 class ScriptedJudge:
-    """answer_from_reasoning(_batch) returning scripted answers by reasoning text (default: echo the
-    letter after "answer "); records every item asked."""
+    """A judge of one's own: answer_from_reasoning(_batch) returning scripted answers by reasoning text
+    (default: echo the letter after "answer "); records every item asked."""
 
     def __init__(self, script=None, batch=True, fail=False):
         self.script, self.asked, self.fail = dict(script or {}), [], fail
@@ -49,7 +51,7 @@ def test_consistency_reward_hand_worked(batch):
              "<answer>B</answer>",                        # no <think> at all: 0, not asked
              out("unclear", "B")]                         # correct, judge gives None: 0, missing
     j = ScriptedJudge({"unclear": None}, batch=batch)
-    rewards, missing = grpo.consistency_reward(texts, Q, "B", "multiple choice", j, options=OPTS)
+    rewards, missing = er.consistency_reward(texts, Q, "B", "multiple choice", j, options=OPTS)
     assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0] and missing == 1
     assert [r for _, r, _ in j.asked] == ["slides right so answer B", "slides right so answer A", "unclear"]
     assert all(q == Q and o == OPTS for q, _, o in j.asked)   # question + options, never the answer
@@ -58,11 +60,11 @@ def test_consistency_reward_hand_worked(batch):
 def test_consistency_reward_letter_forms_and_failures():
     texts = [out("so answer (b)", "B"), out("so answer B. Turn right", "B")]
     scripted = ScriptedJudge({"so answer B. Turn right": "B. Turn right"})   # "(b)" and "B. Turn right" are B
-    assert grpo.consistency_reward(texts, Q, "B", "multiple choice", scripted)[0] == [1.0, 1.0]
+    assert er.consistency_reward(texts, Q, "B", "multiple choice", scripted)[0] == [1.0, 1.0]
     # a judge that raises: every asked item missing, scored 0, no crash
     j = ScriptedJudge(fail=True)
-    assert grpo.consistency_reward(texts, Q, "B", "multiple choice", j) == ([0.0, 0.0], 2)
-    assert grpo.consistency_reward([], Q, "B", "multiple choice", j) == ([], 0)
+    assert er.consistency_reward(texts, Q, "B", "multiple choice", j) == ([0.0, 0.0], 2)
+    assert er.consistency_reward([], Q, "B", "multiple choice", j) == ([], 0)
 
 
 def test_consistency_reward_numeric():
@@ -71,33 +73,32 @@ def test_consistency_reward_numeric():
              out("I think 4", "3"),                       # judge reads 4: 0
              out("so 4", "4")]                            # wrong: not asked
     j = ScriptedJudge()
-    rewards, missing = grpo.consistency_reward(texts, "How many cubes?", "3", "numerical", j)
+    rewards, missing = er.consistency_reward(texts, "How many cubes?", "3", "numerical", j)
     assert rewards == [1.0, 1.0, 0.0, 0.0] and missing == 0 and len(j.asked) == 3
     # regression: correct when the training accuracy is > 0.5 (|3.5 - 3| / 3 = 0.17 -> 0.83)
     texts = [out("about 3.5", "3.5"), out("about 9", "9")]
     j = ScriptedJudge()
-    rewards, _ = grpo.consistency_reward(texts, "How far?", "3", "regression", j)
+    rewards, _ = er.consistency_reward(texts, "How far?", "3", "regression", j)
     assert rewards == [1.0, 0.0] and len(j.asked) == 1     # 9 m: accuracy 0 -> not asked
 
 
 def test_total_reward_with_and_without_consistency():
     texts = [out("so answer B", "B"), out("so answer A", "B"), out("so answer A", "A"), "<answer>B</answer>"]
     old, comp0 = grpo.total_reward(texts, "B", "multiple choice")
-    assert old == [2.0, 2.0, 1.0, 1.0] and comp0["consistency"] is None
+    assert old == [2.0, 2.0, 1.0, 1.0] and "consistency" not in comp0
     j = ScriptedJudge()
-    same, comp = grpo.total_reward(texts, "B", "multiple choice", judge=j, w_consistency=0.0, question=Q)
-    assert same == old and comp["consistency"] is None and j.asked == []   # w = 0: nothing asked, nothing changes
-    new, comp = grpo.total_reward(texts, "B", "multiple choice", judge=j, w_consistency=2.0, question=Q,
-                                  options=OPTS)
-    assert comp["consistency"] == [1.0, 0.0, 0.0, 0.0] and comp["judge_missing"] == 0
-    assert new == [o + 2.0 * c for o, c in zip(old, comp["consistency"])] == [4.0, 2.0, 1.0, 1.0]
-    _, comp = grpo.total_reward(texts, "B", "multiple choice", judge=ScriptedJudge({"so answer B": None}),
-                                w_consistency=1.0, question=Q)
-    assert comp["judge_missing"] == 1 and comp["consistency"] == [0.0] * 4
+    same, r_c, missing = er.with_consistency(old, texts, Q, "B", "multiple choice", j, 0.0)
+    assert same == old and r_c is None and missing == 0 and j.asked == []   # w = 0: nothing asked, nothing changes
+    new, r_c, missing = er.with_consistency(old, texts, Q, "B", "multiple choice", j, 2.0, options=OPTS)
+    assert r_c == [1.0, 0.0, 0.0, 0.0] and missing == 0
+    assert new == [o + 2.0 * c for o, c in zip(old, r_c)] == [4.0, 2.0, 1.0, 1.0]
+    _, r_c, missing = er.with_consistency(old, texts, Q, "B", "multiple choice", ScriptedJudge({"so answer B": None}),
+                                          1.0)
+    assert missing == 1 and r_c == [0.0] * 4
     with pytest.raises(ValueError, match="judge and the question"):
-        grpo.total_reward(texts, "B", "multiple choice", w_consistency=1.0, question=Q)
+        er.with_consistency(old, texts, Q, "B", "multiple choice", None, 1.0)
     with pytest.raises(ValueError, match="judge and the question"):
-        grpo.total_reward(texts, "B", "multiple choice", judge=j, w_consistency=1.0)
+        er.with_consistency(old, texts, None, "B", "multiple choice", j, 1.0)
 
 
 # ----------------------------------------------------------------------------- staged weights
@@ -108,34 +109,34 @@ def test_total_reward_with_and_without_consistency():
     (5, (0.1, 0.7, 0.2)), (12, (0.1, 0.7, 0.2)),          # 1:7:2 / 10, open end
 ])
 def test_reward_weights_embodied_r(epoch, want):
-    assert grpo.reward_weights(epoch) == pytest.approx(want)
-    assert sum(grpo.reward_weights(epoch)) == pytest.approx(1.0)
+    assert er.reward_weights(epoch) == pytest.approx(want)
+    assert sum(er.reward_weights(epoch)) == pytest.approx(1.0)
 
 
 def test_reward_weights_options_and_errors():
-    assert grpo.reward_weights(5, normalize=False) == (1.0, 7.0, 2.0)
-    assert grpo.reward_weights(2, ((1, 3, (1, 1, 2)),)) == pytest.approx((0.25, 0.25, 0.5))
+    assert er.reward_weights(5, normalize=False) == (1.0, 7.0, 2.0)
+    assert er.reward_weights(2, ((1, 3, (1, 1, 2)),)) == pytest.approx((0.25, 0.25, 0.5))
     with pytest.raises(ValueError, match="epoch 0"):
-        grpo.reward_weights(0)
+        er.reward_weights(0)
     with pytest.raises(ValueError, match="epoch 4"):
-        grpo.reward_weights(4, ((1, 3, (1, 1, 0)),))
+        er.reward_weights(4, ((1, 3, (1, 1, 0)),))
     with pytest.raises(ValueError, match="sum to 0"):
-        grpo.reward_weights(1, ((1, None, (0, 0, 0)),))
+        er.reward_weights(1, ((1, None, (0, 0, 0)),))
     with pytest.raises(ValueError, match="overlap"):
-        grpo.reward_weights(1, ((1, 3, (1, 1, 0)), (3, None, (1, 1, 1))))
+        er.reward_weights(1, ((1, 3, (1, 1, 0)), (3, None, (1, 1, 1))))
 
 
 def test_parse_reward_weights():
-    assert grpo.parse_reward_weights("7:3:0") == ((1, None, (7.0, 3.0, 0.0)),)
-    fixed = grpo.parse_reward_weights("1:1:0:1")                  # 4th number: the alignment weight
-    assert grpo.reward_weights(9, fixed) == pytest.approx((1 / 3, 1 / 3, 0.0, 1 / 3))
-    assert grpo.parse_reward_weights("embodied-r") == grpo.EMBODIED_R_SCHEDULE
-    assert grpo.parse_reward_weights(" Embodied_R ") == grpo.EMBODIED_R_SCHEDULE
-    sched = grpo.parse_reward_weights("1-2=7:3:0,3-4=3:7:0,5-=1:7:2")
+    assert er.parse_reward_weights("7:3:0") == ((1, None, (7.0, 3.0, 0.0)),)
+    fixed = er.parse_reward_weights("1:1:0:1")                  # 4th number: the alignment weight
+    assert er.reward_weights(9, fixed) == pytest.approx((1 / 3, 1 / 3, 0.0, 1 / 3))
+    assert er.parse_reward_weights("embodied-r") == er.EMBODIED_R_SCHEDULE
+    assert er.parse_reward_weights(" Embodied_R ") == er.EMBODIED_R_SCHEDULE
+    sched = er.parse_reward_weights("1-2=7:3:0,3-4=3:7:0,5-=1:7:2")
     assert sched == ((1, 2, (7.0, 3.0, 0.0)), (3, 4, (3.0, 7.0, 0.0)), (5, None, (1.0, 7.0, 2.0)))
     for e in (1, 2, 3, 4, 5, 12):
-        assert grpo.reward_weights(e, sched) == pytest.approx(grpo.reward_weights(e))
-    assert grpo.parse_reward_weights("1=1:0:0, 2-=0:1:0") == ((1, 1, (1.0, 0.0, 0.0)), (2, None, (0.0, 1.0, 0.0)))
+        assert er.reward_weights(e, sched) == pytest.approx(er.reward_weights(e))
+    assert er.parse_reward_weights("1=1:0:0, 2-=0:1:0") == ((1, 1, (1.0, 0.0, 0.0)), (2, None, (0.0, 1.0, 0.0)))
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -147,7 +148,7 @@ def test_parse_reward_weights():
 ])
 def test_parse_reward_weights_rejects(spec, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(")):
-        grpo.parse_reward_weights(spec)
+        er.parse_reward_weights(spec)
 
 
 # ----------------------------------------------------------------------------- the judges
@@ -171,16 +172,16 @@ def test_prompt_judge_answer_from_reasoning():
                          "REASON-4": "3.5", "REASON-5": "The answer is Turn right."})
     items = [(Q, "REASON-1", OPTS), (Q, "REASON-2", OPTS), (Q, "REASON-3", OPTS), ("How far?", "REASON-4"),
              (Q, "REASON-5", OPTS), (Q, "REASON-6", OPTS)]
-    assert j.answer_from_reasoning_batch(items) == ["B", "C", None, "3.5", "B", None]
+    assert judging.answer_from_reasoning_batch(j, items) == ["B", "C", None, "3.5", "B", None]
     assert j.stats["missing"] == 2 and j.stats["calls"] == 6
     first = j.prompts[0]
     assert "REASON-1" in first and Q in first and "Options:\nA. Turn left\nB. Turn right\nC. Go straight" in first
     assert "<answer>" in first and "video" in first
     assert "Options" not in j.prompts[3]                          # no options: the question alone
-    assert j.answer_from_reasoning(Q, "REASON-1", OPTS) == "B"    # the single form, served by the cache
+    assert judging.answer_from_reasoning(j, Q, "REASON-1", OPTS) == "B"    # the single form, served by the cache
     assert j.stats["calls"] == 6 and j.stats["cache_hits"] == 1
     with pytest.raises(ValueError, match="question, reasoning"):
-        j.answer_from_reasoning_batch([(Q, "r", OPTS, "extra")])
+        judging.answer_from_reasoning_batch(j, [(Q, "r", OPTS, "extra")])
 
 
 @pytest.mark.parametrize("reasoning, options, want", [
@@ -195,16 +196,17 @@ def test_prompt_judge_answer_from_reasoning():
     ("", OPTS, None),
 ])
 def test_local_answer_from_reasoning_heuristic(reasoning, options, want):
-    assert judge.last_stated_answer(Q, reasoning, options) == want
+    assert judging.last_stated_answer(Q, reasoning, options) == want
 
 
 def test_local_judge_answer_from_reasoning_counts():
     j = judge.LocalJudge()                                    # the heuristic needs no encoder
     q_inline = "Which way?\nA. Turn left\nB. Turn right"      # options read from the question's lines
-    got = j.answer_from_reasoning_batch([(q_inline, "so it is B."), (Q, "nothing", OPTS), ("How many?", "two")])
+    got = judging.answer_from_reasoning_batch(j, [(q_inline, "so it is B."), (Q, "nothing", OPTS),
+                                                  ("How many?", "two")])
     assert got == ["B", None, "2"]
     assert j.stats["calls"] == 3 and j.stats["missing"] == 1
-    assert j.answer_from_reasoning(Q, "it goes straight", OPTS) == "C"
-    rewards, missing = grpo.consistency_reward([out("the floor slides left, so the agent turns right", "B"),
+    assert judging.answer_from_reasoning(j, Q, "it goes straight", OPTS) == "C"
+    rewards, missing = er.consistency_reward([out("the floor slides left, so the agent turns right", "B"),
                                                 out("so the answer is C", "B")], Q, "B", "multiple choice", j, OPTS)
     assert rewards == [1.0, 0.0] and missing == 0
