@@ -1,20 +1,29 @@
 """Process plumbing shared by the command-line scripts (train.py, eval_pvrbench.py, perturb.py, data.py,
-reliability.py, perceive.py, policy.py): a mistake the user can fix is one line on stderr with exit code 2
+synthetic.py, policy.py and the extensions' scripts): a mistake the user can fix is one line on stderr with exit code 2
 (the traceback only with --debug or ROVA_DEBUG=1), Ctrl-C ends with one line saying how to continue, output
 paths and model sources are checked before any work, --help is grouped with defaults shown, third-party
 output that is not an error stays quiet, and torch's OpenMP threads spin briefly, so that a second busy
 process on the machine costs a share of the cores, not a collapse.
 
-Standard library only at import (huggingface_hub and transformers are imported where they are used), so
-every module can import it.
+The second half is train.py's plumbing, kept out of the training loop so that the loop reads as the
+paper's algorithm: torchrun's process group, gradients averaged over ranks, every RNG's state, atomic
+checkpoints, what a run folder holds (finished, unfinished, resumable) and the step log.
+
+Standard library only at import (torch, huggingface_hub and transformers are imported where they are used),
+so every module can import it.
 """
 from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import os
+import random
+import shutil
 import sys
+import time
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,6 +119,68 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         if default in (None, "", argparse.SUPPRESS) or "default" in text or not action.option_strings[0].startswith("--"):
             return text
         return f"{text} (default: {('on' if default else 'off') if isinstance(default, bool) else default})"
+
+
+# ----------------------------------------------------------------------------- a dataclass as the command line
+
+def config_parser(config, groups, *, plumbing="output", **kwargs):
+    """An argparse parser for the dataclass `config` (nanoGPT/CleanRL style: the dataclass holds the
+    defaults and the help): a field whose metadata names one of `groups` is the flag --field-name (typed,
+    booleans as --x/--no-x), in that group; every other field is a setting for --set NAME=VALUE. --debug
+    and --set go into the group `plumbing`."""
+    from dataclasses import fields
+
+    ap = argparse.ArgumentParser(formatter_class=HelpFormatter, **kwargs)
+    parts = {name: ap.add_argument_group(name, text) for name, text in groups.items()}
+    for f in fields(config):
+        if f.metadata.get("group") is None:
+            continue
+        flag, group, help_ = "--" + f.name.replace("_", "-"), parts[f.metadata["group"]], f.metadata["help"]
+        if str(f.type) == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+        else:
+            group.add_argument(flag, type=_KINDS.get(str(f.type), str), default=f.default, help=help_)
+    add_debug_flag(parts[plumbing])
+    names = [f.name for f in fields(config) if f.metadata.get("group") is None]
+    parts[plumbing].add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                                 help=f"a setting without a flag of its own ({', '.join(names[:4])}, ...; "
+                                      "docs/DESIGN.md); repeatable")
+    return ap
+
+
+_KINDS = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes", "on")}
+
+
+def parse_config(ap, config, argv=None, settings=None, preset=None):
+    """(config, preset used): `ap` (config_parser) applied to `argv`. `preset(args) -> dict`: defaults that
+    replace the dataclass's for this command line (flags given explicitly still win; fields without a
+    flag are set unless --set or `settings` names them). `settings`: values for fields without a flag."""
+    from dataclasses import fields
+
+    args = vars(ap.parse_args(argv))
+    chosen = preset(args) if preset else {}
+    if chosen:
+        ap.set_defaults(**{k: v for k, v in chosen.items() if k in args})
+        args = vars(ap.parse_args(argv))
+    args.pop("debug")  # read by runtime.run
+    kinds = {f.name: str(f.type) for f in fields(config) if f.metadata.get("group") is None}
+    given = {**_settings(ap, kinds, args.pop("set")), **(settings or {})}
+    unset = {k: v for k, v in chosen.items() if k in kinds and k not in given}
+    return config(**args, **given, **unset), bool(chosen)
+
+
+def _settings(ap, kinds, items):
+    """--set NAME=VALUE pairs -> {name: typed value}."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or name not in kinds:
+            ap.error(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}")
+        try:
+            out[name] = _KINDS.get(kinds[name], str)(value)
+        except ValueError:
+            ap.error(f"--set {item!r}: {value!r} is not a {kinds[name]}")
+    return out
 
 
 # ----------------------------------------------------------------------------- output paths
@@ -224,3 +295,328 @@ def check_hf_flags(flags: dict):
     for flag, spec in flags.items():
         if spec.startswith("hf:"):
             model_source(spec[3:], what=f"{flag} hf:")
+
+
+# ----------------------------------------------------------------------------- processes (torchrun)
+
+def setup_distributed():
+    """torchrun's environment -> (rank, world, device): NCCL on GPUs, gloo on CPU; a plain `python train.py`
+    is rank 0 of 1."""
+    import torch
+    import torch.distributed as dist
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        cuda = torch.cuda.is_available()
+        dist.init_process_group("nccl" if cuda else "gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        return rank, world, device
+    return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def distributed() -> bool:
+    import torch.distributed as dist
+    return dist.is_initialized()
+
+
+def barrier():
+    if distributed():
+        import torch.distributed as dist
+        dist.barrier()
+
+
+def all_sum(values, device):
+    """Sum a list of floats over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def mean_over_ranks(value, n, device):
+    """The mean of per-rank means `value`, each weighing its count n (None where no rank has data)."""
+    tot = all_sum([0.0 if value is None else value * n, float(n)], device)
+    return tot[0] / tot[1] if tot[1] else None
+
+
+def sync_gradients(params, weight, device):
+    """Average gradients over ranks, each rank's gradient (of a loss summed over its `weight` trained
+    completions) counting in proportion to it: g = sum_r g_r / sum_r weight_r. An explicit all-reduce
+    instead of DDP's hooks, because the curriculum selects a different number of samples on each rank
+    (possibly none) and DDP needs every rank to run the same backward passes. Returns sum_r weight_r."""
+    import torch
+    import torch.distributed as dist
+
+    total = all_sum([float(weight)], device)[0]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    if dist.is_initialized():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, g in zip(params, grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
+            offset += g.numel()
+    else:
+        for p, g in zip(params, grads):
+            p.grad = g
+    if total > 0:
+        for p in params:
+            p.grad.div_(total)
+    return total
+
+
+class Timer:
+    """Seconds spent in each named part of a step (Table 14's components)."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, name):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t0
+
+
+def reduce_record(s, device, world):
+    """A step's record from each rank's sums and counts (`key_sum`, `key_n`: the mean over ranks' data,
+    None where no rank has any; `sec_*` and `w_*`: averaged over ranks; anything else: summed), with the
+    curriculum's rates (App. G, Table 12): rho = selected / samples, and the discard and defer rates."""
+    keys = sorted(s)
+    tot = dict(zip(keys, all_sum([s[k] for k in keys], device)))
+    rec = {}
+    for k in keys:
+        if k.endswith("_sum"):
+            base = k[:-4]
+            rec[base] = tot[k] / tot[base + "_n"] if tot.get(base + "_n") else None
+        elif not k.endswith("_n"):
+            rec[k] = tot[k] / world if k.startswith(("sec_", "w_")) else tot[k]
+    n = tot.get("samples", 0)
+    for name, key in (("rho", "selected"), ("discard_rate", "discarded"), ("defer_rate", "deferred")):
+        rec[name] = tot.get(key, 0) / n if n else None
+    return rec
+
+
+# ----------------------------------------------------------------------------- RNG state and data order
+
+class Cursor:
+    """A seeded, resumable walk over n items: epoch e visits a fresh permutation."""
+
+    def __init__(self, n, seed, epoch=0, pos=0):
+        self.n, self.seed, self.epoch, self.pos = n, seed, epoch, pos
+
+    def take(self, k):
+        import numpy as np
+
+        out = []
+        while len(out) < k and self.n:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n)
+            out.append(int(order[self.pos]))
+            self.pos += 1
+            if self.pos == self.n:
+                self.epoch, self.pos = self.epoch + 1, 0
+        return out
+
+    def state(self):
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, st):
+        self.epoch, self.pos = st["epoch"], st["pos"]
+
+
+def rng_state(spec_rng):
+    """Every RNG of this rank: JSON-able parts (python, numpy, the corruption-spec stream), and torch's
+    generator states as tensors."""
+    import numpy as np
+    import torch
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_py = random.getstate()
+    plain = {"python": [version, list(internal), gauss_py], "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+             "spec": spec_rng.bit_generator.state}
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return plain, tensors
+
+
+def set_rng_state(plain, tensors, spec_rng):
+    import numpy as np
+    import torch
+
+    version, internal, gauss_py = plain["python"]
+    random.setstate((version, tuple(internal), gauss_py))
+    kind, keys, pos, has_gauss, gauss = plain["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    spec_rng.bit_generator.state = plain["spec"]
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(tensors["cuda"]))
+
+
+# ----------------------------------------------------------------------------- checkpoints and run folders
+
+STAGE_ORDER = {"sft": 0, "rl": 1}
+
+
+def checkpoint_name(state):
+    return f"{state['stage']}-{state['step']:07d}"
+
+
+def complete_checkpoints(root):
+    """Complete checkpoints (a COMPLETE marker), oldest first (SFT before RL, then by step)."""
+    done = [p for p in Path(root).glob("*-*") if (p / "COMPLETE").is_file()]
+    return sorted(done, key=lambda p: (STAGE_ORDER.get(p.name.split("-")[0], 2), p.name))
+
+
+def save_checkpoint(out, rank, state, config, per_rank, save_rank0, keep=2):
+    """Atomic: every rank writes its own state (JSON, and torch RNG tensors: both safe to load) into a
+    temporary folder, rank 0 adds what `save_rank0(folder)` writes (model, optimiser) and state.json, marks
+    it COMPLETE and renames it; only the last `keep` complete checkpoints stay."""
+    import torch
+
+    root = Path(out) / "checkpoints"
+    tmp = root / f".tmp-{checkpoint_name(state)}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    plain, tensors = per_rank
+    (tmp / f"rank{rank}.json").write_text(json.dumps(plain))
+    torch.save(tensors, tmp / f"rank{rank}_rng.pt")
+    if rank == 0:
+        save_rank0(tmp)
+        (tmp / "state.json").write_text(json.dumps({"state": state, "config": config}, indent=1))
+    barrier()
+    if rank == 0:
+        (tmp / "COMPLETE").write_text("ok\n")
+        final = root / checkpoint_name(state)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in complete_checkpoints(root)[:-max(1, keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+
+
+def load_rank_state(ckpt, rank):
+    """This rank's (JSON state, torch RNG tensors) from a checkpoint, or None without one."""
+    import torch
+
+    if ckpt is None:
+        return None
+    return json.loads((ckpt / f"rank{rank}.json").read_text()), torch.load(ckpt / f"rank{rank}_rng.pt",
+                                                                            weights_only=True)
+
+
+def config_changes(saved: dict, now: dict, ignore=()) -> list[str]:
+    """'--flag old -> new' for every field (not in `ignore`) in which `now` differs from a saved config."""
+    return [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}" for k in now
+            if k in saved and k not in ignore and saved[k] != now[k]]
+
+
+def claim_run_folder(out, config, rank, *, resume="", overwrite=False, ignore=(), files=(), folders=(), log=print):
+    """What the run folder `out` holds decides what this run does; nothing finished is deleted implicitly.
+    A finished run (final/ or summary.json) is refused unless `overwrite`; an unfinished one (complete
+    checkpoints) is continued from its last checkpoint when `config` matches its saved one (fields in
+    `ignore` aside) or `resume` is given, refused otherwise; the `files` and `folders` of a run stopped
+    before its first checkpoint are replaced. `resume` may also name a checkpoint folder. Returns the
+    checkpoint to resume from, or None for a fresh run."""
+    out = Path(out)
+    if resume and resume != "auto":
+        ckpt = Path(resume)
+        if not (ckpt / "COMPLETE").is_file():
+            raise UserError(f"--resume {ckpt}: not a complete checkpoint (no COMPLETE marker)")
+        log(f"resuming from {ckpt}")
+        return ckpt
+    done = complete_checkpoints(out / "checkpoints")
+    finished = (out / "final").is_dir() or (out / "summary.json").is_file()
+    if overwrite:
+        if rank == 0 and (done or finished):
+            log(f"--overwrite: replacing the run in {out}")
+        _clear_run(out, rank, files, folders)
+        return None
+    if finished:
+        raise UserError(f"{out} holds a finished run (final weights in {out / 'final'}): give --out NEW for "
+                        "another run, or --overwrite to replace it")
+    if not done:
+        _clear_run(out, rank, files, folders)  # nothing finished: a run stopped before its first checkpoint
+        return None
+    saved = json.loads((done[-1] / "state.json").read_text())
+    changes = config_changes(saved["config"], config, ignore)
+    if changes and not resume:
+        raise UserError(f"{out} holds an unfinished run (last checkpoint {done[-1].name}) with another "
+                        f"config ({'; '.join(changes[:4])}): rerun with its flags to continue it, "
+                        "--resume auto to continue it with these, --out NEW, or --overwrite")
+    log(f"continuing the unfinished run in {out} from {done[-1].name} ({saved['state']['stage']} step "
+        f"{saved['state']['step']}" + (f"; changed flags: {'; '.join(changes)})" if changes
+                                      else "; same config, --overwrite starts over)"))
+    return done[-1]
+
+
+def _clear_run(out, rank, files, folders):
+    barrier()  # every rank has decided before rank 0 removes anything
+    if rank == 0:
+        for name in files:
+            (out / name).unlink(missing_ok=True)
+        for name in folders:
+            shutil.rmtree(out / name, ignore_errors=True)
+    barrier()
+
+
+# ----------------------------------------------------------------------------- the step log
+
+def truncate_log(path, state):
+    """On resume, drop the log lines of steps after the checkpoint (they are redone)."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    at = (STAGE_ORDER[state["stage"]], state["step"])
+    keep = [ln for ln in path.read_text().splitlines()
+            if ln.strip() and (STAGE_ORDER[json.loads(ln)["stage"]], json.loads(ln)["step"]) <= at]
+    path.write_text("".join(ln + "\n" for ln in keep))
+
+
+class StepLog:
+    """Rank 0's record of every step: log.jsonl, TensorBoard scalars (when installed) and a tqdm bar with
+    a few of the figures (`postfix`: per stage, the keys shown)."""
+
+    def __init__(self, out, rank, postfix):
+        self.path, self.rank, self.postfix, self.bar = Path(out) / "log.jsonl", rank, postfix, None
+        self.writer = None
+        if rank == 0:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.writer = SummaryWriter(str(Path(out) / "tensorboard"))
+            except Exception:  # noqa: BLE001 - TensorBoard is optional
+                self.writer = None
+
+    def open_bar(self, total, initial, desc):
+        self.close_bar()
+        if self.rank == 0:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+
+    def close_bar(self):
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = None
+
+    def __call__(self, rec):
+        if self.rank != 0:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self.writer is not None:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.writer.add_scalar(f"{rec['stage']}/{k}", v, rec["step"])
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix({k: round(rec[k], 3) for k in self.postfix[rec["stage"]] if rec.get(k) is not None})

@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 import data
+
+import synthetic
 import perturb
 import policy
 import video
@@ -17,7 +19,7 @@ def tiny(tmp_path_factory):
 def test_synthetic_clip_through_the_tiny_policy(tmp_path, tiny, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, processor = tiny
-    data.make_synthetic(tmp_path, n=4, seed=2, num_frames=8, size=56)
+    synthetic.make_synthetic(tmp_path, n=4, seed=2, num_frames=8, size=56)
     samples, missing = data.load_video_r1(tmp_path / "train.json")
     assert not missing and samples
     batch = samples[:2]

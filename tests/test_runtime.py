@@ -82,11 +82,10 @@ def test_bitsandbytes_is_quiet_and_the_spin_count_is_set():
 
 def test_saving_a_checkpoint_draws_no_shard_bar(tmp_path, capfd):
     import policy
-    import train
     tiny = policy.build_tiny(tmp_path / "tiny")
     model, processor = policy.load_policy(str(tiny))
     capfd.readouterr()
-    train.save_model(model, processor, tmp_path / "ckpt")
+    policy.save(model, processor, tmp_path / "ckpt")
     assert "Writing model shards" not in capfd.readouterr().err
     assert (tmp_path / "ckpt" / "model.safetensors").is_file()
 
@@ -95,9 +94,13 @@ def test_help_is_grouped_and_shows_the_defaults():
     out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     text = out.stdout
-    heads = [f"\n{g}:\n" for g in ("model", "data", "output", "SFT", "RL", "curriculum", "evaluation", "distributed",
-                                   "extensions")]
+    heads = [f"\n{g}:\n" for g in ("model", "data", "output", "SFT", "RL", "curriculum", "evaluation", "distributed")]
     assert all(h in text for h in heads) and [text.index(h) for h in heads] == sorted(text.index(h) for h in heads)
+    assert "--perceiver" not in text and "--agent-k" not in text  # an extension's flags: only in its own --help
+    er = subprocess.run([sys.executable, "-m", "extensions.embodied_r.train", "--help"], cwd=ROOT, capture_output=True,
+                        text=True, timeout=120)
+    assert er.returncode == 0 and er.stdout.index("\ndistributed:\n") < er.stdout.index("\nEmbodied-R:\n")
+    assert "--perceiver" in er.stdout and "--lora-r" in er.stdout
     flat = " ".join(text.split())
     assert "RL steps (App. D: 300) (default: 300)" in flat and "--overwrite" in flat and "--debug" in flat
     ev = subprocess.run([sys.executable, "eval_pvrbench.py", "--help"], cwd=ROOT, capture_output=True, text=True,

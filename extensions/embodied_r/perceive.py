@@ -1,7 +1,7 @@
 """Embodied-R's perception stage: a frozen VLM turns key frames into text (Embodied-R Sec. 2.2, Eq. 1).
 
 Embodied-R does not let its small reasoner see pixels. A large frozen VLM (Qwen2.5-VL-72B-Instruct in
-the paper) walks through the key frames f_{k_0}, ..., f_{k_n} (Sec. 2.1, ``video.keyframes``) once:
+the paper) walks through the key frames f_{k_0}, ..., f_{k_n} (Sec. 2.1, ``keyframes.keyframes``) once:
 
 * frame 0: a description of the scene (objects, attributes, positions), given the question q;
 * frame j >= 1: from the pair (f_{k_{j-1}}, f_{k_j}) and q, a three-part "differential, q-conditioned"
@@ -17,7 +17,7 @@ frames, videos and backends.
 
 Backends are callables ``backend(prompt, images) -> str | None`` with a ``name`` (part of the cache
 key): :class:`HFPerceiver` (a local transformers VLM), :class:`OpenAIPerceiver` (any OpenAI-compatible
-server, through ``judge.OpenAIJudge``), :class:`CVPerceiver` (below), or any object of that shape (tests
+server, through ``chat.ChatClient``), :class:`CVPerceiver` (below), or any object of that shape (tests
 use scripted ones). :func:`make_perceiver` builds one from "hf:PATH" / "openai:MODEL" / "cv".
 
 :class:`CVPerceiver` ("cv") is a classical-vision stand-in, not the paper's VLM: OpenCV and numpy, no
@@ -28,13 +28,13 @@ text LM) runs and can be compared offline on a laptop. It sees only saturated co
 writes them in a small fixed vocabulary (:func:`cv_corpus`). It reads only the pixels it is given,
 never dataset metadata, so corrupted videos (night, fog, occluders, shake) degrade its text as they
 degrade the images. It fits scenes of distinctly coloured objects such as the synthetic benchmark
-(``data.make_synthetic``); on real footage it says far less than a VLM would.
+(``synthetic.make_synthetic``); on real footage it says far less than a VLM would.
 
 The VLM is the expensive part, so :class:`PerceptionCache` stores each video's rendered text on disk,
 keyed by everything that decides it (video, question, perturbation spec, backend, frame indices, prompt
 version).
 
-CLI: ``python perceive.py VIDEO --question "..." --backend hf:PATH|cv [--frames 8]`` prints the text.
+CLI: ``python -m extensions.embodied_r.perceive VIDEO --question "..." --backend hf:PATH|cv [--frames 8]`` prints the text.
 """
 from __future__ import annotations
 
@@ -330,7 +330,7 @@ class HFPerceiver:
 
 
 class OpenAIPerceiver:
-    """An API VLM (GPT-4o, or Qwen2.5-VL-72B behind vLLM/SGLang) through ``judge.OpenAIJudge.complete``:
+    """An API VLM (GPT-4o, or Qwen2.5-VL-72B behind vLLM/SGLang) through ``chat.ChatClient.complete``:
     frames as base64 JPEG image parts before the text, retries with backoff, the key from
     ``$api_key_env`` (never stored, logged or put in ``name``). ``base_url`` defaults to
     $OPENAI_BASE_URL, else OpenAI. A failed request returns None. ``name`` =
@@ -338,12 +338,12 @@ class OpenAIPerceiver:
 
     def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  max_tokens: int = 256, temperature: float = 0.0, timeout: float = 60, max_retries: int = 5):
-        import judge
+        import chat
 
         url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         self.max_tokens = int(max_tokens)
-        self.client = judge.OpenAIJudge(base_url=url, model=model, api_key_env=api_key_env, timeout=timeout,
-                                        max_retries=max_retries, temperature=temperature, max_tokens=self.max_tokens)
+        self.client = chat.ChatClient(base_url=url, model=model, api_key_env=api_key_env, timeout=timeout,
+                                      max_retries=max_retries, temperature=temperature)
         self.name = f"openai:{model}@{self.client.base_url}|max_tokens={self.max_tokens}"
 
     def __repr__(self):
@@ -710,17 +710,17 @@ def _jsonable(x):
 
 
 class PerceptionCache:
-    """Rendered perception texts on disk, one SQLite file (``judge.VerdictCache``: WAL, autocommit,
+    """Rendered perception texts on disk, one SQLite file (``chat.ReplyCache``: WAL, autocommit,
     so each ``put`` is durable on return, a killed run loses nothing already written, and the file is
     safe to reopen and to share between processes). Key = sha256 of the sorted JSON of (video id,
     question, perturbation spec or None for the clean video, backend name, frame indices, prompt
     version). ``path=None`` keeps it in memory."""
 
     def __init__(self, path=None):
-        import judge
+        import chat
 
         self.path = None if path is None else str(path)
-        self._store = judge.VerdictCache(self.path)
+        self._store = chat.ReplyCache(self.path)
 
     @staticmethod
     def key(video_id, question, spec, backend_name, indices, prompt_version: str = PROMPT_VERSION) -> str:
@@ -772,7 +772,7 @@ def perceive(frames, question: str, backend, *, cache: PerceptionCache | None = 
     """Eq. 1 over a clip's key frames: the rendered text (:func:`render`) of one description of frame 0
     and one :func:`parse_pair` of each consecutive pair (previous, current), T backend calls for T frames.
 
-    frames: uint8 [T, H, W, 3], already the key frames (``video.read_frames(..., sampler="keyframes")``).
+    frames: uint8 [T, H, W, 3], already the key frames (``keyframes.keyframe_sampler``).
     A backend call that returns None or raises is retried once; if it fails again its fields become ""
     (``stats["failures"]`` counts them and a warning is logged); it never raises. The text is then not
     cached, so a rerun asks again. With ``cache``, the key is (video_id, question, spec, backend.name,
@@ -828,11 +828,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     import video
+    from extensions.embodied_r.keyframes import keyframe_sampler
 
     try:
         backend = make_perceiver(args.backend)  # a bad spec fails before any decoding
         frames, indices, _ = video.read_frames(args.video, num_frames=args.frames, max_pixels=args.max_pixels,
-                                               sampler="keyframes", keyframe_eps=args.eps)  # video.keyframes inside
+                                               sampler=keyframe_sampler(args.eps))
     except ValueError as exc:  # includes video.VideoError
         ap.error(str(exc))
     cache = PerceptionCache(args.cache) if args.cache else None

@@ -320,14 +320,14 @@ def counter_tool(query, frames, frame_ids, ctx):
 
 def stated_answers(e: Evidence, sample) -> list[str]:
     """The answers of ``sample`` a piece of evidence states (ours): for multiple choice the option letters
-    whose text its prediction contains (grpo.supports), for numerical / regression questions the first
+    whose text its prediction contains (rewards.supports), for numerical / regression questions the first
     number in it, otherwise the prediction itself."""
     import data
-    import grpo
+    from extensions.robust_to.rewards import supports
 
     if sample.problem_type == "multiple choice":
-        letters = [L for L in map(data.option_letter, sample.options or []) if L]
-        return [L for L in letters if grpo.supports(e.prediction, L, sample.problem_type, sample.options)]
+        letters = [L for L, _ in map(data.split_option, sample.options or []) if L]
+        return [L for L in letters if supports(e.prediction, L, sample.problem_type, sample.options)]
     if sample.problem_type in ("numerical", "regression"):
         m = re.search(r"-?\d+(?:\.\d+)?", str(e.prediction))
         return [m.group(0)] if m else []
@@ -376,7 +376,7 @@ def _cite(evidence) -> str:
 
 def rule_synthesis(sample, evidence) -> str:
     """The synthesis written by :func:`tiered_answer` instead of the policy (``Agent(synthesis="rules")``,
-    ``eval_pvrbench.py --agent-synthesis rules``): the evidence it rests on, the answer it supports, the
+    ``python -m extensions.robust_to.eval --agent-synthesis rules``): the evidence it rests on, the answer it supports, the
     uncertainty flag of rule 4; an empty answer when no evidence states one."""
     t = tiered_answer(sample, evidence)
     if t.answer is None:

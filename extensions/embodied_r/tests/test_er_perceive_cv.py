@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import data
+
+import synthetic
 from extensions.embodied_r import perceive
 import perturb
 from extensions.embodied_r.perceive import (
@@ -42,7 +44,7 @@ QUESTION = "How many red objects appear in the video?"
 def clip(motion, size=56, frames=8):
     """A rendered clip of SCENE with a known camera motion (read-only: it is shared between tests)."""
     yaw, speed = MOTIONS[motion]
-    out, _, _ = data.render_synthetic(SCENE, yaw, speed, num_frames=frames, size=size)
+    out, _, _ = synthetic.render_synthetic(SCENE, yaw, speed, num_frames=frames, size=size)
     out.setflags(write=False)
     return out
 
@@ -66,7 +68,7 @@ def test_make_perceiver_cv():
 @pytest.mark.parametrize("size", [56, 112])
 @pytest.mark.parametrize("motion", ["left", "right", "forward", "static"])
 def test_ego_motion_on_rendered_clips(motion, size):
-    """data.render_synthetic's positive yaw rate is a left turn: the ground truth for the sign."""
+    """synthetic.render_synthetic's positive yaw rate is a left turn: the ground truth for the sign."""
     frames = clip(motion, size)
     results = [ego_motion(frames[j - 1], frames[j]) for j in range(1, len(frames))]
     actions = [a for a, _ in results]
@@ -91,7 +93,7 @@ def test_ego_motion_with_frames_further_apart():
 def test_ego_motion_signs_from_crops():
     """Shifting the window over a still image: content moving down = the camera tilted up, content moving
     right = it turned left, a magnified centre = it moved forward."""
-    big = data.render_synthetic(SCENE, 0.0, 0.0, num_frames=1, size=160)[0][0]
+    big = synthetic.render_synthetic(SCENE, 0.0, 0.0, num_frames=1, size=160)[0][0]
 
     def win(y, x):
         return np.ascontiguousarray(big[y:y + 112, x:x + 112])
@@ -120,7 +122,7 @@ def test_ego_motion_blank_frames_and_bad_input():
 # --------------------------------------------------------------------------- colour_blobs
 @pytest.mark.parametrize("size", [56, 112])
 def test_colour_blobs_red_pillar_on_the_left(size):
-    frame = data.render_synthetic([SCENE[0], SCENE[1]], 0.0, 0.0, num_frames=1, size=size)[0][0]
+    frame = synthetic.render_synthetic([SCENE[0], SCENE[1]], 0.0, 0.0, num_frames=1, size=size)[0][0]
     blobs = colour_blobs(frame)
     assert [b["colour"] for b in blobs] == ["red", "blue"]  # left to right
     red, blue = blobs
@@ -139,7 +141,7 @@ def test_colour_blobs_finds_every_colour_of_the_scene(size):
 
 
 def test_sky_and_ground_are_not_objects():
-    empty = data.render_synthetic([], 0.0, 0.2, num_frames=3, size=112)[0]
+    empty = synthetic.render_synthetic([], 0.0, 0.2, num_frames=3, size=112)[0]
     for frame in empty:
         assert colour_blobs(frame) == []
         assert colour_blobs(np.ascontiguousarray(frame[:40])) == []  # the light-blue sky alone
@@ -182,8 +184,8 @@ def test_pair_reply_format_and_round_trip():
 
 def test_new_and_relevant():
     p = CVPerceiver()
-    before = data.render_synthetic([SCENE[1]], 0.0, 0.0, num_frames=1, size=112)[0][0]
-    after = data.render_synthetic([SCENE[0], SCENE[1]], 0.0, 0.0, num_frames=1, size=112)[0][0]
+    before = synthetic.render_synthetic([SCENE[1]], 0.0, 0.0, num_frames=1, size=112)[0][0]
+    after = synthetic.render_synthetic([SCENE[0], SCENE[1]], 0.0, 0.0, num_frames=1, size=112)[0][0]
     out = parse_pair(p(perceive.PAIR_PROMPT.format(question=QUESTION), [before, after]))
     assert out["new"] == "a red tall object on the left, near"
     assert out["relevant"] == "a red tall object on the left, near"  # the question names red
@@ -265,6 +267,6 @@ def test_heavy_corruption_hides_objects(subtype):
 def test_corruption_of_an_empty_scene_makes_no_objects(subtype):
     """Tints, darkness, glare, haze and particles are not objects (grey-world balance, the value floor,
     the background rules)."""
-    empty = np.ascontiguousarray(data.render_synthetic([], 0.04, 0.2, num_frames=6, size=56)[0])
+    empty = np.ascontiguousarray(synthetic.render_synthetic([], 0.04, 0.2, num_frames=6, size=56)[0])
     bad = perturb.apply(empty, perturb.static_spec("cv-empty", subtype, eta=1.0))
     assert [colour_blobs(f) for f in bad] == [[]] * len(bad)

@@ -1,6 +1,6 @@
-"""Embodied-R's text policy (train.py --policy text): a tiny text-only LM reasoning over perception text,
-its log-probs, the prompt it reads, training in every mode ("Embodied-R + ROVA" = --mode rova), and its
-evaluation with eval_pvrbench.py --perceiver."""
+"""Embodied-R's text policy (python -m extensions.embodied_r.train): a tiny text-only LM reasoning over
+perception text, its log-probs, the prompt it reads, and training in every mode ("Embodied-R + ROVA" = --mode
+rova); its evaluation is test_er_eval.py's."""
 import json
 import sqlite3
 from pathlib import Path
@@ -12,15 +12,17 @@ import torch
 import data
 from extensions.embodied_r import perceive
 import policy
+import synthetic
 import train
+from extensions.embodied_r import train as er
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("text_policy")
-    tiny = policy.build_tiny(root / "tiny_text", arch="qwen2")
+    tiny = policy.build_tiny(root / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
     vlm = policy.build_tiny(root / "tiny_vlm")
-    data.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
+    synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     return root, tiny, vlm, root / "synth"
 
 
@@ -112,7 +114,7 @@ def _args(assets, out, *extra):
     return ["--model", str(tiny), "--policy", "text", "--perceiver", "scripted", "--data", str(synth / "train.json"),
             "--out", str(out), "--frames", "4", "--max-pixels", str(56 * 56), "--sft-epochs", "0", "--rl-steps", "2",
             "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "8", "--save-every", "1",
-            "--video-cache", "0", "--reeval-period", "1", *extra]
+            "--reeval-period", "1", *extra]
 
 
 def _records(out):
@@ -121,7 +123,7 @@ def _records(out):
 
 def test_embodied_r_plus_rova_perceives_both_branches_and_trains(assets, tmp_path, scripted):
     out = tmp_path / "rova"
-    train.main(_args(assets, out, "--mode", "rova", "--a-min", "0", "--unanswerable-below", "0", "--sft-epochs", "0.5", "--sft-batch-size", "2"))
+    er.main(_args(assets, out, "--mode", "rova", "--a-min", "0", "--unanswerable-below", "0", "--sft-epochs", "0.5", "--sft-batch-size", "2"))
     recs = _records(out)
     assert [r["step"] for r in recs] == [1, 2]
     assert all(r["sec_perception"] is not None for r in recs) and any(r["selected"] for r in recs)
@@ -140,43 +142,25 @@ def test_embodied_r_plus_rova_perceives_both_branches_and_trains(assets, tmp_pat
 @pytest.mark.parametrize("mode", ["grpo", "dual"])
 def test_other_modes_on_perception_text(assets, tmp_path, scripted, mode):
     out = tmp_path / mode
-    train.main(_args(assets, out, "--mode", mode))
+    er.main(_args(assets, out, "--mode", mode))
     assert [r["step"] for r in _records(out)] == [1, 2]
 
 
 def test_perception_is_cached_across_runs(assets, tmp_path, scripted):
     out = tmp_path / "cached"
-    train.main(_args(assets, out, "--mode", "dual"))
+    er.main(_args(assets, out, "--mode", "dual"))
     first = len(scripted.calls)
     assert first > 0
-    train.main(_args(assets, out, "--mode", "dual", "--overwrite"))  # a fresh run in the same OUT: same videos
+    er.main(_args(assets, out, "--mode", "dual", "--overwrite"))  # a fresh run in the same OUT: same videos
     assert len(scripted.calls) == first  # every text came from OUT/perception_cache.sqlite
 
 
 def test_policy_and_model_kind_must_agree(assets, tmp_path, scripted):
     root, tiny, vlm, synth = assets
     with pytest.raises(train.runtime.UserError, match="use --policy vlm"):
-        train.main(_args(assets, tmp_path / "a", "--model", str(vlm)))
+        er.main(_args(assets, tmp_path / "a", "--model", str(vlm)))
     with pytest.raises(train.runtime.UserError, match="use --policy text"):
         train.main(["--model", str(tiny), "--data", str(synth / "train.json"), "--out", str(tmp_path / "b"),
                     "--rl-steps", "0", "--sft-epochs", "0"])
     with pytest.raises(SystemExit):  # argparse: --policy text needs --perceiver
-        train.parse_args(["--model", str(tiny), "--data", "x.json", "--policy", "text"])
-
-
-# ----------------------------------------------------------------------------- evaluation
-def test_eval_pvrbench_runs_a_text_model_through_the_perceiver(assets, tmp_path, scripted):
-    import eval_pvrbench as ev
-
-    _, tiny, vlm, synth = assets
-    base = ["--benchmark", f"synthetic={synth}", "--subtypes", "fog,night", "--judge", "none", "--frames", "4",
-            "--max-new-tokens", "6"]
-    out = ev.main(["--model", str(tiny), "--perceiver", "scripted", "--out", str(tmp_path / "eval"), *base])
-    assert out["n_samples"] > 0 and out["n_errors"] == 0
-    assert Path(out["config"]["run_dir"], "config.json").read_text().count("scripted") == 1
-    n_calls = len(scripted.calls)
-    assert n_calls > 0
-    with pytest.raises(ev.runtime.UserError, match="give --perceiver"):
-        ev.main(["--model", str(tiny), "--out", str(tmp_path / "eval2"), *base])
-    with pytest.raises(ev.runtime.UserError, match="is a VLM"):
-        ev.main(["--model", str(vlm), "--perceiver", "scripted", "--out", str(tmp_path / "eval3"), *base])
+        train.parse_args(["--model", str(tiny), "--data", "x.json", "--policy", "text"], er.EXTENSION)

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 import data
+import synthetic
+from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise, PROTOCOLS["robust-to"]
 from extensions.robust_to import orchestrate as orc
 from extensions.robust_to.orchestrate import HIGH, LOW, MEDIUM, Evidence, SubQuery, tier
 
@@ -64,7 +66,7 @@ def _scene(colours, xs, zs):
 @pytest.mark.parametrize("yaw, want", [(0.045, "rotate left"), (-0.045, "rotate right"), (0.0, "move forward")])
 def test_ego_motion_tool_on_known_turns(yaw, want):
     objects = _scene(["red", "blue", "green"], [-2.0, 1.5, 0.3], [6.0, 8.0, 11.0])
-    frames, _, _ = data.render_synthetic(objects, yaw, 0.2, num_frames=8, size=56)
+    frames, _, _ = synthetic.render_synthetic(objects, yaw, 0.2, num_frames=8, size=56)
     ids = list(range(8))
     e = orc.ego_motion_tool("Which way does the agent turn?", frames, ids, orc.Context())
     assert e.tool == "ego_motion" and e.prediction.startswith(want) and e.frame_ids == ids
@@ -78,7 +80,7 @@ def test_ego_motion_tool_on_known_turns(yaw, want):
 
 def test_counter_tool_counts_the_asked_colour():
     objects = _scene(["red", "red", "blue"], [-1.5, 1.5, 0.0], [7.0, 7.0, 10.0])
-    frames, _, _ = data.render_synthetic(objects, 0.0, 0.05, num_frames=4, size=112)
+    frames, _, _ = synthetic.render_synthetic(objects, 0.0, 0.05, num_frames=4, size=112)
     ctx = orc.Context(question="How many red objects appear in the video?", disturbance=np.full(4, 0.1))
     e = orc.counter_tool("How many red objects are visible?", frames, [0, 1, 2, 3], ctx)
     assert e.prediction == "2 red objects" and e.confidence == 1.0 and e.disturbance == pytest.approx(0.1)
@@ -119,34 +121,34 @@ OPTS = ["A. Turn left", "B. Turn right", "C. Go ahead"]
 
 
 def test_confidence_cost_reward_by_hand():
-    import grpo
+    from extensions.robust_to import rewards as rt_rewards
     ev = [Evidence("ego_motion", "q", "rotate left (turn left)", [0, 1], 0.8, 0.25),
           Evidence("vlm", "q", "turn left, I think", [0], 0.4, 0.5),
           Evidence("vlm", "q", "right", [0], 0.9, 0.0)]
-    r = grpo.confidence_cost_reward("<think>x</think><answer>A</answer>", "A", "multiple choice", ev, 3, 1, options=OPTS)
+    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>A</answer>", "A", "multiple choice", ev, 3, 1, options=OPTS)
     # 1 + 0.5 * max(0.8 * 0.75, 0.4 * 0.5) - 0.1 * (3 - 1)
     assert r == pytest.approx({"total": 1 + 0.5 * 0.6 - 0.2, "accuracy": 1.0, "reliability": 0.6,
                                "extra_subqueries": 2})
     # a wrong answer that no evidence states: nothing; fewer sub-queries than expected cost nothing
-    r = grpo.confidence_cost_reward("<think>x</think><answer>C</answer>", "A", "multiple choice", ev, 1, 2, options=OPTS)
+    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>C</answer>", "A", "multiple choice", ev, 1, 2, options=OPTS)
     assert r == {"total": 0.0, "accuracy": 0.0, "reliability": 0.0, "extra_subqueries": 0}
     # a wrong answer the evidence states still earns its reliability (the term is additive, not gated)
-    r = grpo.confidence_cost_reward("<think>x</think><answer>A</answer>", "B", "multiple choice", ev, 1, None,
+    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>A</answer>", "B", "multiple choice", ev, 1, None,
                                     options=OPTS, w_rel=1.0)
     assert r["total"] == pytest.approx(0.6) and r["accuracy"] == 0.0
     # numeric: the count in the prediction; dict records work too; no parseable answer -> no support
     num = [{"prediction": "2 red objects", "confidence": 0.5, "disturbance": 0.5}]
-    assert grpo.confidence_cost_reward("<answer>2</answer>", "2", "regression", num, 1, 1)["reliability"] == 0.25
-    assert grpo.confidence_cost_reward("<answer>3</answer>", "2", "regression", num, 1, 1)["reliability"] == 0.0
-    assert grpo.confidence_cost_reward("no answer", "2", "regression", num, 1, 1)["reliability"] == 0.0
+    assert rt_rewards.confidence_cost_reward("<answer>2</answer>", "2", "regression", num, 1, 1)["reliability"] == 0.25
+    assert rt_rewards.confidence_cost_reward("<answer>3</answer>", "2", "regression", num, 1, 1)["reliability"] == 0.0
+    assert rt_rewards.confidence_cost_reward("no answer", "2", "regression", num, 1, 1)["reliability"] == 0.0
 
 
 def test_supports():
-    import grpo
-    assert grpo.supports("rotate right (turn right)", "B", "multiple choice", OPTS)
-    assert grpo.supports("(B)", "B", "multiple choice", OPTS) and not grpo.supports("right", "B", "multiple choice", OPTS)
-    assert grpo.supports("about 3.5 m", "3.5", "numerical") and not grpo.supports("35 m", "3.5", "numerical")
-    assert grpo.supports("The sign says EXIT", "exit", "free-form") and not grpo.supports("", "exit", "free-form")
+    from extensions.robust_to import rewards as rt_rewards
+    assert rt_rewards.supports("rotate right (turn right)", "B", "multiple choice", OPTS)
+    assert rt_rewards.supports("(B)", "B", "multiple choice", OPTS) and not rt_rewards.supports("right", "B", "multiple choice", OPTS)
+    assert rt_rewards.supports("about 3.5 m", "3.5", "numerical") and not rt_rewards.supports("35 m", "3.5", "numerical")
+    assert rt_rewards.supports("The sign says EXIT", "exit", "free-form") and not rt_rewards.supports("", "exit", "free-form")
 
 
 # --------------------------------------------------------------------------- the agent on the tiny model
@@ -155,7 +157,7 @@ def tiny(tmp_path_factory):
     import policy
     root = tmp_path_factory.mktemp("agent")
     path = policy.build_tiny(root / "tiny")
-    data.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
+    synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
     model, processor = policy.load_policy(path)
     return root, path, model, processor
 
@@ -233,49 +235,21 @@ def test_vlm_confidence_is_the_geometric_mean_token_probability(tiny):
     assert conf == pytest.approx(float(torch.exp(lp[m].mean())), rel=1e-5) and 0.0 < conf <= 1.0
 
 
-def test_eval_pvrbench_runs_the_agent_under_the_robust_to_protocol(tiny, tmp_path):
-    import eval_pvrbench as ev
-    root, path, _, _ = tiny
-    out = ev.main(["--model", f"robust-to:{path}", "--protocol", "robust-to", "--benchmark",
-                   f"synthetic={root / 'synth'}", "--out", str(tmp_path), "--judge", "none", "--limit", "3",
-                   "--max-new-tokens", "6"])
-    assert out["config"]["model_name"] == "robust-to-tiny" and out["n_errors"] == 0
-    conds = {r for r in out["results"]["pvrbench"]["overall"]}
-    assert conds <= {"clean", *perturb_protocol()} and len(conds) >= 2
-    table = (tmp_path / "robust-to-tiny" / "table.md").read_text()
-    assert "| Blur | Noise | Glare | Occl. | Low light |" in table
-    # the rules ablation: its own results folder, and every answer is the tiers' (here from the tools)
-    out = ev.main(["--model", f"robust-to:{path}", "--agent-synthesis", "rules", "--protocol", "robust-to",
-                   "--benchmark", f"synthetic={root / 'synth'}", "--out", str(tmp_path), "--judge", "none",
-                   "--limit", "3", "--max-new-tokens", "6", "--synthesis-tokens", "5"])
-    assert out["config"]["model_name"] == "robust-to-tiny-rules" and out["n_errors"] == 0
-    keyed, = [json.loads(f.read_text()) for f in (tmp_path / "robust-to-tiny-rules").glob("run_*/config.json")]
-    assert keyed["agent_synthesis"] == "rules" and keyed["synthesis_tokens"] == 5
-    rows = [json.loads(x) for f in (tmp_path / "robust-to-tiny-rules").glob("*_samples_*.jsonl")
-            for x in f.read_text().splitlines()]
-    assert rows and all(r["response"].startswith("<think>") and "<answer>" in r["response"] for r in rows)
-
-
-def perturb_protocol():
-    import perturb
-    return perturb.PROTOCOLS["robust-to"]
-
-
 # --------------------------------------------------------------------------- training the agent
 @pytest.mark.parametrize("mode", ["grpo-aug", "grpo"])
 def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode, monkeypatch):
     import train
+    from extensions.robust_to import train as rt
     root, path, _, _ = tiny
     budgets, real = [], orc.Agent.synthesize
     monkeypatch.setattr(orc.Agent, "synthesize", lambda self, *a, **k: (budgets.append(self.synthesis_tokens),
                                                                         real(self, *a, **k))[1])
-    data.make_synthetic(tmp_path / "synth", n=4, seed=5, num_frames=8, size=56, eval_fraction=0.25)
+    synthetic.make_synthetic(tmp_path / "synth", n=4, seed=5, num_frames=8, size=56, eval_fraction=0.25)
     out = tmp_path / "run"
-    train.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--agent",
-                "robust-to", "--mode", mode, "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
+    rt.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--mode", mode, "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
                 "--sft-epochs", "1" if mode == "grpo-aug" else "0", "--sft-batch-size", "2", "--rl-steps", "2",
                 "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "8", "--save-every", "1",
-                "--video-cache", "0", "--lr", "1e-3", "--sft-lr", "1e-3", "--synthesis-tokens", "5"])
+                "--lr", "1e-3", "--sft-lr", "1e-3", "--synthesis-tokens", "5"])
     assert budgets and set(budgets) == {5}  # the rollouts' synthesis budget, not --max-new-tokens
     recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
     sft = [r for r in recs if r["stage"] == "sft"]
@@ -292,17 +266,19 @@ def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode, monkeypatch):
 
 def test_agent_flags_are_checked():
     import train
+    from extensions.robust_to import train as rt
     with pytest.raises(SystemExit):
-        train.parse_args(["--agent", "robust-to", "--mode", "rova"])
+        train.parse_args(["--mode", "rova"], rt.EXTENSION)
+    with pytest.raises(SystemExit):  # the agent's flags exist only with the extension
+        train.parse_args(["--agent-k", "4"])
     with pytest.raises(SystemExit):
-        train.parse_args(["--agent", "other"])
-    with pytest.raises(SystemExit):
-        train.parse_args(["--agent", "robust-to", "--synthesis-tokens", "-1"])
+        train.parse_args(["--synthesis-tokens", "-1"], rt.EXTENSION)
 
 
 def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
     """The warm-up's decomposition target is valid JSON that parse_subqueries reads back as the plan."""
     import train
+    from extensions.robust_to import train as rt
     import video
     root, _, model, processor = tiny
     samples, _ = data.load_vsibench(root / "synth" / "eval.jsonl", root / "synth" / "videos")
@@ -311,7 +287,7 @@ def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
         def get(self, s):
             return video.read_frames(s.video, num_frames=8, max_pixels=56 * 56)[0]
     agent = orc.Agent(model, processor, k=4)
-    nll, n = train.agent_sft_step(None, model, processor, samples[:2], Clips(), agent)
+    nll, n = rt.agent_sft_step(None, model, processor, samples[:2], Clips(), agent=agent)
     assert n == 2 and nll > 0 and any(p.grad is not None for p in model.parameters())
     model.zero_grad(set_to_none=True)
     q = data.question_text(samples[0])

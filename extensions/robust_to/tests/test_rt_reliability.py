@@ -15,14 +15,17 @@ import numpy as np
 import pytest
 
 import data
+
+import synthetic
 import perturb
+from extensions.robust_to import corruptions
 from extensions.robust_to import reliability as R
 import video
 
 ETAS = (0.0, 0.3, 0.6, 0.9)
 T = 16
 
-# Synthetic scenes (data.render_synthetic): boxes spread over the view, the camera turning and walking.
+# Synthetic scenes (synthetic.render_synthetic): boxes spread over the view, the camera turning and walking.
 SCENE_A = [{"colour": "red", "shape": "cube", "pos": (-1.0, 6.0)},
            {"colour": "blue", "shape": "pillar", "pos": (1.5, 8.0)},
            {"colour": "yellow", "shape": "slab", "pos": (0.2, 10.0)},
@@ -39,11 +42,11 @@ def clip(name: str) -> np.ndarray:
     """Read-only test clips, keyed by a video id (the id also seeds perturb.static_spec; these ids give
     the 'object' style of the static occluder, see test_static_occluder_styles)."""
     if name == "synth3":
-        out = data.render_synthetic(SCENE_A, 0.04, 0.2, num_frames=T, size=112)[0]
+        out = synthetic.render_synthetic(SCENE_A, 0.04, 0.2, num_frames=T, size=112)[0]
     elif name == "synth5":
-        out = data.render_synthetic(SCENE_B, -0.045, 0.2, num_frames=T, size=112)[0]
+        out = synthetic.render_synthetic(SCENE_B, -0.045, 0.2, num_frames=T, size=112)[0]
     elif name == "street3":
-        out = video.sample_clip(T, 96, 96, seed=3)[0]
+        out = synthetic.sample_clip(T, 96, 96, seed=3)[0]
     else:
         raise KeyError(name)
     out.setflags(write=False)
@@ -211,7 +214,7 @@ def test_per_frame_ranking_within_one_clip(name, kind):
     assert rel[which == 3].max() < rel[which == 0].min()
 
 
-EXTRA = tuple(getattr(perturb, "EXTRA_SUBTYPES", ()))
+EXTRA = corruptions.EXTRA_SUBTYPES
 
 
 @pytest.mark.parametrize("subtype,axis", [("motion_blur", "blur"), ("noise", "noise")])
@@ -287,7 +290,7 @@ def red_later():
     objects = [{"colour": "red", "shape": "cube", "pos": (-4.5, 3.5)},
                {"colour": "blue", "shape": "pillar", "pos": (0.5, 8.0)},
                {"colour": "green", "shape": "block", "pos": (-1.5, 10.0)}]
-    frames, _, visible = data.render_synthetic(objects, 0.05, 0.0, num_frames=12, size=112)
+    frames, _, visible = synthetic.render_synthetic(objects, 0.05, 0.0, num_frames=12, size=112)
     return frames, visible[:, 0] >= 12
 
 

@@ -1,0 +1,182 @@
+"""Embodied-R (its paper's Sec. 2) on ROVA's training loop, and "Embodied-R + ROVA" (ROVA Table 2).
+
+    python -m extensions.embodied_r.train                      # the CPU demo: tiny text LM, classical-vision perceiver
+    python -m extensions.embodied_r.train --model Qwen/Qwen2.5-3B-Instruct --data ... --video-root ... \\
+        --perceiver openai:Qwen/Qwen2.5-VL-72B-Instruct --frame-sampler keyframes --frames 32 \\
+        --reward-weights embodied-r --judge openai:gpt-4o --mode grpo        # Embodied-R itself
+    ... --mode rova                                             # Embodied-R + ROVA
+
+`--policy text` (the default here): the policy is a text-only LM (AutoModelForCausalLM) that never sees
+pixels; each video a step uses, clean or corrupted, first goes through a frozen perception model
+(perceive.py: `--perceiver hf:PATH | openai:MODEL | cv`), whose text replaces the video in the prompt.
+Every mode of train.py works unchanged on those texts; with `--mode rova` the dual branch aligns the LM's
+outputs on the clean and the perturbed perception. Embodied-R's own recipe adds `--frame-sampler
+keyframes` (keyframes.py) and `--reward-weights embodied-r` (rewards.py: its logical-consistency reward
+and staged weights). `--policy vlm` keeps train.py's VLM and adds only the key frames and reward weights.
+Every flag of train.py applies too.
+"""
+from __future__ import annotations
+
+import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from dataclasses import dataclass
+from pathlib import Path
+
+import data
+import policy
+import train
+from extensions.embodied_r import perceive
+from extensions.embodied_r import rewards as er_rewards
+from extensions.embodied_r.keyframes import keyframe_sampler
+
+TEXT_DEMO_OUT = "runs/rova-text"  # the text demo's OUT (it shares the VLM demo's runs/rova/synthetic)
+
+
+@dataclass
+class Config(train.Config):
+    policy: str = train._arg("text", "text: the model reads --perceiver's text of the video (clean and corrupted "
+                                     "alike) | vlm: train.py's VLM, with the key frames and reward weights below",
+                             "Embodied-R")
+    perceiver: str = train._arg("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv "
+                                    "(classical vision, a CPU stand-in; the demo's default); Embodied-R: "
+                                    "Qwen2.5-VL-72B-Instruct", "Embodied-R")
+    perception_cache: str = train._arg("", "SQLite cache of perception texts (default: OUT/perception_cache.sqlite; "
+                                           "keyed by frame content, question, perceiver)", "Embodied-R")
+    reward_weights: str = train._arg("", "format:accuracy:consistency[:alignment] weights, normalised to sum 1, or "
+                                         "a schedule by data epoch: 'embodied-r' (Embodied-R Sec. 2.3: 7:3:0 epochs "
+                                         "1-2, 3:7:0 epochs 3-4, 1:7:2 from 5) or '1-2=7:3:0,3-=1:7:2'; consistency "
+                                         "= Embodied-R's logical-consistency reward (asks --judge); without an "
+                                         "alignment weight r^A gets the accuracy weight (App. D's ratio). Empty: "
+                                         "App. D's w_F = w_Acc = 1", "Embodied-R")
+    frame_sampler: str = train._arg("uniform", "uniform (qwen-vl-utils) | keyframes (Embodied-R Sec. 2.1: ORB + "
+                                               "RANSAC overlap < eps at 1 fps; at most --frames)", "Embodied-R")
+    keyframe_eps: float = train._arg(0.5, "overlap threshold of --frame-sampler keyframes (Embodied-R's code: 0.5)",
+                                     "Embodied-R")
+
+
+def check(ap, cfg):
+    if cfg.policy not in ("vlm", "text"):
+        ap.error(f"--policy must be vlm or text, got {cfg.policy!r}")
+    if cfg.policy == "text" and cfg.model and not cfg.perceiver:
+        ap.error("--policy text reads a perception model's text of each video: give --perceiver "
+                 f"({' | '.join(perceive.PERCEIVER_SPECS)})")
+    if cfg.reward_weights:
+        try:
+            er_rewards.parse_reward_weights(cfg.reward_weights)
+        except ValueError as e:
+            ap.error(f"--reward-weights: {e}")
+    if cfg.frame_sampler not in ("uniform", "keyframes"):
+        ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
+    if cfg.policy == "text" and not cfg.model:  # the text demo: classical vision, no model to download
+        cfg.perceiver = cfg.perceiver or "cv"
+        if cfg.out == train.Config.out:
+            cfg.out = TEXT_DEMO_OUT
+    runtime.check_hf_flags({"--perceiver": cfg.perceiver})
+
+
+class TextObserver(train.Observer):
+    """--policy text: the policy is shown Embodied-R's perception text of a clip (Embodied-R Sec. 2.2,
+    Eq. 1: perceive.py with --perceiver), which replaces the video in every prompt (perceive.text_messages).
+    Texts are cached on disk by frame content, question and perceiver, so the clean video of a sample is
+    perceived once and a resumed run asks nothing twice."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.stats: dict = {}
+        self.backend = perceive.make_perceiver(cfg.perceiver)
+        self.cache = perceive.PerceptionCache(cfg.perception_cache or Path(cfg.out) / "perception_cache.sqlite")
+
+    def __call__(self, sample, frames):
+        return perceive.perceive(frames, data.question_text(sample), self.backend, cache=self.cache, stats=self.stats)
+
+    def inputs(self, processor, messages, views):
+        return policy.make_inputs(processor, [perceive.text_messages(m, o) for m, o in zip(messages, views)], None)
+
+
+def observer(cfg):
+    return TextObserver(cfg) if cfg.policy == "text" else train.Observer(cfg)
+
+
+class EmbodiedRL(train.RL):
+    """train.RL with Embodied-R's perception phase (--policy text), staged reward weights and
+    logical-consistency reward (Embodied-R Sec. 2.3)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.schedule = er_rewards.parse_reward_weights(self.cfg.reward_weights) if self.cfg.reward_weights else None
+
+    def corrupt_videos(self, todo, spec_rng):
+        items = super().corrupt_videos(todo, spec_rng)
+        if isinstance(self.observer, TextObserver):
+            with self.timer("perception"):  # Embodied-R Sec. 2.2: each video the step uses becomes text (cached)
+                for it in items:
+                    it.clean, it.pert = self.observer(it.sample, it.clean), self.observer(it.sample, it.pert)
+                    if it.shuffled is not None:
+                        it.shuffled = self.observer(it.sample, it.shuffled)
+        return items
+
+    def staged(self):
+        """(w_format, w_acc, w_consistency, w_alignment) for the data epoch being read (counted from 1)."""
+        if self.schedule is None:
+            return self.cfg.w_format, self.cfg.w_acc, 0.0, 1.0
+        w = er_rewards.reward_weights(self.cursor.epoch + 1, self.schedule)
+        return (w[0], w[1], w[2], w[3]) if len(w) == 4 else (w[0], w[1], w[2], w[1])
+
+    def weights(self):
+        w_f, w_a, _, w_al = self.staged()
+        return w_f, w_a, w_al
+
+    def extra_rewards(self, it, rewards):
+        """+ w_C r^C_j, Embodied-R's logical-consistency reward (asks the judge; its missing answers count)."""
+        s = it.sample
+        rewards, it.comp["consistency"], missing = er_rewards.with_consistency(
+            rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, self.staged()[2],
+            s.options or None, s.source)
+        it.comp["judge_missing"] += missing
+        return rewards
+
+    def extra_reward_keys(self):
+        return ("consistency",)
+
+    def record(self, *args, **kwargs):
+        s = super().record(*args, **kwargs)
+        s["w_consistency"] = self.staged()[2]
+        return s
+
+
+def prepare_demo(cfg, rank):
+    """The text demo: a tiny text LM (its tokenizer also knows the perception vocabulary) under OUT; in its
+    default OUT it reads the VLM demo's synthetic benchmark (runs/rova/synthetic, rendered once)."""
+    if cfg.policy != "text":
+        return train.prepare_demo(cfg, rank)
+    out = Path(cfg.out)
+    tiny = out / "tiny-text"
+    synth = Path(train.Config.out) / "synthetic" if cfg.out == TEXT_DEMO_OUT else out / "synthetic"
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if not (tiny / "config.json").is_file():
+            train.log(f"demo: building the tiny text LM in {tiny}")
+            with runtime.no_hf_progress_bars():
+                policy.build_tiny(tiny, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
+        train.make_demo_benchmark(cfg, synth)
+    runtime.barrier()
+    cfg.model = str(tiny)
+    train.use_demo_benchmark(cfg, synth)
+
+
+def uses_consistency(cfg):
+    return bool(cfg.reward_weights) and any(w[2] > 0 for _, _, w in er_rewards.parse_reward_weights(cfg.reward_weights))
+
+
+EXTENSION = train.Extension(
+    config=Config, groups={"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"},
+    check=check, prepare_demo=prepare_demo, observer=observer, rl=EmbodiedRL,
+    read_kwargs=lambda cfg: {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {},
+    judge_needed=lambda cfg: cfg.mode in ("rova", "dual") or uses_consistency(cfg))
+
+
+def main(argv=None, **settings):
+    return train.main(argv, EXTENSION, **settings)
+
+
+if __name__ == "__main__":
+    runtime.run(main, interrupted=lambda: train.RESUME_HINT)
