@@ -9,45 +9,31 @@ category and the five reasoning-quality metrics), on the sources of App. B.1 (VS
     python eval_pvrbench.py --compare A_results.json B_results.json
 
 Static protocol (Sec. 4). Each (video, subtype) gets one fixed spec, perturb.static_spec(video id, subtype, eta),
-seeded by SHA-256 of the benchmark's video identity ("vsibench/<dataset>/<scene>", "urbanvideo/<video_id>",
-"synthetic/<scene>"); every question on that video under that subtype sees the same corrupted clip, rebuilt
-from the manifest's spec dict (manifest.jsonl: video id, subtype, spec, questions). The depth proxy is used
-for every source (no external depth), so the manifest and the clean frames alone regenerate a clip exactly.
+seeded by SHA-256 of the video's identity (data.video_identity): every question on that video under that
+subtype sees the same corrupted clip, which the manifest (video id, subtype, spec, questions) and the clean
+frames alone regenerate (the depth proxy throughout). Conditions: "clean" and the chosen subtypes (Table 8);
+`--assign all`: every question under every subtype; `--assign cycle` (default): every question clean and under
+ONE subtype, round-robin within each task from an offset hashed from the task's name, so that every subtype
+gets an equal share (+-1) of every task and the per-category scores are not confounded by the task mix.
 
-Conditions: "clean" plus the chosen subtypes (Table 8). `--assign all` evaluates every question under every
-subtype (13 passes). `--assign cycle` (default) evaluates every question clean and under ONE subtype: within
-each (benchmark, task) the k-th question gets subtype (k + offset(task)) mod n (offset from SHA-256 of the task
-name), so every subtype gets an equal share of every task (+-1) and per-category scores are not confounded by
-the task mix; the assignment is a pure function of the ordered question list (a longer --limit extends it).
-
-Scores (App. B.1, each source's official rules through data.score_sample): VSI-Bench as lmms-eval: per
-question_type mean (accuracy for MC, MRA for numeric), the three object_rel_direction levels averaged into one
-task, overall = unweighted mean over tasks; the synthetic benchmark the same (its tasks are VSI question types);
-UrbanVideo-Bench: accuracy per question_category and the micro-averaged total. PVRBench (several sources) =
-unweighted mean of the sources' overall scores. Table 2: Lig./Occ./Sha./Wea. = mean over the category's chosen
-subtypes, Avg. = mean over the perturbed conditions, Orig. = clean, drop = (Orig. - Avg.) / Orig. A sample
+Scores: each source's official rules (App. B.1, data.score_sample; benchmark_score); Table 2's accuracy per
+category, Avg. over the perturbed conditions, Orig. (clean) and the drop; its reasoning quality from --judge
+(judge.reasoning_quality of each perturbed response against the clean one; an openai: judge also sees
+--judge-frames frames), Avg.† without Fra. as its caption says, Orig.† each clean trace against itself. A sample
 whose video cannot be read (or whose generation or API call failed for good) is recorded with its reason,
-excluded from the means, counted in n_errors, and tried again by the next run of the same command.
-
-Reasoning quality (Table 2, right): judge.reasoning_quality(question, clean response, perturbed response) for
-each perturbed sample; the full responses are passed (the <think> reasoning and the <answer>: Consistency rates
-the agreement of the steps with the own answer; the judge splits them). An openai: judge also sees
---judge-frames frames of the clip it rates. Per-metric means (None-aware) per condition, then over conditions;
-Avg.† = mean of Con., Bel., Rec., Att. (Fra. excluded, as Table 2's caption says). Orig.† = the same judge on each
-clean trace with itself as the reference (the quality of clean reasoning; its Fra. is 0 by construction and
-unused). The offline local judge yields only Fra. and Con. (judge.LocalJudge), so its Avg.† is Con. alone.
+left out of the means, counted in n_errors and tried again by the next run of the same command.
 
 Outputs, under OUT/<model>/ (the model's last path component, "<parent>-final" for train.py's OUT/final, or the
-API model's name): run_<hash>/ is the working store (samples and verdicts appended and flushed per batch; the
-same command run again skips the (question, condition) pairs done, so a kill loses at most the batch in flight;
-the hash covers everything that changes a generation, not --limit or --judge); at the end
-<timestamp>_results.json (aggregates, config, versions, manifest sha256), <timestamp>_samples_pvrbench_<source>
-.jsonl (lmms-eval's layout), <timestamp>_manifest.jsonl, table.md (Table 2's row) and per_task.png (clean vs
-perturbed per task, as Figs. 14-18), drawn with Pillow.
+API model's name): run_<hash>/, the working store (the same command run again skips what is done, so a kill
+loses at most the batch in flight; the hash covers what changes a generation, not --limit or --judge); then
+<timestamp>_results.json, _samples_pvrbench_<source>.jsonl (lmms-eval's layout) and _manifest.jsonl, table.md
+and per_task.png (Figs. 14-18). With no arguments: the train demo's runs/rova/final, or an untrained tiny model
+(OUT/tiny), on the synthetic benchmark (runs/rova/synthetic, as the train demo builds it) at its demo settings.
 
-With no arguments: the train demo's checkpoint (runs/rova/final) or, without one, an untrained tiny model
-(policy.build_tiny into OUT/tiny), on the synthetic benchmark (runs/rova/synthetic, built as the train demo
-builds it), with train.py's demo settings unless set: 8 frames of 56x56, fps 2.0, 64 new tokens, batches of 32.
+Extensions plug in through `Extension` (docs/DESIGN.md, "Extensions"): an extension's entry point runs
+main(argv, ext) with every flag of this script and its own; this file imports none. Here:
+`python -m extensions.embodied_r.eval` (a text-only model through a perceiver, --debias, key frames) and
+`python -m extensions.robust_to.eval` (--model robust-to:PATH, --protocol robust-to).
 """
 from __future__ import annotations
 
@@ -63,15 +49,17 @@ import shutil
 import subprocess
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+import chat
 import data
 import judge as judges
-from extensions.embodied_r import perceive
 import perturb
+import synthetic
 import video
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
@@ -83,6 +71,8 @@ CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha
 QUALITY = judges.QUALITY_KEYS           # fragility, consistency, belief, recovery, attention
 DAGGER = QUALITY[1:]                    # Avg.+ / Orig.+ exclude Fra. (Table 2's caption)
 REL_DIRECTION = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard")
+INTERRUPTED = ("rerun the same command to continue: the samples generated so far are kept in OUT/<model>/run_<hash>/ "
+               "and are not generated again")
 
 
 def mean(values):
@@ -125,48 +115,54 @@ def accuracy_block(overall, subtypes):
     return {"categories": cats, "avg": avg, "orig": overall.get("clean"), "drop": drop(overall.get("clean"), avg)}
 
 
-def reasoning_block(records, subtypes):
-    """Table 2 right: per-metric means per condition, then over the perturbed conditions; Avg.+ / Orig.+."""
-    per_cond = {}
-    for cond in ("clean", *subtypes):
-        js = [r["judge"] for r in records if r["condition"] == cond and r.get("judge")]
-        per_cond[cond] = {k: mean([j.get(k) for j in js]) for k in QUALITY}
+def reasoning_block(metrics, avg, orig, **extra):
+    """Table 2 right: the per-metric means, Avg.+ / Orig.+ and the drop."""
+    return {"metrics": metrics, "avg_dagger": avg, "orig_dagger": orig, "drop_dagger": drop(orig, avg), **extra}
+
+
+def source_reasoning(recs, subtypes):
+    """One source's reasoning quality: per-metric means per condition, then over the perturbed conditions."""
+    per_cond = {c: {k: mean([r["judge"].get(k) for r in recs if r["condition"] == c and r.get("judge")])
+                    for k in QUALITY} for c in ("clean", *subtypes)}
     metrics = {k: mean([per_cond[s][k] for s in subtypes]) for k in QUALITY}
-    avg, orig = mean([metrics[k] for k in DAGGER]), mean([per_cond["clean"][k] for k in DAGGER])
-    return {"metrics": metrics, "avg_dagger": avg, "orig_dagger": orig, "drop_dagger": drop(orig, avg),
-            "per_condition": per_cond}
+    return reasoning_block(metrics, mean([metrics[k] for k in DAGGER]), mean([per_cond["clean"][k] for k in DAGGER]),
+                           per_condition=per_cond)
+
+
+def source_block(recs, src, subtypes):
+    """One source's aggregates: per condition, Table 2's blocks, per task (clean, perturbed pooled and per
+    category: Figs. 14-18)."""
+    conds = {c: benchmark_score([r for r in recs if r["condition"] == c], src)
+             for c in ("clean", *subtypes) if any(r["condition"] == c for r in recs)}
+    pert = [r for r in recs if r["condition"] != "clean"]
+    per_task = {"clean": conds.get("clean", {}).get("tasks", {}),
+                "perturbed": benchmark_score(pert, src)["tasks"] if pert else {}}
+    for cat in perturb.CATEGORIES:
+        sub = [r for r in pert if perturb.CATEGORY_OF[r["condition"]] == cat]
+        per_task[cat] = benchmark_score(sub, src)["tasks"] if sub else {}
+    return {"accuracy": accuracy_block({c: v["overall"] for c, v in conds.items()}, subtypes),
+            "reasoning": source_reasoning(recs, subtypes),
+            "conditions": conds, "per_task": per_task, "n_samples": len(recs),
+            "n_errors": sum(r.get("error") is not None for r in recs)}
 
 
 def summarize(records_by_source, subtypes):
     """All aggregates. records: {"condition", "task", "score", "error", "judge"} per (question, condition)."""
-    sources, combined = {}, defaultdict(list)
-    for src, recs in records_by_source.items():
-        conds = {c: benchmark_score([r for r in recs if r["condition"] == c], src)
-                 for c in ("clean", *subtypes) if any(r["condition"] == c for r in recs)}
-        overall = {c: v["overall"] for c, v in conds.items()}
-        pert = [r for r in recs if r["condition"] != "clean"]
-        per_task = {"clean": conds.get("clean", {}).get("tasks", {}),
-                    "perturbed": benchmark_score(pert, src)["tasks"] if pert else {}}
-        for cat in perturb.CATEGORIES:
-            sub = [r for r in pert if perturb.CATEGORY_OF[r["condition"]] == cat]
-            per_task[cat] = benchmark_score(sub, src)["tasks"] if sub else {}
-        sources[src] = {"accuracy": accuracy_block(overall, subtypes), "reasoning": reasoning_block(recs, subtypes),
-                        "conditions": conds, "per_task": per_task, "n_samples": len(recs),
-                        "n_errors": sum(r.get("error") is not None for r in recs)}
-        for c, v in overall.items():
-            combined[c].append(v)
+    sources = {src: source_block(recs, src, subtypes) for src, recs in records_by_source.items()}
+    combined = defaultdict(list)
+    for block in sources.values():
+        for c, v in block["conditions"].items():
+            combined[c].append(v["overall"])
     overall = {c: mean(v) for c, v in combined.items()}
     rq = [s["reasoning"] for s in sources.values()]
-    metrics = {k: mean([r["metrics"][k] for r in rq]) for k in QUALITY}
-    avg, orig = mean([r["avg_dagger"] for r in rq]), mean([r["orig_dagger"] for r in rq])
-    return {"pvrbench": {"accuracy": accuracy_block(overall, subtypes), "overall": overall,
-                         "reasoning": {"metrics": metrics, "avg_dagger": avg, "orig_dagger": orig,
-                                       "drop_dagger": drop(orig, avg)}},
+    reasoning = reasoning_block({k: mean([r["metrics"][k] for r in rq]) for k in QUALITY},
+                                mean([r["avg_dagger"] for r in rq]), mean([r["orig_dagger"] for r in rq]))
+    return {"pvrbench": {"accuracy": accuracy_block(overall, subtypes), "overall": overall, "reasoning": reasoning},
             "sources": sources, "n_samples": sum(s["n_samples"] for s in sources.values()),
             "n_errors": sum(s["n_errors"] for s in sources.values())}
 
 
-# ----------------------------------------------------------------------------- Table 2 and charts
+# ----------------------------------------------------------------------------- Table 2, charts, --compare
 
 def _f(x, lead=False):
     """Table 2's style: accuracy as .51, reasoning (0-5) as 2.65; "–" when absent."""
@@ -198,23 +194,8 @@ def table_row(name, frames, pvr):
     return "| " + " | ".join(cells) + " |\n"
 
 
-# Robust-TO's five corruption types (its Table's columns), as this engine renders them
-ROBUST_TO_COLUMNS = (("motion_blur", "Blur"), ("noise", "Noise"), ("overexposure", "Glare"), ("static", "Occl."),
-                     ("night", "Low light"))
-
-
-ROBUST_TO_LEGEND = ("#Fr frames per video. Accuracy (0-1) under Robust-TO's corruptions: Blur motion blur, Noise "
-                    "sensor noise, Glare overexposure, Occl. static occluder, Low light night; Avg. their mean (drop "
-                    "vs Orig.), Orig. clean videos.\n")
-
-
-def robust_to_table(name, frames, pvr):
-    """One row per model under --protocol robust-to: accuracy per corruption type, their mean and clean."""
-    head = "| Model | #Fr | " + " | ".join(lbl for _, lbl in ROBUST_TO_COLUMNS) + " | Avg. | Orig. |\n"
-    a, overall = pvr["accuracy"], pvr["overall"]
-    cells = [name, str(frames)] + [_f(overall.get(s)) for s, _ in ROBUST_TO_COLUMNS]
-    cells += [_f(a["avg"]) + _d(a["drop"]), _f(a["orig"])]
-    return head + "|---" * (len(ROBUST_TO_COLUMNS) + 4) + "|\n| " + " | ".join(cells) + " |\n"
+# table.md per --protocol: (table(name, frames, pvr), legend); an extension adds its protocol's
+TABLES = {"pvrbench": (lambda name, frames, pvr: TABLE_HEADER + table_row(name, frames, pvr), TABLE_LEGEND)}
 
 
 def bar_chart(path, groups, series, title):
@@ -274,18 +255,13 @@ def chart(path, results_list, labels):
     return bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
 
 
-def _config_key(res):
-    """A results.json's model and configuration: what the same command run again shares."""
-    c = res["config"]
-    return c["model_name"], c.get("run_hash"), c.get("judge")
-
-
 def _latest_per_config(paths):
-    """{(model, run hash, judge): (path, results)} of the newest <timestamp>_results.json of each."""
+    """{(model, run hash, judge): (path, results)} of the newest <timestamp>_results.json of each model and
+    configuration (what the same command run again shares)."""
     latest = {}
     for p in sorted(paths, key=lambda p: Path(p).name):  # timestamps first: oldest to newest
         res = json.loads(Path(p).read_text())
-        latest[_config_key(res)] = (p, res)
+        latest[res["config"]["model_name"], res["config"].get("run_hash"), res["config"].get("judge")] = (p, res)
     return latest
 
 
@@ -329,10 +305,10 @@ def parse_sources(spec, what="--benchmark"):
 
 
 def parse_subtypes(spec, protocol="pvrbench"):
-    """"all" (the protocol's subtypes: PVRBench's 12, or Robust-TO's five), "none" (clean only), or a comma
-    list of subtypes (PVRBench's and Robust-TO's motion_blur / noise) and categories; canonical order."""
-    order = list(perturb.PROTOCOLS[protocol]) + [s for s in perturb.SUBTYPES + perturb.EXTRA_SUBTYPES
-                                                 if s not in perturb.PROTOCOLS[protocol]]
+    """"all" (the protocol's subtypes, perturb.PROTOCOLS), "none" (clean only), or a comma list of subtypes
+    (Table 8's and the registered ones, perturb.CATEGORY_OF) and categories; in canonical order."""
+    known = list(perturb.CATEGORY_OF)
+    order = list(perturb.PROTOCOLS[protocol]) + [s for s in known if s not in perturb.PROTOCOLS[protocol]]
     if spec.strip() == "all":
         return list(perturb.PROTOCOLS[protocol])
     chosen = set()
@@ -342,9 +318,8 @@ def parse_subtypes(spec, protocol="pvrbench"):
         elif name in order:
             chosen.add(name)
         elif name != "none":
-            raise runtime.UserError(f"--subtypes: unknown {name!r} (subtypes: {', '.join(perturb.SUBTYPES)}, "
-                             f"{', '.join(perturb.EXTRA_SUBTYPES)}; categories: {', '.join(perturb.CATEGORIES)}; "
-                             "or all / none)")
+            raise runtime.UserError(f"--subtypes: unknown {name!r} (subtypes: {', '.join(known)}; categories: "
+                                    f"{', '.join(perturb.CATEGORIES)}; or all / none)")
     return [s for s in order if s in chosen]
 
 
@@ -353,18 +328,13 @@ def load_source(name, path, root, limit):
         folder = Path(path)
         if not (folder / "eval.jsonl").is_file():
             print(f"building the synthetic benchmark ({SYNTH_CLIPS} clips) in {folder}", flush=True)
-            data.make_synthetic(folder, n=SYNTH_CLIPS, seed=0, num_frames=8, size=56)
+            synthetic.make_synthetic(folder, n=SYNTH_CLIPS, seed=0, num_frames=8, size=56)
         samples, _ = data.load_vsibench(folder / "eval.jsonl", root or folder / "videos", require_videos=False)
     elif name == "vsibench":  # (the loaders' default video roots: next to the annotation file)
         samples, _ = data.load_vsibench(path, root or None, require_videos=False)
     else:
         samples, _ = data.load_urbanvideo(path, root or None, require_videos=False, skip_unparsable=True)
     return samples[:limit] if limit else samples
-
-
-def video_identity(source, s):
-    """The video's identity in PVRBench: what static_spec is seeded with (Sec. 4; data.video_identity)."""
-    return data.video_identity(s)
 
 
 @dataclass
@@ -388,7 +358,7 @@ def make_plan(sources, subtypes, assign, eta):
                 off = int(hashlib.sha256(s.task.encode()).hexdigest(), 16)
                 conds = ["clean", subtypes[(seen[s.task] + off) % len(subtypes)]]
                 seen[s.task] += 1
-            vid = video_identity(src, s)
+            vid = data.video_identity(s)
             groups.setdefault((src, vid), Group(src, vid, s.video, [])).items.append((s, conds))
             for sub in conds[1:]:
                 row = manifest.setdefault((src, vid, sub), {
@@ -398,16 +368,17 @@ def make_plan(sources, subtypes, assign, eta):
     return list(groups.values()), list(manifest.values())
 
 
-def read_clip(group, args):
-    """(frames, fps seen by the model) or a VideoError; fps: qwen-vl-utils' sample fps, or --fps."""
+def read_clip(group, args, read_kwargs):
+    """(frames, fps seen by the model) or a VideoError; fps: qwen-vl-utils' sample fps, or --fps.
+    read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
     frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels,
-                                             sampler=args.frame_sampler, keyframe_eps=args.keyframe_eps)
+                                             **read_kwargs)
     if args.fps != "video":
         return frames, float(args.fps)
     return frames, (len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0)
 
 
-def export(groups, manifest, args):
+def export(groups, manifest, args, read_kwargs):
     """--export DIR: the clean and corrupted clips as mp4 (the frames the models see) plus the manifest."""
     root, specs = Path(args.export), defaultdict(list)
     for row in manifest:
@@ -415,7 +386,7 @@ def export(groups, manifest, args):
     rows = []
     for g in groups:
         try:
-            frames, fps = read_clip(g, args)
+            frames, fps = read_clip(g, args, read_kwargs)
         except Exception as e:  # noqa: BLE001 - recorded, never fatal
             rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
             continue
@@ -435,12 +406,10 @@ def export(groups, manifest, args):
 
 class HFModel:
     """Any AutoModelForImageTextToText checkpoint (policy.load_policy), optionally with a peft LoRA adapter;
-    batched greedy generation (policy.rollout, do_sample=False). A text-only LM (Embodied-R's reasoner,
-    train.py --policy text) reads `perceiver`'s text of each clip, clean or corrupted, in the video's place
-    (perceive.py; texts cached in `perception_cache`, keyed by frame content, question and perceiver)."""
+    batched greedy generation (policy.rollout, do_sample=False)."""
     failure = "generation failed"  # the reason recorded for a sample that fails alone
 
-    def __init__(self, path, adapter=None, perceiver="", perception_cache=None):
+    def __init__(self, path, adapter=None):
         import policy
         self.policy = policy
         self.model, self.processor = policy.load_policy(path)
@@ -448,14 +417,12 @@ class HFModel:
             from peft import PeftModel
             self.model = PeftModel.from_pretrained(self.model, adapter).eval()
         self.text = policy.is_text_model(self.model)
-        if self.text and not perceiver:
-            raise runtime.UserError(f"{path} is a text-only LM (Embodied-R's reasoner): give --perceiver "
-                             f"({' | '.join(perceive.PERCEIVER_SPECS)}) to turn the videos into text")
-        if perceiver and not self.text:
-            raise runtime.UserError(f"--perceiver is for text-only models; {path} is a VLM and sees the videos itself")
-        if self.text:
-            self.perceiver = perceive.make_perceiver(perceiver)
-            self.cache = perceive.PerceptionCache(perception_cache)
+        self.check_kind(path)
+
+    def check_kind(self, path):
+        if self.text:   # (Embodied-R's reasoner reads a perceiver's text of the videos: its entry point)
+            raise runtime.UserError(f"{path} is a text-only LM: it cannot see the videos (a perceiver's text of them: "
+                                    "python -m extensions.embodied_r.eval --perceiver ...)")
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""
@@ -468,46 +435,21 @@ class HFModel:
                 samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
 
     def _texts(self, samples, clips, fps, style, max_new_tokens):
-        messages = [data.build_messages(s, style) for s in samples]
-        if self.text:  # Embodied-R Sec. 2.2: the perception text replaces the video
-            messages = [perceive.text_messages(m, perceive.perceive(c, data.question_text(s), self.perceiver,
-                                                                    cache=self.cache))
-                        for m, s, c in zip(messages, samples, clips)]
-            inputs = self.policy.make_inputs(self.processor, messages, None)
-        else:
-            inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
+        inputs = self.policy.make_inputs(self.processor, [data.build_messages(s, style) for s in samples], clips,
+                                         fps=fps)
         return self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
                                    do_sample=False).texts
 
 
-AGENT_PREFIX = "robust-to:"
-
-
-class AgentModel(HFModel):
-    """Robust-TO's orchestrated agent (orchestrate.Agent) around a local checkpoint, `--model robust-to:PATH`:
-    of the frames read, the k most reliable and relevant (reliability.select_frames), decomposition,
-    tools, three-tier synthesis; the synthesis is the response scored. Errors as HFModel's."""
-    failure = "agent failed"
-
-    def __init__(self, path, adapter=None, k=4, synthesis="policy", synthesis_tokens=0):
-        from extensions.robust_to import orchestrate
-        super().__init__(path, adapter)
-        self.agent = orchestrate.Agent(self.model, self.processor, k=k, synthesis=synthesis)
-        self.synthesis_tokens = synthesis_tokens
-
-    def _texts(self, samples, clips, fps, style, max_new_tokens):
-        self.agent.synthesis_tokens = self.synthesis_tokens or max_new_tokens
-        return [t.synthesis for t in self.agent.run(samples, clips)]
-
-
 class APIModel:
-    """An OpenAI-compatible chat-completions model (OpenAI, vLLM): the frames as base64 JPEG image parts, then
-    the prompt; temperature 0; retries with backoff. Reuses judge.OpenAIJudge's request code (the key is read
-    from $OPENAI_API_KEY at each request, never stored, logged or written)."""
+    """An OpenAI-compatible chat-completions model (OpenAI, vLLM) through chat.ChatClient: the frames as
+    base64 JPEG image parts, then the prompt; temperature 0; retries with backoff; the key from
+    $OPENAI_API_KEY, never stored, logged or written; `concurrency` requests at a time."""
 
     def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=8):
-        self.client = judges.OpenAIJudge(base_url=base_url, model=name, max_retries=retries, timeout=timeout)
         self.concurrency = max(1, concurrency)
+        self.client = chat.ChatClient(base_url=base_url, model=name, max_retries=retries, timeout=timeout,
+                                      concurrency=self.concurrency)
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         def one(k):
@@ -517,75 +459,32 @@ class APIModel:
             return list(pool.map(one, range(len(prompts))))
 
 
-class TextOnly:
-    """A text-only answerer for the semantic-bias filter (Embodied-R Sec. 3.1): the question and its
-    options with the official short-answer prompt, no video. spec: "openai:MODEL" (OpenAI-compatible
-    chat completions, no images) or a local checkpoint (policy.load_policy: a VLM given a text-only chat,
-    or a text LM), greedy, 16 new tokens."""
-
-    def __init__(self, spec, base_url=None, retries=5, timeout=120.0):
-        self.spec = spec
-        if spec.startswith("openai:"):
-            self.client = judges.OpenAIJudge(base_url=base_url or os.environ.get("OPENAI_BASE_URL")
-                                             or "https://api.openai.com/v1", model=spec.split(":", 1)[1],
-                                             max_retries=retries, timeout=timeout)
-            return
-        import policy
-        self.client, self.policy = None, policy
-        self.model, self.processor = policy.load_policy(spec)
-
-    def __call__(self, samples, batch_size=16):
-        prompts = [data.build_prompt(s, "official") for s in samples]
-        if self.client is not None:
-            return [self.client.complete(p, 16) for p in prompts]
-        out = []
-        for i in range(0, len(prompts), batch_size):
-            inputs = self.policy.make_inputs(self.processor, [[{"role": "user", "content": p}]
-                                                              for p in prompts[i:i + batch_size]], None)
-            out += self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=16,
-                                       do_sample=False).texts
-        return out
+def base_url(args):
+    """The chat-completions server of an openai: model: --base-url, $OPENAI_BASE_URL or OpenAI's."""
+    return args.base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
 
 
-def debias(sources, answerer, cache_path, name):
-    """Embodied-R's semantic-bias filter (Sec. 3.1): drop the multiple-choice questions that a text-only
-    model answers correctly without seeing the video (numeric questions are kept: a blind number is not
-    "answered"). Answers are appended to `cache_path` (JSONL) as they come, so a rerun asks nothing twice.
-    Returns (kept sources, report)."""
-    cache_path = Path(cache_path)
-    done = {}
-    if cache_path.is_file():
-        for line in cache_path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                done[(r["source"], r["id"])] = r["answer"]
-    kept, report = {}, {"model": name, "checked": 0, "dropped": 0, "sources": {}}
-    for src, samples in sources.items():
-        mc = [s for s in samples if s.problem_type == "multiple choice"]
-        todo = [s for s in mc if (src, s.id) not in done]
-        if todo:
-            answers = answerer(todo)
-            with open(cache_path, "a") as f:
-                for s, a in zip(todo, answers):
-                    done[(src, s.id)] = a
-                    f.write(json.dumps({"source": src, "id": s.id, "answer": a}) + "\n")
-        blind = {s.id for s in mc if done[(src, s.id)] is not None and data.score_sample(done[(src, s.id)], s) >= 1.0}
-        kept[src] = [s for s in samples if s.id not in blind]
-        report["sources"][src] = {"checked": len(mc), "dropped": len(blind)}
-        report["checked"] += len(mc)
-        report["dropped"] += len(blind)
-    return kept, report
+MODELS = {  # --model SCHEME:PATH -> factory(args, path); "" = a checkpoint folder or hub id
+    "": lambda args, path: HFModel(path, args.adapter or None),
+    "openai": lambda args, name: APIModel(name, base_url(args), args.api_retries, args.api_timeout, args.batch_size),
+}
 
 
-def resolve_model(args):
+def split_model(spec, models):
+    """--model -> (scheme, path): "openai:gpt-4o" -> ("openai", "gpt-4o"); a folder or hub id -> ("", spec)."""
+    scheme, sep, path = spec.partition(":")
+    return (scheme, path) if sep and scheme and scheme in models else ("", spec)
+
+
+def resolve_model(args, ext, models):
     """(spec, display name). Default: the train demo's checkpoint, else an untrained tiny model."""
     if args.model:
-        if args.model.startswith("openai:"):
-            return args.model, args.model_name or args.model.split(":", 1)[1]
-        agent = args.model.startswith(AGENT_PREFIX)
-        parts = Path(args.model[len(AGENT_PREFIX) if agent else 0:].rstrip("/")).parts
+        scheme, path = split_model(args.model, models)
+        if scheme == "openai":
+            return args.model, args.model_name or path
+        parts = Path(path.rstrip("/")).parts
         name = "-".join(parts[-2:]) if parts[-1] == "final" and len(parts) > 1 else parts[-1]  # train.py's OUT/final
-        name = f"robust-to-{name}" + ("-rules" if args.agent_synthesis == "rules" else "") if agent else name
+        name = ext.name(args, scheme, name) if scheme else name
         if args.adapter:
             name += "+" + Path(args.adapter.rstrip("/")).name
         return args.model, args.model_name or name
@@ -601,17 +500,21 @@ def resolve_model(args):
     return str(tiny), args.model_name or "tiny-untrained"
 
 
-def check_sources(args, spec):
+def check_sources(args, scheme, path, ext):
     """Every local model, adapter and judge the run will load exists: one line now, before any folder is
     made or any video is read (an API model is checked by its first request)."""
-    if not spec.startswith("openai:"):
-        runtime.model_source(spec.removeprefix(AGENT_PREFIX))
+    unknown = re.fullmatch(r"([a-z][a-z0-9_-]*):.+", path)
+    if not scheme and unknown and not Path(path).exists():
+        raise runtime.UserError(f"--model {path}: no model scheme {unknown[1]}: here (a folder, a hub id or "
+                                "openai:NAME; an extension's entry point adds its own, e.g. python -m "
+                                "extensions.robust_to.eval --model robust-to:PATH)")
+    if scheme != "openai":
+        runtime.model_source(path)
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise runtime.UserError(f"--adapter {args.adapter}: no adapter_config.json there (a peft LoRA adapter "
                                 "folder, e.g. train.py --lora-r's OUT/final)")
-    runtime.check_hf_flags({"--judge": args.judge, "--perceiver": args.perceiver})
-    if args.debias and not args.debias.startswith("openai:"):
-        runtime.model_source(args.debias, what="--debias")
+    runtime.check_hf_flags({"--judge": args.judge})
+    ext.check(args, scheme)
 
 
 def _fingerprint(path):
@@ -621,7 +524,17 @@ def _fingerprint(path):
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
 
 
-# ----------------------------------------------------------------------------- the resumable store
+def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
+    """What the run hash covers: everything that changes a generation (not --limit or --judge)."""
+    return dict(model=spec, model_fp=[] if scheme == "openai" else _fingerprint(path), adapter=args.adapter,
+                adapter_fp=_fingerprint(args.adapter) if args.adapter else None, base_url=args.base_url,
+                sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
+                             roots.get(n, roots.get(None))] for n, p in paths.items()},
+                subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
+                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, **ext.run_key(args, spec))
+
+
+# ----------------------------------------------------------------------------- the resumable store and the run
 
 def _write_jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -661,89 +574,36 @@ class Store:
             f.write(("\n" if torn else "") + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
             f.flush()
             os.fsync(f.fileno())
-        table = self.gen if kind == "samples" else self.jdg
-        table[src].update({(r["doc_id"], r["condition"]): r for r in rows})
+        (self.gen if kind == "samples" else self.jdg)[src].update({(r["doc_id"], r["condition"]): r for r in rows})
 
+    def pending(self, g):
+        """(sample, condition) of a group still to generate."""
+        return [(s, c) for s, conds in g.items for c in conds if not self.done(g.source, (s.id, c))]
 
-def judge_pending(store, g, judge):
-    """(key, question, reference, candidate) still to judge in a group: clean with itself (Orig.+), each
-    perturbed response against the clean one."""
-    if judge is None:
-        return []
-    out = []
-    for s, conds in g.items:
-        clean = store.gen[g.source].get((s.id, "clean"))
-        if clean is None or clean.get("error") is not None:
-            continue
-        for c in conds:
-            r = store.gen[g.source].get((s.id, c))
-            if r is not None and r.get("error") is None and (s.id, c) not in store.jdg[g.source]:
-                out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
-    return out
+    def to_judge(self, g, judge):
+        """(key, question, reference, candidate) still to judge in a group: clean with itself (Orig.+), each
+        perturbed response against the clean one."""
+        if judge is None:
+            return []
+        out = []
+        for s, conds in g.items:
+            clean = self.gen[g.source].get((s.id, "clean"))
+            if clean is None or clean.get("error") is not None:
+                continue
+            for c in conds:
+                r = self.gen[g.source].get((s.id, c))
+                if r is not None and r.get("error") is None and (s.id, c) not in self.jdg[g.source]:
+                    out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
+        return out
 
-
-def run_window(window, args, store, model, judge, state):
-    """Decode each video of the window once, generate its pending samples in batches (appended per batch),
-    then judge the window's pending pairs. Returns False when --stop-after is reached."""
-    clips, todo = {}, []
-    for g in window:
-        pend = [(s, c) for s, conds in g.items for c in conds if not store.done(g.source, (s.id, c))]
-        if not pend and not judge_pending(store, g, judge):
-            continue
-        try:
-            clips[(g.video_id, "clean")] = read_clip(g, args)
-        except Exception as e:  # noqa: BLE001 - an unreadable video is an error record, never fatal
-            reason = f"{type(e).__name__}: {e}"
-            store.append("samples", g.source, [record(g, s, c, None, None, reason) for s, c in pend])
-            continue
-        todo += [(g, s, c) for s, c in pend]
-    manifest = state["manifest"]
-    for start in range(0, len(todo), args.batch_size):
-        batch, vids, fps = todo[start:start + args.batch_size], [], []
-        for g, s, c in batch:
-            if (g.video_id, c) not in clips:
-                frames, f = clips[(g.video_id, "clean")]
-                spec = perturb.PerturbSpec.from_dict(manifest[(g.source, g.video_id, c)]["spec"])
-                clips[(g.video_id, c)] = (perturb.apply(frames, spec), f)
-            vids.append(clips[(g.video_id, c)][0])
-            fps.append(clips[(g.video_id, c)][1])
-        prompts = [data.build_prompt(s, args.style) for _, s, _ in batch]
-        t0 = time.perf_counter()
-        outs = model.generate([s for _, s, _ in batch], prompts, vids, fps, args.style, args.max_new_tokens)
-        state["sec_generate"] += time.perf_counter() - t0
-        rows = defaultdict(list)
-        for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
-            rows[g.source].append(record(g, s, c, p, text, err))
-        for src, rs in rows.items():
-            store.append("samples", src, rs)
-        state["generated"] += len(batch)
-        if state.get("bar") is not None:
-            state["bar"].update(len(batch))
-        if args.stop_after and state["generated"] >= args.stop_after:
-            return False
-    t0 = time.perf_counter()
-    for g in window:
-        pend = judge_pending(store, g, judge)
-        if not pend or (g.video_id, "clean") not in clips:
-            continue
-        by_cond = defaultdict(list)
-        vision = isinstance(judge, judges.OpenAIJudge) and args.judge_frames > 0
-        for p in pend:
-            by_cond[p[0][1] if vision else None].append(p)
-        for cond, ps in by_cond.items():
-            images = None
-            if vision:
-                if (g.video_id, cond) not in clips:
-                    spec = perturb.PerturbSpec.from_dict(manifest[(g.source, g.video_id, cond)]["spec"])
-                    clips[(g.video_id, cond)] = (perturb.apply(clips[(g.video_id, "clean")][0], spec), None)
-                frames = clips[(g.video_id, cond)][0]
-                images = list(frames[np.linspace(0, len(frames) - 1, args.judge_frames).round().astype(int)])
-            verdicts = judge.reasoning_quality_batch([p[1:] for p in ps], images=images)
-            store.append(f"judge-{store.tag}", g.source, [{"doc_id": k[0], "condition": k[1], "judge": v}
-                                                         for (k, *_), v in zip(ps, verdicts)
-                                                         if any(x is not None for x in v.values())])
-    state["sec_judge"] += time.perf_counter() - t0
-    return True
+    def records(self, groups):
+        """{source: the final records, in plan order, each with its verdict}."""
+        flat = defaultdict(list)
+        for g in groups:
+            for s, conds in g.items:
+                flat[g.source] += [dict(self.gen[g.source][(s.id, c)],
+                                        judge=self.jdg[g.source].get((s.id, c), {}).get("judge")) for c in conds]
+        return flat
 
 
 def record(g, s, cond, prompt, text, error):
@@ -751,24 +611,136 @@ def record(g, s, cond, prompt, text, error):
     pred = data.extract_answer(text, s.source, problem_type=s.problem_type) if ok else None
     return {"doc_id": s.id, "condition": cond, "video_id": g.video_id, "task": s.task, "input": prompt,
             "target": s.answer, "response": text, "filtered_resps": pred,
-            "score": data.score(pred, s.answer, s.problem_type, s.source) if ok else None,
-            "error": error}
+            "score": data.score(pred, s.answer, s.problem_type, s.source) if ok else None, "error": error}
 
 
-# ----------------------------------------------------------------------------- main
+class Runner:
+    """Generation and judging, a window of videos (about --batch-size samples) at a time: each video decoded
+    once, its pending samples generated in batches (appended per batch), then the window's pairs judged."""
 
-def parse_args(argv=None):
+    def __init__(self, args, store, model, judge, manifest, read_kwargs, pending):
+        from tqdm import tqdm
+        self.args, self.store, self.model, self.judge, self.read_kwargs = args, store, model, judge, read_kwargs
+        self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
+        self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
+        self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
+
+    def run(self, groups):
+        """Every window; False when --stop-after is reached."""
+        window, size = [], 0
+        for k, g in enumerate(groups):
+            window.append(g)
+            size += sum(len(c) for _, c in g.items)
+            if size >= self.args.batch_size or k == len(groups) - 1:
+                if not self.window(window):
+                    return False
+                window, size = [], 0
+        if self.bar is not None:
+            self.bar.close()
+        return True
+
+    def window(self, groups):
+        self.clips, todo = {}, []
+        for g in groups:
+            pend = self.store.pending(g)
+            if not pend and not self.store.to_judge(g, self.judge):
+                continue
+            try:
+                self.clips[(g.video_id, "clean")] = read_clip(g, self.args, self.read_kwargs)
+            except Exception as e:  # noqa: BLE001 - an unreadable video is an error record, never fatal
+                reason = f"{type(e).__name__}: {e}"
+                self.store.append("samples", g.source, [record(g, s, c, None, None, reason) for s, c in pend])
+                continue
+            todo += [(g, s, c) for s, c in pend]
+        return self.generate(todo) and self.judge_window(groups)
+
+    def clip(self, g, cond):
+        """(frames, fps) under a condition: a perturbed clip is rebuilt from the manifest's spec (Sec. 4)."""
+        if (g.video_id, cond) not in self.clips:
+            frames, fps = self.clips[(g.video_id, "clean")]
+            spec = perturb.PerturbSpec.from_dict(self.manifest[(g.source, g.video_id, cond)]["spec"])
+            self.clips[(g.video_id, cond)] = (perturb.apply(frames, spec), fps)
+        return self.clips[(g.video_id, cond)]
+
+    def generate(self, todo):
+        args = self.args
+        for start in range(0, len(todo), args.batch_size):
+            batch = todo[start:start + args.batch_size]
+            clips = [self.clip(g, c) for g, _, c in batch]
+            prompts = [data.build_prompt(s, args.style) for _, s, _ in batch]
+            t0 = time.perf_counter()
+            outs = self.model.generate([s for _, s, _ in batch], prompts, [v for v, _ in clips],
+                                       [f for _, f in clips], args.style, args.max_new_tokens)
+            self.sec_generate += time.perf_counter() - t0
+            rows = defaultdict(list)
+            for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
+                rows[g.source].append(record(g, s, c, p, text, err))
+            for src, rs in rows.items():
+                self.store.append("samples", src, rs)
+            self.generated += len(batch)
+            if self.bar is not None:
+                self.bar.update(len(batch))
+            if args.stop_after and self.generated >= args.stop_after:
+                return False
+        return True
+
+    def judge_window(self, groups):
+        """An openai: judge sees --judge-frames frames of the clip it rates: its pairs are asked per condition."""
+        t0 = time.perf_counter()
+        vision = isinstance(self.judge, judges.OpenAIJudge) and self.args.judge_frames > 0
+        for g in groups:
+            pend = self.store.to_judge(g, self.judge)
+            if not pend or (g.video_id, "clean") not in self.clips:   # (nothing to judge, or an unreadable video)
+                continue
+            by_cond = defaultdict(list)
+            for p in pend:
+                by_cond[p[0][1] if vision else None].append(p)
+            for cond, ps in by_cond.items():
+                images = None
+                if vision:
+                    frames = self.clip(g, cond)[0]
+                    images = list(frames[np.linspace(0, len(frames) - 1, self.args.judge_frames).round().astype(int)])
+                verdicts = self.judge.reasoning_quality_batch([p[1:] for p in ps], images=images)
+                self.store.append(f"judge-{self.store.tag}", g.source, [
+                    {"doc_id": k[0], "condition": k[1], "judge": v} for (k, *_), v in zip(ps, verdicts)
+                    if any(x is not None for x in v.values())])
+        self.sec_judge += time.perf_counter() - t0
+        return True
+
+
+# ----------------------------------------------------------------------------- extensions and main
+
+@dataclass
+class Extension:
+    """What an extension adds to this script; its entry point runs main(argv, ext) (docs/DESIGN.md,
+    "Extensions"). In the order of use: `add_arguments(parser)` adds its flags (a group of its own: only its
+    --help lists them); `check(args, scheme)` checks the models they name (one line, before any folder is
+    made) and resolves their defaults; `models` {scheme: factory(args, path) -> model with HFModel's
+    generate()} adds --model SCHEME:PATH ("" replaces the checkpoint's model), named by `name(args, scheme,
+    base)`; `prepare(args, sources)` -> (sources, {results.json key: report}) sees the questions before the
+    plan; `read_kwargs(args)`: video.read_frames arguments (a frame sampler); `run_key(args, spec)` ->
+    {setting: value}, what else changes a generation (the run hash); `tables` {protocol: as TABLES}."""
+    add_arguments: Any = lambda parser: None
+    check: Any = lambda args, scheme: None
+    models: dict = field(default_factory=dict)
+    name: Any = lambda args, scheme, base: f"{scheme}-{base}"
+    prepare: Any = lambda args, sources: (sources, {})
+    read_kwargs: Any = lambda args: {}
+    run_key: Any = lambda args, spec: {}
+    tables: dict = field(default_factory=dict)
+
+
+def parse_args(argv=None, ext=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
                                  usage="%(prog)s [--model M] [--benchmark SRC=PATH,...] [--video-root ...] [options]")
     g = ap.add_argument_group("benchmark", "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
     g("--benchmark", default="synthetic", help="vsibench=PATH,urbanvideo=PATH (native files) or synthetic[=DIR] "
-      f"(default {DEFAULT_SYNTH}; built with data.make_synthetic when it has no eval.jsonl)")
+      f"(default {DEFAULT_SYNTH}; built with synthetic.make_synthetic when it has no eval.jsonl)")
     g("--video-root", default="", help="DIR for all, or vsibench=DIR,urbanvideo=DIR (default: next to the file)")
-    g("--subtypes", default="all", help="all (Table 8's 12), none, or a comma list of subtypes / categories "
+    g("--subtypes", default="all", help="all (the protocol's), none, or a comma list of subtypes / categories "
       "(lighting, occlusion, camera, weather)")
-    g("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="--subtypes all means: pvrbench "
-      "(Table 8's 12) or robust-to (Robust-TO's five: motion_blur, noise, overexposure = glare, static = "
-      "occlusion, night = low light); robust-to adds a per-corruption table")
+    g("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="what --subtypes all means: "
+      "pvrbench (Table 8's 12) or an extension's (perturb.register_protocol)")
     g("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
       "(round-robin within each task); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
@@ -776,16 +748,12 @@ def parse_args(argv=None):
     g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit")
     v = ap.add_argument_group("video", "how the frames are read").add_argument
     v("--frames", type=int, default=None, help="frames per video (App. D: 32; synthetic: 8)")
-    v("--frame-sampler", default="uniform", choices=["uniform", "keyframes"], help="uniform (qwen-vl-utils) or "
-      "Embodied-R's key frames (at most --frames; video.keyframes)")
-    v("--keyframe-eps", type=float, default=0.5, help="overlap threshold of --frame-sampler keyframes")
     v("--max-pixels", type=int, default=None, help="pixels per frame (App. D: 256x28x28; synthetic: 56x56)")
     v("--fps", default=None, help="fps given to the model for M-RoPE: 'video' (qwen-vl-utils' sample fps) or a number "
       "(synthetic: 2.0, as train.py)")
     m = ap.add_argument_group("model", "the model evaluated and how it is asked").add_argument
-    m("--model", default="", help=f"checkpoint folder or hub id, openai:NAME, or robust-to:PATH (Robust-TO's "
-      f"orchestrated agent around the checkpoint; orchestrate.py) (default: {DEMO_CHECKPOINT}, else an untrained "
-      "tiny model, said so)")
+    m("--model", default="", help=f"checkpoint folder or hub id, or openai:NAME (default: {DEMO_CHECKPOINT}, else an "
+      "untrained tiny model, said so)")
     m("--adapter", default="", help="a peft LoRA adapter folder for --model")
     m("--model-name", default="", help="name of the results folder (default: from --model)")
     m("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
@@ -807,28 +775,14 @@ def parse_args(argv=None):
       "latest of each model and configuration)")
     o("--stop-after", type=int, default=0, help="testing: stop (as if killed) after this many generated samples")
     runtime.add_debug_flag(out_group)
-    x = ap.add_argument_group("extensions", "Embodied-R (text models through a perceiver, the bias filter) and "
-                              "Robust-TO (--model robust-to:PATH)").add_argument
-    x("--perceiver", default="", help="a text-only --model (Embodied-R, train.py --policy text) reads this perception "
-      "model's text of each video: hf:PATH | openai:MODEL | cv (perceive.py)")
-    x("--perception-cache", default="", help="SQLite cache of perception texts (default OUT/perception_cache.sqlite)")
-    x("--debias", default="", help="semantic-bias filter (Embodied-R Sec. 3.1): drop the multiple-choice questions "
-      "this text-only model (openai:NAME or a local checkpoint) answers correctly without the video")
-    x("--agent-k", type=int, default=0, help="--model robust-to:PATH: frames the agent selects of --frames "
-      "(default half)")
-    x("--agent-synthesis", default="policy", choices=("policy", "rules"), help="--model robust-to:PATH: who "
-      "synthesises: the policy (Robust-TO), or the three tier rules applied by code (orchestrate.tiered_answer; "
-      "an ablation that measures the tools and tiers alone)")
-    x("--synthesis-tokens", type=int, default=0, help="--model robust-to:PATH: new tokens of the agent's synthesis "
-      "(default --max-new-tokens; its answer cites the evidence first, so give it more)")
+    (ext or Extension()).add_arguments(ap)
     args = ap.parse_args(argv)
-    synthetic = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
-    for key, value in SYNTH_DEFAULTS.items():
-        if getattr(args, key) is None and synthetic and not (key == "max_new_tokens" and args.style == "official"):
+    synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
+    for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
+        if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
             setattr(args, key, value)
-    defaults = dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8,
-                    max_new_tokens=256 if args.style == "reason" else 16)
-    for key, value in defaults.items():
+    for key, value in dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8,
+                           max_new_tokens=256 if args.style == "reason" else 16).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     if args.fps != "video":
@@ -854,135 +808,86 @@ def versions():
     return out
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv=None, ext=None):
+    ext = ext or Extension()
+    args = parse_args(argv, ext)
     runtime.out_dir(args.out, create=False)  # (made when there are results to write)
     if args.compare:
         return compare(args.compare, Path(args.out))
-    t_start = time.perf_counter()
-    spec, name = resolve_model(args) if not args.export else (None, None)
-    if spec:
-        check_sources(args, spec)
+    t_start, models = time.perf_counter(), {**MODELS, **ext.models}
+    spec = name = scheme = path = None   # (--export: no model)
+    if not args.export:
+        spec, name = resolve_model(args, ext, models)
+        scheme, path = split_model(spec, models)
+        check_sources(args, scheme, path, ext)
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
     subtypes = parse_subtypes(args.subtypes, args.protocol)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
-    debiased = None
-    if args.debias:
-        tag = re.sub(r"[^A-Za-z0-9._+-]+", "_", args.debias).strip("_")
-        (Path(args.out) / "debias").mkdir(parents=True, exist_ok=True)
-        sources, debiased = debias(sources, lambda xs: TextOnly(args.debias, args.base_url or None)(xs),
-                                   Path(args.out) / "debias" / f"{tag}.jsonl", args.debias)
-        print(f"--debias {args.debias}: {debiased['dropped']} of {debiased['checked']} multiple-choice questions "
-              "answered correctly without the video, dropped", flush=True)
+    sources, reports = ext.prepare(args, sources)
     groups, manifest = make_plan(sources, subtypes, args.assign, args.eta)
     if args.export:
-        return export(groups, manifest, args)
+        return export(groups, manifest, args, ext.read_kwargs(args))
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"
-    keyed = dict(model=spec, model_fp=_fingerprint(spec.removeprefix(AGENT_PREFIX)), adapter=args.adapter, adapter_fp=_fingerprint(args.adapter)
-                 if args.adapter else None, base_url=args.base_url, sources={n: [str(p), _fingerprint(
-                     Path(p) / "eval.jsonl" if n == "synthetic" else p), roots.get(n, roots.get(None))]
-                     for n, p in paths.items()}, subtypes=subtypes, assign=args.assign, frames=args.frames,
-                 max_pixels=args.max_pixels, fps=args.fps, eta=args.eta, style=args.style,
-                 max_new_tokens=args.max_new_tokens)
-    if args.frame_sampler != "uniform":  # (left out for uniform: earlier runs' stores keep their hash)
-        keyed.update(frame_sampler=args.frame_sampler, keyframe_eps=args.keyframe_eps)
-    if args.debias:
-        keyed.update(debias=args.debias)
-    if args.perceiver:
-        keyed.update(perceiver=args.perceiver)
-    if spec.startswith(AGENT_PREFIX):
-        args.agent_k = args.agent_k or max(1, args.frames // 2)
-        keyed.update(agent_k=args.agent_k)
-        if args.agent_synthesis != "policy":  # (left out when default: earlier runs' stores keep their hash)
-            keyed.update(agent_synthesis=args.agent_synthesis)
-        if args.synthesis_tokens:
-            keyed.update(synthesis_tokens=args.synthesis_tokens)
+    keyed = run_config(args, spec, scheme, path, paths, roots, subtypes, ext)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / name
     run_dir = model_dir / f"run_{run_hash}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(keyed, indent=1))
     _write_jsonl(run_dir / "manifest.jsonl", manifest)
-    manifest_sha = hashlib.sha256((run_dir / "manifest.jsonl").read_bytes()).hexdigest()
-    jtag = re.sub(r"[^A-Za-z0-9.-]+", "-", args.judge)
-    store = Store(run_dir, jtag)
-    n_items = sum(len(c) for g in groups for _, c in g.items)
-    pending = sum(not store.done(g.source, (s.id, c)) for g in groups for s, cs in g.items for c in cs)
-    print(f"PVRBench: {len(groups)} videos, {n_items} (question, condition) samples, {pending} to generate; "
-          f"model {spec}; store {run_dir}", flush=True)
-    model = None
-    if pending:
-        model = (APIModel(spec.split(":", 1)[1], args.base_url or os.environ.get("OPENAI_BASE_URL")
-                          or "https://api.openai.com/v1", args.api_retries, args.api_timeout, args.batch_size)
-                 if spec.startswith("openai:")
-                 else AgentModel(spec[len(AGENT_PREFIX):], args.adapter or None, args.agent_k, args.agent_synthesis,
-                                 args.synthesis_tokens)
-                 if spec.startswith(AGENT_PREFIX)
-                 else HFModel(spec, args.adapter or None, args.perceiver, args.perception_cache
-                              or str(Path(args.out) / "perception_cache.sqlite")))
+    store = Store(run_dir, re.sub(r"[^A-Za-z0-9.-]+", "-", args.judge))
+    pending = sum(len(store.pending(g)) for g in groups)
+    print(f"PVRBench: {len(groups)} videos, {sum(len(c) for g in groups for _, c in g.items)} (question, condition) "
+          f"samples, {pending} to generate; model {spec}; store {run_dir}", flush=True)
+    model = models[scheme](args, path) if pending else None
     judge = None if args.judge == "none" else judges.make_judge(
         args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"))
-    state = {"generated": 0, "sec_generate": 0.0, "sec_judge": 0.0, "manifest": {
-        (r["source"], r["video_id"], r["subtype"]): r for r in manifest}}
-    try:
-        from tqdm import tqdm
-        state["bar"] = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
-    except ImportError:
-        state["bar"] = None
-    window, size = [], 0
-    for k, g in enumerate(groups):
-        window.append(g)
-        size += sum(len(c) for _, c in g.items)
-        if size >= args.batch_size or k == len(groups) - 1:
-            if not run_window(window, args, store, model, judge, state):
-                print(f"--stop-after {args.stop_after}: stopped after {state['generated']} samples (as if killed)")
-                return None
-            window, size = [], 0
-    if state["bar"] is not None:
-        state["bar"].close()
-    if judge is not None and hasattr(judge, "close"):
+    runner = Runner(args, store, model, judge, manifest, ext.read_kwargs(args), pending)
+    if not runner.run(groups):
+        print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
+        return None
+    if hasattr(judge, "close"):
         judge.close()
-
-    flat = defaultdict(list)   # the final records, in plan order, joined with their verdicts
-    for g in groups:
-        for s, conds in g.items:
-            for c in conds:
-                r = store.gen[g.source][(s.id, c)]
-                flat[g.source].append(dict(r, judge=store.jdg[g.source].get((s.id, c), {}).get("judge")))
+    flat = store.records(groups)
     results = summarize(flat, subtypes)
-    robust_to = args.protocol == "robust-to"
-    table = (robust_to_table(name, args.frames, results["pvrbench"]) if robust_to
-             else TABLE_HEADER + table_row(name, args.frames, results["pvrbench"]))
-    legend = ROBUST_TO_LEGEND if robust_to else TABLE_LEGEND
+    table, legend = {**TABLES, **ext.tables}.get(args.protocol, TABLES["pvrbench"])
+    table = table(name, args.frames, results["pvrbench"])
     previous = latest_results(model_dir, run_hash, args.judge)
     if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
         print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)
         return previous[1]
     ts = time.strftime("%Y%m%d_%H%M%S")
-    elapsed = time.perf_counter() - t_start
     out = {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),
-           "config": {**{k: v for k, v in vars(args).items() if k not in ("compare",)}, "model": spec,
-                      "model_name": name, "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
+           "config": {**{k: v for k, v in vars(args).items() if k != "compare"}, "model": spec, "model_name": name,
+                      "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
                       "judge_stats": getattr(judge, "stats", None)},
-           "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": manifest_sha, "rows": len(manifest)},
-           "debias": debiased, "versions": versions(), "date": ts, "n_samples": results["n_samples"], "n_errors": results["n_errors"],
-           "timing": {"total_s": elapsed, "generate_s": state["sec_generate"], "judge_s": state["sec_judge"],
-                      "generated": state["generated"]}}
-    shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")
-    for src, rs in flat.items():   # lmms-eval's layout: resps [[text]], filtered_resps [answer]
-        _write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
-                     [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
-    (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
-    (model_dir / "table.md").write_text(table + "\n" + legend)
-    chart(model_dir / "per_task.png", [out], [name])
-    for src, block in results["sources"].items():
-        acc = block["accuracy"]
-        print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
-              f"{block['n_samples']} samples, {block['n_errors']} errors")
-    print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({elapsed:.0f} s)", flush=True)
+           "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
+               (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
+           **reports, "versions": versions(), "date": ts, "n_samples": results["n_samples"],
+           "n_errors": results["n_errors"], "timing": {
+               "total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
+               "judge_s": runner.sec_judge, "generated": runner.generated}}
+    write_results(out, flat, model_dir, run_dir, ts, name, table + "\n" + legend)
+    print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
+          flush=True)
     return out
 
 
+def write_results(out, flat, model_dir, run_dir, ts, name, table_md):
+    """<ts>_manifest.jsonl, <ts>_samples_pvrbench_<source>.jsonl (lmms-eval's layout), <ts>_results.json,
+    table.md and per_task.png; one line per source printed."""
+    shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")
+    for src, rs in flat.items():   # lmms-eval's: resps [[text]], filtered_resps [answer]
+        _write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
+                     [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
+    (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
+    (model_dir / "table.md").write_text(table_md)
+    chart(model_dir / "per_task.png", [out], [name])
+    for src, block in out["results"]["sources"].items():
+        acc = block["accuracy"]
+        print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
+              f"{block['n_samples']} samples, {block['n_errors']} errors")
+
+
 if __name__ == "__main__":
-    runtime.run(main, interrupted="rerun the same command to continue: the samples generated so far are kept in "
-                                  "OUT/<model>/run_<hash>/ and are not generated again")
+    runtime.run(main, interrupted=INTERRUPTED)

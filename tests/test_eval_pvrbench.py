@@ -1,5 +1,6 @@
 """eval_pvrbench.py: official aggregation by hand (VSI-Bench, UrbanVideo-Bench, Table 2), end to end on a tiny
-model, the manifest regenerating the evaluated clips bit for bit, kill and resume, a corrupt video, an API model."""
+model, the manifest regenerating the evaluated clips bit for bit, kill and resume, a corrupt video, an API model.
+The extensions' parts: extensions/embodied_r/tests/test_er_eval.py, extensions/robust_to/tests/test_rt_eval.py."""
 import base64
 import hashlib
 import http.server
@@ -17,6 +18,7 @@ import data
 import eval_pvrbench as ev
 import perturb
 import policy
+import synthetic
 import video
 
 
@@ -24,7 +26,7 @@ import video
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalpvr")
     tiny = policy.build_tiny(root / "tiny")
-    data.make_synthetic(root / "syn", n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)  # 9 questions
+    synthetic.make_synthetic(root / "syn", n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)  # 9 questions
     return root, tiny, root / "syn"
 
 
@@ -378,38 +380,6 @@ def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
         server.shutdown()
 
 
-def test_debias_drops_the_questions_a_blind_model_answers(tmp_path):
-    import eval_pvrbench as ev
-    synth = tmp_path / "synth"
-    data.make_synthetic(synth, n=8, seed=3, num_frames=4, size=56, eval_fraction=0.5)
-    samples, _ = data.load_vsibench(synth / "eval.jsonl", synth / "videos")
-    mc = [s for s in samples if s.problem_type == "multiple choice"]
-    assert mc, "the synthetic eval split has multiple-choice questions"
-    asked = []
-
-    def blind(xs):  # answers the first MC question right, the others wrong, and one not at all
-        asked.extend(s.id for s in xs)
-        return [s.answer if s.id == mc[0].id else (None if k == 1 else "Z") for k, s in enumerate(xs)]
-    kept, report = ev.debias({"synthetic": samples}, blind, tmp_path / "cache.jsonl", "scripted")
-    assert [s.id for s in kept["synthetic"]] == [s.id for s in samples if s.id != mc[0].id]
-    assert report["checked"] == len(mc) and report["dropped"] == 1 and sorted(asked) == sorted(s.id for s in mc)
-    asked.clear()
-    again, report2 = ev.debias({"synthetic": samples}, blind, tmp_path / "cache.jsonl", "scripted")
-    assert asked == [] and report2 == report and [s.id for s in again["synthetic"]] == [s.id for s in kept["synthetic"]]
-
-
-def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
-    import eval_pvrbench as ev
-    tiny = policy.build_tiny(tmp_path / "tiny")
-    synth = tmp_path / "synth"
-    data.make_synthetic(synth, n=4, seed=4, num_frames=4, size=56, eval_fraction=0.5)
-    out = ev.main(["--model", str(tiny), "--benchmark", f"synthetic={synth}", "--out", str(tmp_path / "eval"),
-                   "--subtypes", "fog", "--judge", "none", "--frames", "4", "--max-new-tokens", "4",
-                   "--debias", str(tiny)])
-    assert out["debias"]["model"] == str(tiny) and out["debias"]["checked"] >= 1
-    assert (tmp_path / "eval" / "debias").is_dir()
-
-
 # ----------------------------------------------------------------------------- a user's first hour, through the CLI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -465,3 +435,14 @@ def test_charts_use_their_canvas(tmp_path):
     img = np.asarray(Image.open(tmp_path / "c.png").convert("RGB")).astype(int)
     coloured = np.where((np.abs(img - img.mean(axis=2, keepdims=True)).sum(axis=2) > 40).any(axis=0))[0]
     assert coloured.max() > 0.8 * img.shape[1]
+
+
+def test_the_core_knows_no_extension(assets, tmp_path):
+    """--help lists the core's flags only; an extension's model scheme is one line that names its entry point."""
+    text = run_cli("--help").stdout
+    assert "--model" in text and "--protocol" in text
+    for flag in ("--perceiver", "--debias", "--frame-sampler", "--agent-k", "--agent-synthesis", "robust-to:"):
+        assert flag not in text
+    run = run_cli(*cli(assets, tmp_path / "ev"), "--model", f"robust-to:{assets[1]}")
+    assert run.returncode == 2 and "python -m extensions.robust_to.eval" in run.stderr, run.stderr
+    assert len([ln for ln in run.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "ev").exists()
