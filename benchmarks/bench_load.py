@@ -37,6 +37,8 @@ def worker(assets: Path, repeats: int, busy: bool):
     import torch
 
     import data
+
+    import synthetic
     import policy
     import train
 
@@ -94,7 +96,7 @@ def main(argv=None):
         assets = Path(tmp)
         subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import data, policy; "
                         "policy.build_tiny(sys.argv[2] + '/tiny'); "
-                        "data.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
+                        "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)
         ratios = {}
         for label, spin in (("default", LIBGOMP_DEFAULT), ("project", runtime.GOMP_SPINCOUNT)):

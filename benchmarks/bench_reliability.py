@@ -20,7 +20,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
+import synthetic  # noqa: E402
 import perturb  # noqa: E402
+from extensions.robust_to import corruptions  # noqa: E402,F401 - registers motion_blur, noise
 from extensions.robust_to import reliability  # noqa: E402
 
 # the axis each corruption should move (None: only the combined reliability is checked)
@@ -53,10 +55,10 @@ def clips(n, frames=16, size=96):
     rng = np.random.default_rng(0)
     out = []
     for k in range(n):
-        objs = [{"colour": str(rng.choice(list(data.SYNTH_COLOURS))), "shape": str(rng.choice(list(data.SYNTH_SHAPES))),
+        objs = [{"colour": str(rng.choice(list(synthetic.SYNTH_COLOURS))), "shape": str(rng.choice(list(synthetic.SYNTH_SHAPES))),
                  "pos": (float(rng.uniform(-3, 3)), float(rng.uniform(4, 12)))} for _ in range(4)]
         yaw = (-1, 0, 1)[k % 3] * float(rng.uniform(0.035, 0.05))
-        out.append(data.render_synthetic(objs, yaw, float(rng.uniform(0.15, 0.25)), frames, size)[0])
+        out.append(synthetic.render_synthetic(objs, yaw, float(rng.uniform(0.15, 0.25)), frames, size)[0])
     return out
 
 
@@ -66,7 +68,7 @@ def main(argv=None):
     ap.add_argument("--subtypes", default="all", help="comma list (default: all 14)")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
-    subs = list(perturb.SUBTYPES + perturb.EXTRA_SUBTYPES) if args.subtypes == "all" else args.subtypes.split(",")
+    subs = list(perturb.EFFECTS) if args.subtypes == "all" else args.subtypes.split(",")
     videos = clips(args.clips)
     rows = {}
     for sub in subs:

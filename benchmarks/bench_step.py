@@ -36,6 +36,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import data  # noqa: E402
+
+import synthetic  # noqa: E402
 import policy  # noqa: E402
 import train  # noqa: E402
 
@@ -70,7 +72,7 @@ def smoke_assets(work):
     if not (tiny / "config.json").is_file():
         policy.build_tiny(tiny)
     if not (synth / "train.json").is_file():
-        data.make_synthetic(synth, n=16, seed=0, num_frames=8, size=56, eval_fraction=0.25)
+        synthetic.make_synthetic(synth, n=16, seed=0, num_frames=8, size=56, eval_fraction=0.25)
     return str(tiny), str(synth / "train.json")
 
 

@@ -21,6 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
+import synthetic  # noqa: E402
 import policy  # noqa: E402
 
 
@@ -64,7 +65,7 @@ def main(argv=None):
     report, failures = {}, 0
     tmp = Path(tempfile.mkdtemp())
     objects = [{"colour": "red", "shape": "pillar", "pos": (-2.0, 6.0)}, {"colour": "blue", "shape": "cube", "pos": (1.5, 8.0)}]
-    clip, _, _ = data.render_synthetic(objects, 0.045, 0.2, num_frames=8, size=56)
+    clip, _, _ = synthetic.render_synthetic(objects, 0.045, 0.2, num_frames=8, size=56)
 
     def check(name, fn):
         nonlocal failures
@@ -114,9 +115,10 @@ def main(argv=None):
 
     def perturb_torch():
         import perturb
+        from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise
         worst = {}
         frames = np.ascontiguousarray(np.repeat(clip, 2, axis=0))
-        for sub in perturb.SUBTYPES + perturb.EXTRA_SUBTYPES:
+        for sub in tuple(perturb.EFFECTS):
             spec = perturb.static_spec("gpu-check", sub)
             a = perturb.apply(frames, spec).astype(np.int16)
             b = perturb.apply(torch.from_numpy(frames).to(device), spec).cpu().numpy().astype(np.int16)

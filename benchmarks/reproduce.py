@@ -25,7 +25,7 @@ The measured tables go to OUT/results.md and, between the markers `<!-- reproduc
 `<!-- reproduce:end -->`, into --results (docs/RESULTS.md); text outside the markers is kept.
 
 `--policy text` runs the same stages for Embodied-R's pipeline (Embodied-R Sec. 2; ROVA Table 2's
-"Embodied-R" and "Embodied-R + ROVA" rows): a tiny text-only LM (`train.py --policy text`) that reads a
+"Embodied-R" and "Embodied-R + ROVA" rows): a tiny text-only LM (`python -m extensions.embodied_r.train`) that reads a
 frozen perceiver's text of each clean or corrupted video (`--perceiver`, default cv, perceive.py's
 classical-vision stand-in), trained and evaluated from its own SFT checkpoint; perception texts are
 shared by every stage through OUT/perception_cache.sqlite. Its tables go between
@@ -35,6 +35,7 @@ and skipped.
     python benchmarks/reproduce.py --policy text --modes grpo,rova --out runs/reproduce-text
 """
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -77,7 +78,7 @@ def parse_args(argv=None):
     a("--variant", action="append", default=[], metavar="NAME='MODE FLAGS'",
       help="an extra row: a mode with other train.py flags, e.g. rova-amin0.125='rova --a-min 0.125' (repeatable)")
     a("--policy", default="vlm", choices=["vlm", "text"], help="text: Embodied-R's perception + text LM pipeline "
-      "(train.py --policy text) instead of the VLM")
+      "(python -m extensions.embodied_r.train) instead of the VLM")
     a("--perceiver", default="cv", help="--policy text: the perception model (hf:PATH | openai:MODEL | cv)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     args = ap.parse_args(argv)
@@ -104,8 +105,13 @@ def parse_args(argv=None):
     return args
 
 
+# train.py's settings without a flag of their own go through --set NAME=VALUE
+SETTINGS = {f.name for f in dataclasses.fields(train.Config) if f.metadata.get("group") is None}
+
+
 def flags(d):
-    return [x for k, v in d.items() for x in ("--" + k.replace("_", "-"), str(v))]
+    return [x for k, v in d.items()
+            for x in (("--set", f"{k}={v}") if k in SETTINGS else ("--" + k.replace("_", "-"), str(v)))]
 
 
 class Stages:
@@ -153,12 +159,12 @@ def main(argv=None):
     sft = out / "sft"
     text = args.policy == "text"
     cache = ["--perceiver", args.perceiver, "--perception-cache", str(out / "perception_cache.sqlite")] if text else []
-    text_flags = ["--policy", "text", *cache] if text else []
-    sft_cmd = [py, "train.py", "--out", str(sft), "--rl-steps", "0", "--demo-clips", str(args.demo_clips),
-               "--resume", "auto", *text_flags] + (["--sft-epochs", str(args.sft_epochs)]
+    trainer = [py, "-m", "extensions.embodied_r.train"] if text else [py, "train.py"]  # --policy text: its default
+    sft_cmd = [*trainer, "--out", str(sft), "--rl-steps", "0", *flags({"demo_clips": args.demo_clips}),
+               "--resume", "auto", *cache] + (["--sft-epochs", str(args.sft_epochs)]
                                                   if args.sft_epochs is not None else [])
     if args.smoke:
-        sft_cmd += ["--eval-limit", "4"]
+        sft_cmd += flags({"eval_limit": 4})
     st.run("sft", sft_cmd, lambda: (sft / "summary.json").is_file())
     synth, start = sft / "synthetic", sft / "final"
 
@@ -168,14 +174,15 @@ def main(argv=None):
             name = f"{row}-s{seed}"
             run = out / "runs" / name
             runs[name] = (row, seed, run)
-            st.run(f"rl-{name}", [py, "train.py", "--model", str(start), "--data", str(synth / "train.json"),
+            st.run(f"rl-{name}", [*trainer, "--model", str(start), "--data", str(synth / "train.json"),
                                   "--out", str(run), "--mode", mode, "--seed", str(seed), "--sft-epochs", "0",
-                                  "--resume", "auto", *flags(args.rl), *text_flags, *extra],
+                                  "--resume", "auto", *flags(args.rl), *cache, *extra],
                    lambda run=run: (run / "summary.json").is_file())
 
     evals = {"sft": start} | {name: run / "final" for name, (_, _, run) in runs.items()}
     for name, model in evals.items():
-        cmd = [py, "eval_pvrbench.py", "--model", str(model), "--model-name", name, "--benchmark",
+        evaluator = [py, "-m", "extensions.embodied_r.eval"] if text else [py, "eval_pvrbench.py"]  # --perceiver
+        cmd = [*evaluator, "--model", str(model), "--model-name", name, "--benchmark",
                f"synthetic={synth}", "--out", str(out / "eval"), "--judge", "none",
                "--assign", "cycle" if args.smoke else "all", *cache]
         if args.eval_limit:

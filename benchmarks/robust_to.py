@@ -1,7 +1,7 @@
 """Robust-TO against robust training at CPU scale (Robust-TO's comparison under its five corruptions, on
 the checkpoints of benchmarks/reproduce.py): the direct models (the SFT checkpoint, standard GRPO and
 ROVA from it) and Robust-TO's orchestrated agent around the same SFT checkpoint, evaluated on the same
-corrupted videos (`eval_pvrbench.py --protocol robust-to --assign all`), plus how well reliability.py's
+corrupted videos (`python -m extensions.robust_to.eval --protocol robust-to --assign all`), plus how well reliability.py's
 scores rank the corruption of each frame.
 
     python benchmarks/reproduce.py              # first: the SFT checkpoint and the direct runs (runs/reproduce)
@@ -18,7 +18,7 @@ Stages, each one of the project's own commands run as a subprocess, skipped when
 3. The agent around the SFT checkpoint, untrained for its prompts, and the agent with the three tier
    rules applied by code (`--agent-synthesis rules`, orchestrate.tiered_answer): what the tools and the
    tiers give without a learned synthesiser.
-4. The agent's warm-up (`train.py --agent robust-to --rl-steps 0`, agent_sft_step: the one-sub-query
+4. The agent's warm-up (`python -m extensions.robust_to.train --rl-steps 0`, agent_sft_step: the one-sub-query
    plan and the synthesis that cites the evidence and names the option it supports), then
    confidence-cost GRPO on Robust-TO's corruptions (`--mode grpo-aug`, as many steps as the direct
    runs) per seed; each evaluated with the agent's own synthesis budget (`--synthesis-tokens`).
@@ -37,10 +37,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import reproduce  # noqa: E402  (Stages, the table helpers, the marked-section writer)
 from reproduce import fmt, latest_results, mean_sd, pct  # noqa: E402
 
-import eval_pvrbench  # noqa: E402  (ROBUST_TO_COLUMNS)
 import perturb  # noqa: E402
+from extensions.robust_to import eval as rt_eval  # noqa: E402  (ROBUST_TO_COLUMNS; registers the corruptions)
 
-COLUMNS = eval_pvrbench.ROBUST_TO_COLUMNS
+COLUMNS = rt_eval.ROBUST_TO_COLUMNS
 BEGIN, END = "<!-- robust-to:begin -->", "<!-- robust-to:end -->"
 # The agent's training, on reproduce.py's RL settings (train.DEMO) so it gets what the direct runs got.
 AGENT_FLAGS = dict(reproduce.RL_FLAGS, synthesis_tokens=160)
@@ -103,7 +103,7 @@ def main(argv=None):
            rel_json.is_file)
 
     def evaluate(name, model, *extra):
-        cmd = [py, "eval_pvrbench.py", "--model", str(model), "--model-name", name, "--benchmark", f"synthetic={synth}",
+        cmd = [py, "-m", "extensions.robust_to.eval", "--model", str(model), "--model-name", name, "--benchmark", f"synthetic={synth}",
                "--protocol", "robust-to", "--assign", "all", "--judge", "none", "--out", str(out / "eval"), *extra]
         if args.eval_limit:
             cmd += ["--limit", str(args.eval_limit)]
@@ -117,15 +117,16 @@ def main(argv=None):
     evaluate("sft-agent-rules", f"robust-to:{sft}", "--agent-synthesis", "rules")
 
     warm = out / "agent-sft"
-    common = ["--data", str(synth / "train.json"), "--agent", "robust-to", "--mode", "grpo-aug", "--resume", "auto"]
-    st.run("agent-warmup", [py, "train.py", "--model", str(sft), "--out", str(warm), *common, "--seed", "0",
+    common = ["--data", str(synth / "train.json"), "--mode", "grpo-aug", "--resume", "auto"]
+    trainer = [py, "-m", "extensions.robust_to.train"]
+    st.run("agent-warmup", [*trainer, "--model", str(sft), "--out", str(warm), *common, "--seed", "0",
                             *reproduce.flags(args.warmup), *reproduce.flags(dict(args.agent, rl_steps=0))],
            lambda: (warm / "summary.json").is_file())
     synth_tokens = ["--synthesis-tokens", str(args.agent["synthesis_tokens"])]
     evaluate("agent-warmup", f"robust-to:{warm / 'final'}", *synth_tokens)
     for seed in args.seeds:
         run = out / "runs" / f"agent-s{seed}"
-        st.run(f"agent-rl-s{seed}", [py, "train.py", "--model", str(warm / "final"), "--out", str(run), *common,
+        st.run(f"agent-rl-s{seed}", [*trainer, "--model", str(warm / "final"), "--out", str(run), *common,
                                      "--seed", str(seed), "--sft-epochs", "0", *reproduce.flags(args.agent)],
                lambda run=run: (run / "summary.json").is_file())
         evaluate(f"agent-s{seed}", f"robust-to:{run / 'final'}", *synth_tokens)
@@ -178,7 +179,7 @@ def render(args, out, st):
     L = [f"Measured by `{args.command}` ({time.strftime('%Y-%m-%d')}; seeds {', '.join(map(str, args.seeds))}; "
          f"total wall time {sum(st.timings.values()) / 60:.1f} min over the stages below).", "",
          "### Direct model vs orchestrated agent under Robust-TO's five corruptions", "",
-         f"`eval_pvrbench.py --protocol robust-to --assign all` on the synthetic benchmark's held-out questions: "
+         f"`python -m extensions.robust_to.eval --protocol robust-to --assign all` on the synthetic benchmark's held-out questions: "
          f"each clean and under each corruption ({first['n_samples'] if first else '?'} scored samples per model); "
          "task-mean accuracy (MRA for counting); Avg. is the mean over the five corruptions, drop its relative "
          "loss against Orig. (clean); mean ± standard deviation over seeds where there are several.", "",
