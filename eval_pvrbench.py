@@ -43,10 +43,8 @@ import concurrent.futures
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
-import subprocess
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -198,44 +196,6 @@ def table_row(name, frames, pvr):
 TABLES = {"pvrbench": (lambda name, frames, pvr: TABLE_HEADER + table_row(name, frames, pvr), TABLE_LEGEND)}
 
 
-def bar_chart(path, groups, series, title):
-    """A grouped bar chart drawn with Pillow: one group per task, one bar per (label, rgb, values) series;
-    the groups share the plot's whole width."""
-    from PIL import Image, ImageDraw, ImageFont
-    font = ImageFont.load_default(size=13)
-    left, top, plot_h, right = 50, 60, 300, 10
-    legend = sum(24 + int(font.getlength(label)) for label, _, _ in series)
-    width = max(left + len(groups) * (len(series) * 14 + 18) + right, left + legend + right, 420)
-    group_w = (width - left - right) / max(len(groups), 1)
-    bw = min(40.0, 0.8 * group_w / max(len(series), 1))  # bars take 80% of a group, at most 40 px each
-    label_h = 10 + max([int(font.getlength(g)) for g in groups] or [0])
-    img = Image.new("RGB", (width, top + plot_h + label_h), "white")
-    d = ImageDraw.Draw(img)
-    d.text((left, 8), title, fill="black", font=font)
-    x = left
-    for label, rgb, _ in series:
-        d.rectangle([x, 30, x + 10, 40], fill=rgb)
-        d.text((x + 14, 28), label, fill="black", font=font)
-        x += 24 + int(font.getlength(label))
-    for k in range(5):
-        y = top + plot_h - k * plot_h / 4
-        d.line([left, y, width - right, y], fill=(220, 220, 220))
-        d.text((8, y - 7), f"{k / 4:.2f}", fill="black", font=font)
-    for g, name in enumerate(groups):
-        x0 = left + g * group_w + (group_w - bw * len(series)) / 2
-        for s, (_, rgb, values) in enumerate(series):
-            if values[g] is not None:
-                d.rectangle([x0 + s * bw, top + plot_h * (1 - min(max(values[g], 0), 1)), x0 + (s + 1) * bw - 2,
-                             top + plot_h], fill=rgb)
-        tw = int(font.getlength(name)) + 4
-        txt = Image.new("RGB", (tw, 16), "white")
-        ImageDraw.Draw(txt).text((2, 0), name, fill="black", font=font)
-        img.paste(txt.rotate(90, expand=True), (int(x0 + len(series) * bw / 2 - 8), top + plot_h + 6))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return str(path)
-
-
 COLOURS = [((120, 170, 220), (30, 90, 160)), ((240, 170, 120), (200, 90, 20)), ((150, 210, 150), (40, 140, 60)),
            ((200, 160, 210), (120, 60, 150)), ((200, 200, 200), (90, 90, 90))]
 
@@ -252,7 +212,7 @@ def chart(path, results_list, labels):
             series.append((f"{label} {kind}" if len(labels) > 1 else kind, rgb,
                            [pt.get(s, {}).get("per_task", {}).get(kind, {}).get(t) for s, t in tasks]))
     names = [f"{s}/{t}" if len({s for s, _ in tasks}) > 1 else t for s, t in tasks]
-    return bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
+    return video.bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
 
 
 def _latest_per_config(paths):
@@ -793,21 +753,6 @@ def parse_args(argv=None, ext=None):
     return args
 
 
-def versions():
-    out = {"python": platform.python_version(), "platform": platform.platform()}
-    for mod in ("numpy", "torch", "transformers", "peft", "cv2", "decord", "PIL", "requests"):
-        try:
-            out[mod] = getattr(__import__(mod), "__version__", "?")
-        except Exception:  # noqa: BLE001
-            out[mod] = None
-    try:
-        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                                           cwd=Path(__file__).parent).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        out["git_commit"] = None
-    return out
-
-
 def main(argv=None, ext=None):
     ext = ext or Extension()
     args = parse_args(argv, ext)
@@ -863,7 +808,7 @@ def main(argv=None, ext=None):
                       "judge_stats": getattr(judge, "stats", None)},
            "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
                (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
-           **reports, "versions": versions(), "date": ts, "n_samples": results["n_samples"],
+           **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
            "n_errors": results["n_errors"], "timing": {
                "total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                "judge_s": runner.sec_judge, "generated": runner.generated}}

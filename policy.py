@@ -504,6 +504,23 @@ def token_logprobs(model, inputs, completion_ids, completion_mask, temperature=1
     return torch.where(completion_mask.bool(), logp, torch.zeros_like(logp))
 
 
+def teacher_forced_nll(model, processor, inputs, target_texts):
+    """Mean -log p(target + <|im_end|> | prompt) over the target tokens of a batch (`inputs` from
+    make_inputs, one target per row); backward of (nll x rows) sums over rows, as sync_gradients expects."""
+    tok = tokenizer_of(processor)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    targets = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in target_texts]
+    length = max(len(t) for t in targets)
+    ids = torch.full((len(targets), length), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(targets), length), dtype=torch.long)
+    for i, t in enumerate(targets):
+        ids[i, :len(t)] = torch.tensor(t)
+        mask[i, :len(t)] = 1
+    model.train()
+    logp = token_logprobs(model, inputs, ids, mask)
+    return -(logp * mask.to(logp.device)).sum() / mask.sum()
+
+
 @torch.no_grad()
 def reference_logprobs(model, inputs, completion_ids, completion_mask, ref_model=None, temperature=1.0):
     """log pi_ref of the completion tokens (as :func:`token_logprobs`), without gradient.

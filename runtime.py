@@ -216,6 +216,25 @@ def out_file(path, suffixes, what: str = "--out") -> Path:
     return p
 
 
+def versions():
+    """The versions a result depends on (Python, the libraries, the git commit), for results files."""
+    import platform
+    import subprocess
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for mod in ("numpy", "torch", "transformers", "peft", "cv2", "decord", "PIL", "requests"):
+        try:
+            out[mod] = getattr(__import__(mod), "__version__", "?")
+        except Exception:  # noqa: BLE001
+            out[mod] = None
+    try:
+        out["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                                           cwd=Path(__file__).parent).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        out["git_commit"] = None
+    return out
+
+
 # ----------------------------------------------------------------------------- quiet libraries
 
 # bitsandbytes logs, on import (peft and transformers import it whenever it is installed, 4-bit or not),

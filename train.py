@@ -287,23 +287,6 @@ class Optim:
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
 
-def teacher_forced_nll(model, processor, inputs, target_texts):
-    """Mean -log p(target + <|im_end|> | prompt) over the target tokens of a batch (`inputs` from
-    make_inputs, one target per row); backward of (nll x rows) sums over rows, as sync_gradients expects."""
-    tok = policy.tokenizer_of(processor)
-    eos = tok.convert_tokens_to_ids("<|im_end|>")
-    targets = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in target_texts]
-    length = max(len(t) for t in targets)
-    ids = torch.full((len(targets), length), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(targets), length), dtype=torch.long)
-    for i, t in enumerate(targets):
-        ids[i, :len(t)] = torch.tensor(t)
-        mask[i, :len(t)] = 1
-    model.train()
-    logp = policy.token_logprobs(model, inputs, ids, mask)
-    return -(logp * mask.to(logp.device)).sum() / mask.sum()
-
-
 def sft_step(cfg, model, processor, batch, clips, observer):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
     items = [(s, clips.get(s)) for s in batch]
@@ -311,7 +294,7 @@ def sft_step(cfg, model, processor, batch, clips, observer):
     if not items:
         return None, 0
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
-    nll = teacher_forced_nll(model, processor, inputs, [data.sft_target(s) for s, _ in items])
+    nll = policy.teacher_forced_nll(model, processor, inputs, [data.sft_target(s) for s, _ in items])
     (nll * len(items)).backward()  # summed over samples: sync_gradients divides by the global count
     return nll.item(), len(items)
 
@@ -336,6 +319,15 @@ class Item:
     decision: str = "train"                          # Sec. 3.2: train | discard | defer
     rewards: list = field(default_factory=list)
     comp: dict = field(default_factory=dict)         # the reward's components (grpo.total_reward)
+
+
+def _flat(lists):
+    return [v for vals in lists for v in vals or []]
+
+
+def _decisions(items, selected):
+    return {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
+            selected), "deferred": sum(it.decision == "defer" for it in items)}
 
 
 def answers_of(texts, sample):
@@ -550,23 +542,27 @@ class RL:
         """This rank's sums and counts (`key_sum`, `key_n`) of the step, reduced over ranks by
         runtime.reduce_record; every key in every record (None where there is no data)."""
         s = defaultdict(float, samples=len(items), selected=len(selected), judge_missing=missing, promoted=promoted,
-                        evicted=evicted, buffer_size=len(self.buffer), discarded=sum(it.decision == "discard" for it in
-                        items), deferred=sum(it.decision == "defer" for it in items),
-                        promoted_trained=sum(it.promoted for it in selected))
-        trained, other = ("acc_perturbed", "acc_clean") if self.corrupt else ("acc_clean", "acc_perturbed")
-        lists = {trained: [a for it in items for a in it.acc], other: [a for it in items for a in it.clean_acc or []],
-                 "r_total": [r for it in selected for r in it.rewards], **(extra or {})}
-        for key in ("format", "accuracy", "alignment", "temporal", *self.extra_reward_keys()):
-            lists[f"r_{key}"] = [v for it in selected for v in it.comp.get(key) or []]
-        for key in ("sim_r", "sim_a"):
-            lists[key] = [v for it in selected for v in it.comp.get(key) or [] if v is not None]
-        for key, vals in lists.items():
+                        evicted=evicted, buffer_size=len(self.buffer), **_decisions(items, selected))
+        for key, vals in {**self.values(items, selected), **(extra or {})}.items():
             s[f"{key}_sum"], s[f"{key}_n"] = sum(vals), len(vals)
         for key in ("kl", "clip_fraction", "ratio", "loss"):  # means over the trained completions
             s[f"{key}_sum"], s[f"{key}_n"] = (loss_stats[key] * n_rows, n_rows) if key in loss_stats else (0.0, 0)
         s.update({f"sec_{k}": v for k, v in self.timer.seconds.items()})
-        s.update(w_format=self.weights()[0], w_acc=self.weights()[1], w_alignment=self.weights()[2] if self.dual else 0.0)
+        w_f, w_a, w_al = self.weights()
+        s.update(w_format=w_f, w_acc=w_a, w_alignment=w_al if self.dual else 0.0)
         return s
+
+    def values(self, items, selected):
+        """Per-rollout values of the step: each branch's accuracy (--mode grpo has the clean one only), the
+        selected samples' reward components and the judge's verdicts."""
+        trained, other = ("acc_perturbed", "acc_clean") if self.corrupt else ("acc_clean", "acc_perturbed")
+        out = {trained: _flat(it.acc for it in items), other: _flat(it.clean_acc for it in items),
+               "r_total": _flat(it.rewards for it in selected)}
+        for key in ("format", "accuracy", "alignment", "temporal", *self.extra_reward_keys()):
+            out[f"r_{key}"] = _flat(it.comp.get(key) for it in selected)
+        for key in ("sim_r", "sim_a"):
+            out[key] = [v for v in _flat(it.comp.get(key) for it in selected) if v is not None]
+        return out
 
     def extra_reward_keys(self):
         return ()

@@ -38,7 +38,6 @@ def worker(assets: Path, repeats: int, busy: bool):
 
     import data
 
-    import synthetic
     import policy
     import train
 
@@ -94,7 +93,7 @@ def main(argv=None):
     import runtime
     with tempfile.TemporaryDirectory() as tmp:
         assets = Path(tmp)
-        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import data, policy; "
+        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import policy, synthetic; "
                         "policy.build_tiny(sys.argv[2] + '/tiny'); "
                         "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)

@@ -19,7 +19,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import data  # noqa: E402
 import synthetic  # noqa: E402
 import perturb  # noqa: E402
 from extensions.robust_to import corruptions  # noqa: E402,F401 - registers motion_blur, noise

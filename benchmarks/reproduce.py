@@ -38,7 +38,6 @@ import argparse
 import dataclasses
 import glob
 import json
-import os
 import statistics
 import subprocess
 import sys

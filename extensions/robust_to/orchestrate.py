@@ -386,7 +386,7 @@ def rule_synthesis(sample, evidence) -> str:
 
 
 def warmup_target(sample, evidence) -> str:
-    """The synthesis target of the agent's warm-up (train.agent_sft_step; ours), on clean videos. Where
+    """The synthesis target of the agent's warm-up (extensions/robust_to/train.py:agent_sft_step; ours), on clean videos. Where
     the three tier rules (:func:`tiered_answer`) reach the ground truth, the target is their reasoning:
     the evidence cited, "which supports" the answer, the answer. Elsewhere it cites the evidence the
     tiers would use (or says none was collected, or that it is all LOW tier) and then reasons as Video-R1's

@@ -74,7 +74,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
     targets += [orchestrate.warmup_target(s, ev) for s, ev in zip(samples, evidence)]
     prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
     inputs = policy.make_inputs(processor, prompts, chosen + chosen)
-    nll = train.teacher_forced_nll(model, processor, inputs, targets)
+    nll = policy.teacher_forced_nll(model, processor, inputs, targets)
     (nll * len(items)).backward()
     return nll.item(), len(items)
 

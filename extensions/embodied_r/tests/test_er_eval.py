@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import data
@@ -44,30 +43,6 @@ def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
                         "--debias", str(tiny)])
     assert out["debias"]["model"] == str(tiny) and out["debias"]["checked"] >= 1
     assert (tmp_path / "eval" / "debias").is_dir()
-
-
-class Scripted:
-    """A perception backend that reports each image's mean brightness (what it is shown is visible in the
-    text), every call recorded."""
-    name = "scripted-brightness"
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, prompt, images):
-        self.calls.append((prompt, [float(np.mean(im)) for im in images]))
-        level = int(np.mean(images[-1]))
-        if len(images) == 1:
-            return f"a scene of brightness {level}"
-        return f"Action: move forward\nNew: brightness {level}\nRelevant: none"
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    backend = Scripted()
-    real = perceive.make_perceiver
-    monkeypatch.setattr(perceive, "make_perceiver", lambda spec, **kw: backend if spec == "scripted" else real(spec, **kw))
-    return backend
 
 
 def test_eval_runs_a_text_model_through_the_perceiver(tmp_path, scripted):

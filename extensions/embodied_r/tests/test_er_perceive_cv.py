@@ -9,7 +9,6 @@ import cv2
 import numpy as np
 import pytest
 
-import data
 
 import synthetic
 from extensions.embodied_r import perceive

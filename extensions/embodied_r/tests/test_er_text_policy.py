@@ -3,7 +3,6 @@ perception text, its log-probs, the prompt it reads, and training in every mode 
 rova); its evaluation is test_er_eval.py's."""
 import json
 import sqlite3
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,30 +23,6 @@ def assets(tmp_path_factory):
     vlm = policy.build_tiny(root / "tiny_vlm")
     synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     return root, tiny, vlm, root / "synth"
-
-
-class Scripted:
-    """A perception backend that reports each image's mean brightness: what it is shown is visible in
-    the text (a corrupted video reads differently from its clean one), and every call is recorded."""
-    name = "scripted-brightness"
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, prompt, images):
-        self.calls.append((prompt, [float(np.mean(im)) for im in images]))
-        level = int(np.mean(images[-1]))
-        if len(images) == 1:
-            return f"a scene of brightness {level}"
-        return f"Action: move forward\nNew: brightness {level}\nRelevant: none"
-
-
-@pytest.fixture
-def scripted(monkeypatch):
-    backend = Scripted()
-    real = perceive.make_perceiver
-    monkeypatch.setattr(perceive, "make_perceiver", lambda spec, **kw: backend if spec == "scripted" else real(spec, **kw))
-    return backend
 
 
 # ----------------------------------------------------------------------------- the model

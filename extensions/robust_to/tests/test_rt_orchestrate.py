@@ -238,7 +238,6 @@ def test_vlm_confidence_is_the_geometric_mean_token_probability(tiny):
 # --------------------------------------------------------------------------- training the agent
 @pytest.mark.parametrize("mode", ["grpo-aug", "grpo"])
 def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode, monkeypatch):
-    import train
     from extensions.robust_to import train as rt
     root, path, _, _ = tiny
     budgets, real = [], orc.Agent.synthesize
@@ -277,7 +276,6 @@ def test_agent_flags_are_checked():
 
 def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
     """The warm-up's decomposition target is valid JSON that parse_subqueries reads back as the plan."""
-    import train
     from extensions.robust_to import train as rt
     import video
     root, _, model, processor = tiny

@@ -14,7 +14,6 @@ import cv2
 import numpy as np
 import pytest
 
-import data
 
 import synthetic
 import perturb
