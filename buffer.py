@@ -10,7 +10,7 @@
      informative otherwise.
    Selection (Sec. 3.2 (i)-(iii), Alg. 2 l.6-10): easy with c > tau is discarded, difficult is deferred
    to the memory buffer, the rest (informative, and easy with c <= tau) is trained on. App. D: tau = 0.8,
-   a_min = 0.3, a_max = 0.85. (docs/DESIGN.md, "Paper readings", says why d reads this way.)
+   a_min = 0.3, a_max = 0.85. (docs/DESIGN.md, "Readings of the paper", says why d reads this way.)
 
 2. The temporal memory buffer (Eq. 4-6, Alg. 2 l.12-21). A deferred sample is stored as (q, V~, k): its
    id, the corruption spec V~ (a `perturb.PerturbSpec` as a dict, so the corrupted video is regenerated on

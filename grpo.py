@@ -10,7 +10,7 @@ perturbed rollout form a pair (Alg. 1). Each perturbed rollout gets the reward
 the group of G rollouts into advantages (Eq. 8) and the policy maximises the clipped surrogate with a
 KL penalty to the reference model (Eq. 7), written here as a loss to minimise.
 
-Reading (README, "Paper readings"): Alg. 1 writes r^F and r^Acc on o_j; since Sec. 3.3 optimises the
+Reading (docs/DESIGN.md, "Readings of the paper"): Alg. 1 writes r^F and r^Acc on o_j; since Sec. 3.3 optimises the
 perturbed branch against the clean anchor, the format and accuracy rewards are computed on the
 outputs being optimised (the perturbed ones), the alignment reward on the pair. Plain GRPO (the
 paper's single-branch baseline) is the same reward without r^A.

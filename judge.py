@@ -84,7 +84,7 @@ Candidate reasoning:
 Output only the score (1.0, 0.5 or 0.0) and nothing else."""
 
 # PVRBench's five metrics (Sec. 4, Table 2). The paper names them without defining them; the rubric
-# is our reading (README, "Paper readings"). Fragility is lower-is-better; Table 2's Avg. excludes it.
+# is our reading (docs/DESIGN.md, "Readings of the paper"). Fragility is lower-is-better; Table 2's Avg. excludes it.
 QUALITY_KEYS = ("fragility", "consistency", "belief", "recovery", "attention")
 REASONING_QUALITY_PROMPT = """You are an expert judge of video reasoning under visual perturbations.
 

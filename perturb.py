@@ -9,7 +9,7 @@ Four styles m in P = {lighting, camera, occlusion, weather} (Eq. 2), twelve subt
 
 plus temporal shuffle (Eq. 1), which combines with any of them (Eq. 2: V' = {f_pi(t) (.) P_t}).
 
-Reading of Sec. 3.1 (see README, "Paper readings"): the paper's f' = f (.) P with P = B (.) C is read as
+Reading of Sec. 3.1 (docs/DESIGN.md, "Readings of the paper"): the paper's f' = f (.) P with P = B (.) C is read as
 compositing, f'_t = (1 - B_t C_t) f_t + B_t C_t E_t(f_t), where B_t in {0,1} is the layout (where), C_t in
 [0,1] the per-pixel strength (how much) and E_t the style's effect layer (fog airlight, rain radiance, a
 darkened shadow image, an occluder's texture...). Camera motion is a geometric warp: E_t = warp_t(f_t),

@@ -389,14 +389,6 @@ class RL:
             items.append(it)
         return items
 
-    def state(self):
-        return {"cursor": self.cursor.state(), "buffer": self.buffer.state_dict(), "queue": self.queue}
-
-    def load(self, st):
-        self.cursor.load(st["cursor"])
-        self.buffer.load_state_dict(st["buffer"])
-        self.queue = [tuple(q) for q in st["queue"]]
-
     def _rollout(self, samples, views, n):
         inputs = self.observer.inputs(self.processor, [data.build_messages(s) for s in samples], views)
         return policy.rollout(self.model, self.processor, inputs, n=n, max_new_tokens=self.cfg.max_new_tokens,
@@ -566,6 +558,15 @@ class RL:
 
     def extra_reward_keys(self):
         return ()
+
+    def state(self):
+        """This rank's RL state for a checkpoint (JSON): the data cursor, the buffer, the promotion queue."""
+        return {"cursor": self.cursor.state(), "buffer": self.buffer.state_dict(), "queue": self.queue}
+
+    def load(self, st):
+        self.cursor.load(st["cursor"])
+        self.buffer.load_state_dict(st["buffer"])
+        self.queue = [tuple(q) for q in st["queue"]]
 
 
 # ----------------------------------------------------------------------------- the before/after check
