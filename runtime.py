@@ -116,7 +116,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action):
         text, default = action.help or "", action.default
-        if default in (None, "", argparse.SUPPRESS) or "default" in text or not action.option_strings[0].startswith("--"):
+        if (default in (None, "", argparse.SUPPRESS) or "default" in text
+                or not action.option_strings[0].startswith("--")):
             return text
         return f"{text} (default: {('on' if default else 'off') if isinstance(default, bool) else default})"
 
@@ -166,7 +167,7 @@ def parse_config(ap, config, argv=None, settings=None, preset=None):
     kinds = {f.name: str(f.type) for f in fields(config) if f.metadata.get("group") is None}
     given = {**_settings(ap, kinds, args.pop("set")), **(settings or {})}
     unset = {k: v for k, v in chosen.items() if k in kinds and k not in given}
-    return config(**args, **given, **unset), bool(chosen)
+    return config(**{**args, **unset, **given}), bool(chosen)
 
 
 def _settings(ap, kinds, items):

@@ -222,8 +222,7 @@ class Clips:
             if len(self.bad) > self.cfg.max_bad_fraction * max(self.n_videos, 1):
                 raise runtime.UserError(f"stopping: {len(self.bad)} of {self.n_videos} videos are missing or "
                                         f"unreadable (more than max_bad_fraction {self.cfg.max_bad_fraction}: --set "
-                                        f"max_bad_fraction=X); "
-                                        f"last: {sample.video}") from None
+                                        f"max_bad_fraction=X); last: {sample.video}") from None
             return None
         self.cache[sample.video] = frames
         if len(self.cache) > self.cfg.video_cache:
@@ -661,7 +660,8 @@ def load_data(cfg, rank, world, ext):
     n_missing = len({p for _, p in missing})
     if n_missing > cfg.max_bad_fraction * max(n_videos, 1):
         raise runtime.UserError(f"stopping: {n_missing} of {n_videos} videos of {cfg.data} are missing (more than "
-                                f"max_bad_fraction {cfg.max_bad_fraction}: --set max_bad_fraction=X); e.g. {missing[0][1]}")
+                                f"max_bad_fraction {cfg.max_bad_fraction}: --set max_bad_fraction=X); e.g. "
+                                f"{missing[0][1]}")
     if not samples:
         raise runtime.UserError(f"no usable training samples in {cfg.data}")
     return samples, samples[rank::world], Clips(cfg, missing, n_videos, ext.read_kwargs(cfg))
@@ -728,8 +728,8 @@ def run_sft(run, state, ckpt, per_rank):
     run.log.open_bar(total, state["step"], "SFT")
     while state["step"] < total:
         t0 = time.perf_counter()
-        nll, n = run.ext.sft_step(cfg, run.model, run.processor, [run.shard[i] for i in cursor.take(cfg.sft_batch_size)],
-                                  run.clips, run.observer)
+        batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
+        nll, n = run.ext.sft_step(cfg, run.model, run.processor, batch, run.clips, run.observer)
         optim.step(n)
         state["step"] += 1
         run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0],
@@ -840,9 +840,10 @@ def setup(cfg, ext):
     samples, shard, clips = load_data(cfg, rank, world, ext)
     ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
                                     ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=log)
+    checkpointing = cfg.gradient_checkpointing and device.type == "cuda"
     model, processor = policy.load_checkpoint(cfg.model, str(ckpt / "model") if ckpt else None, lora_r=cfg.lora_r,
                                               load_in_4bit=cfg.load_in_4bit, device=device,
-                                              gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda")
+                                              gradient_checkpointing=checkpointing)
     if policy.is_text_model(model) != (getattr(cfg, "policy", "vlm") == "text"):
         raise runtime.UserError(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}"
                                 + (": use --policy text (python -m extensions.embodied_r.train)"

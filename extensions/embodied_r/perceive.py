@@ -34,7 +34,8 @@ The VLM is the expensive part, so :class:`PerceptionCache` stores each video's r
 keyed by everything that decides it (video, question, perturbation spec, backend, frame indices, prompt
 version).
 
-CLI: ``python -m extensions.embodied_r.perceive VIDEO --question "..." --backend hf:PATH|cv [--frames 8]`` prints the text.
+CLI: ``python -m extensions.embodied_r.perceive VIDEO --question "..." --backend hf:PATH|cv [--frames 8]``
+prints the text.
 """
 from __future__ import annotations
 

@@ -376,8 +376,8 @@ def _cite(evidence) -> str:
 
 def rule_synthesis(sample, evidence) -> str:
     """The synthesis written by :func:`tiered_answer` instead of the policy (``Agent(synthesis="rules")``,
-    ``python -m extensions.robust_to.eval --agent-synthesis rules``): the evidence it rests on, the answer it supports, the
-    uncertainty flag of rule 4; an empty answer when no evidence states one."""
+    ``python -m extensions.robust_to.eval --agent-synthesis rules``): the evidence it rests on, the answer it
+    supports, the uncertainty flag of rule 4; an empty answer when no evidence states one."""
     t = tiered_answer(sample, evidence)
     if t.answer is None:
         return "<think>No evidence states an answer.</think>\n<answer></answer>"
@@ -386,7 +386,7 @@ def rule_synthesis(sample, evidence) -> str:
 
 
 def warmup_target(sample, evidence) -> str:
-    """The synthesis target of the agent's warm-up (extensions/robust_to/train.py:agent_sft_step; ours), on clean videos. Where
+    """The synthesis target of the agent's warm-up (train.py:agent_sft_step here; ours), on clean videos. Where
     the three tier rules (:func:`tiered_answer`) reach the ground truth, the target is their reasoning:
     the evidence cited, "which supports" the answer, the answer. Elsewhere it cites the evidence the
     tiers would use (or says none was collected, or that it is all LOW tier) and then reasons as Video-R1's

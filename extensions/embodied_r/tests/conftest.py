@@ -25,5 +25,6 @@ class Scripted:
 def scripted(monkeypatch):
     backend = Scripted()
     real = perceive.make_perceiver
-    monkeypatch.setattr(perceive, "make_perceiver", lambda spec, **kw: backend if spec == "scripted" else real(spec, **kw))
+    monkeypatch.setattr(perceive, "make_perceiver",
+                        lambda spec, **kw: backend if spec == "scripted" else real(spec, **kw))
     return backend
