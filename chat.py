@@ -58,6 +58,9 @@ def _content(prompt: str, images: list[bytes]):
             for b in images] + [{"type": "text", "text": prompt}]
 
 
+OPENAI_URL = "https://api.openai.com/v1"
+
+
 class ChatClient:
     """GPT-4o or any OpenAI-compatible chat-completions server (vLLM, SGLang).
 
@@ -67,13 +70,15 @@ class ChatClient:
     object, and masked out of every log line and reply. Retries with exponential backoff and jitter
     on 429, 5xx, connection errors and timeouts, honouring Retry-After (capped at ``backoff_max``);
     another 4xx is final. ``stats``: retries (repeated attempts) and errors (requests that failed for
-    good, each then a None reply)."""
+    good, each then a None reply). ``base_url``: the server; empty or None means $OPENAI_BASE_URL when
+    set (a vLLM/SGLang server), else OpenAI's."""
 
-    def __init__(self, base_url: str = "https://api.openai.com/v1", model: str = "gpt-4o",
+    def __init__(self, base_url: str | None = None, model: str = "gpt-4o",
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 60, max_retries: int = 5,
                  concurrency: int = 8, temperature: float = 0, backoff_base: float = 1.0, backoff_max: float = 60.0):
         import requests
 
+        base_url = base_url or os.environ.get("OPENAI_BASE_URL") or OPENAI_URL
         self.base_url, self.model, self.api_key_env = base_url.rstrip("/"), model, api_key_env
         self.timeout, self.max_retries, self.concurrency = timeout, max(0, int(max_retries)), max(1, int(concurrency))
         self.temperature, self.backoff_base, self.backoff_max = temperature, backoff_base, backoff_max

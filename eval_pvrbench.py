@@ -419,14 +419,9 @@ class APIModel:
             return list(pool.map(one, range(len(prompts))))
 
 
-def base_url(args):
-    """The chat-completions server of an openai: model: --base-url, $OPENAI_BASE_URL or OpenAI's."""
-    return args.base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-
-
 MODELS = {  # --model SCHEME:PATH -> factory(args, path); "" = a checkpoint folder or hub id
     "": lambda args, path: HFModel(path, args.adapter or None),
-    "openai": lambda args, name: APIModel(name, base_url(args), args.api_retries, args.api_timeout, args.batch_size),
+    "openai": lambda args, name: APIModel(name, args.base_url, args.api_retries, args.api_timeout, args.batch_size),
 }
 
 

@@ -302,7 +302,7 @@ class OpenAIJudge(_PromptJudge):
     errors straight into this judge's ``stats`` (keys no other part of the judge writes)."""
     name = "openai"
 
-    def __init__(self, base_url: str = "https://api.openai.com/v1", model: str = "gpt-4o",
+    def __init__(self, base_url: str | None = None, model: str = "gpt-4o",
                  api_key_env: str = "OPENAI_API_KEY", timeout: float = 60, max_retries: int = 5,
                  concurrency: int = 8, cache=None, temperature: float = 0, max_tokens: int = 16,
                  quality_max_tokens: int = 256, backoff_base: float = 1.0, backoff_max: float = 60.0):
@@ -615,8 +615,7 @@ def make_judge(spec, *, base_url: str | None = None, cache=None, **kwargs):
     if kind == "local":
         return LocalJudge(model_path=arg or None, **kwargs)
     if kind == "openai" and arg:
-        url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
-        return OpenAIJudge(base_url=url, model=arg, cache=cache, **kwargs)
+        return OpenAIJudge(base_url=base_url, model=arg, cache=cache, **kwargs)
     if kind == "hf" and arg:
         return HFJudge(arg, cache=cache, **kwargs)
     raise ValueError(f"unknown judge {spec!r}; valid forms: {', '.join(JUDGE_SPECS)}")

@@ -61,7 +61,7 @@ class TextOnly:
     chat completions through chat.ChatClient, no images) or a local checkpoint (policy.load_policy: a VLM
     given a text-only chat, or a text LM), greedy, 16 new tokens."""
 
-    def __init__(self, spec, base_url="https://api.openai.com/v1", retries=5, timeout=120.0):
+    def __init__(self, spec, base_url=None, retries=5, timeout=120.0):
         self.spec = spec
         if spec.startswith("openai:"):
             self.client = chat.ChatClient(base_url=base_url, model=spec.split(":", 1)[1], max_retries=retries,
@@ -139,7 +139,7 @@ def prepare(args, sources):
         return sources, {"debias": None}
     tag = re.sub(r"[^A-Za-z0-9._+-]+", "_", args.debias).strip("_")
     (Path(args.out) / "debias").mkdir(parents=True, exist_ok=True)
-    sources, report = debias(sources, lambda xs: TextOnly(args.debias, ev.base_url(args))(xs),
+    sources, report = debias(sources, lambda xs: TextOnly(args.debias, args.base_url)(xs),
                              Path(args.out) / "debias" / f"{tag}.jsonl", args.debias)
     print(f"--debias {args.debias}: {report['dropped']} of {report['checked']} multiple-choice questions "
           "answered correctly without the video, dropped", flush=True)

@@ -341,9 +341,8 @@ class OpenAIPerceiver:
                  max_tokens: int = 256, temperature: float = 0.0, timeout: float = 60, max_retries: int = 5):
         import chat
 
-        url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         self.max_tokens = int(max_tokens)
-        self.client = chat.ChatClient(base_url=url, model=model, api_key_env=api_key_env, timeout=timeout,
+        self.client = chat.ChatClient(base_url=base_url, model=model, api_key_env=api_key_env, timeout=timeout,
                                       max_retries=max_retries, temperature=temperature)
         self.name = f"openai:{model}@{self.client.base_url}|max_tokens={self.max_tokens}"
 
