@@ -66,10 +66,8 @@ def check(ap, cfg):
             ap.error(f"--reward-weights: {e}")
     if cfg.frame_sampler not in ("uniform", "keyframes"):
         ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
-    if cfg.policy == "text" and not cfg.model:  # the text demo: classical vision, no model to download
-        cfg.perceiver = cfg.perceiver or "cv"
-        if cfg.out == train.Config.out:
-            cfg.out = TEXT_DEMO_OUT
+    if cfg.policy == "text" and not cfg.model and cfg.out == train.Config.out:
+        cfg.out = TEXT_DEMO_OUT  # the text demo keeps the VLM demo's runs/rova (eval_pvrbench.py's default) apart
     runtime.check_hf_flags({"--perceiver": cfg.perceiver})
 
 
@@ -169,7 +167,8 @@ def uses_consistency(cfg):
 
 EXTENSION = train.Extension(
     config=Config, groups={"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"},
-    check=check, prepare_demo=prepare_demo, observer=observer, rl=EmbodiedRL,
+    check=check, demo={"perceiver": "cv"},  # the demo perceives by classical vision: no model to download
+    prepare_demo=prepare_demo, observer=observer, rl=EmbodiedRL,
     read_kwargs=lambda cfg: {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {},
     judge_needed=lambda cfg: cfg.mode in ("rova", "dual") or uses_consistency(cfg))
 
