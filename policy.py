@@ -5,9 +5,22 @@ directory and the tiny random model that :func:`build_tiny` writes for tests are
 
     model, processor = load_policy("Qwen/Qwen2.5-VL-7B-Instruct", lora_r=64, load_in_4bit=True)
     inputs = make_inputs(processor, prompts, videos, fps=2.0)      # left-padded batch
-    out = rollout(model, processor, inputs, n=8)                    # B*n completions, sample-major
+    out = rollout(model, processor, inputs, n=8)                    # B*n completions, prompt-major
     logp = token_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
     ref = reference_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
+    rows = slice(0, 8)                                              # a micro-batch of completion rows
+    logp = token_logprobs(model, out.row_inputs(rows), out.completion_ids[rows], out.completion_mask[rows])
+
+Shared-prefix rollouts (``rollout(..., share_prefix=True)``, the default): GRPO samples G completions of
+each prompt (App. D: G = 8, 4 videos per GPU), and repeating the prompt batch G times before generate()
+would send every video G times through the ViT and prefill every prompt G times. Instead each prompt is
+encoded and prefilled once (one forward over the B prompt rows, all tokens but the last, through the
+model's own __call__ so that FSDP2's root hooks gather the weights), the KV cache is copied to one row per
+completion, and generate() decodes the G completions from those copies, feeding each row's last prompt
+token. The prompt positions are computed once with generate()'s own helper and passed to the decode, so the
+completions get the positions of the repeated path (greedy completions are identical). The :class:`Rollout`
+keeps the unrepeated prompt batch and each completion row's prompt index; :meth:`Rollout.row_inputs`
+builds the prompt inputs of any completion rows (:func:`take_rows`) for the update.
 
 M-RoPE (transformers 5.x, Qwen2/2.5-VL): the model computes 3-D rotary positions only when a forward
 gets ``mm_token_type_ids`` (0 text, 1 image, 2 video) together with the grid sizes; without them it
@@ -26,6 +39,7 @@ prompts of a text policy are chat messages whose content is a string (no video).
 from __future__ import annotations
 
 import copy
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,12 +278,12 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
 
 
 def load_checkpoint(name_or_path, weights=None, *, lora_r=0, load_in_4bit=False, device=None,
-                    gradient_checkpointing=False):
-    """load_policy for training: from `name_or_path`, or from a checkpoint's `weights` folder (the full
-    model, or a LoRA adapter on top of `name_or_path`)."""
+                    gradient_checkpointing=False, dtype=None):
+    """load_policy for training: from `name_or_path`, or from a saved model's `weights` folder (the full
+    model, or a LoRA adapter on top of `name_or_path`). `dtype`: float32 for FSDP2's master weights."""
     lora = lora_r > 0
     model, processor = load_policy(weights if (weights and not lora) else name_or_path, lora_r=lora_r,
-                                   load_in_4bit=load_in_4bit, device=device,
+                                   load_in_4bit=load_in_4bit, device=device, dtype=dtype,
                                    gradient_checkpointing=gradient_checkpointing)
     if weights and lora:
         from peft import set_peft_model_state_dict
@@ -279,18 +293,26 @@ def load_checkpoint(name_or_path, weights=None, *, lora_r=0, load_in_4bit=False,
     return model, processor
 
 
-def save(model, processor, folder):
+def save(model, processor, folder, state_dict=None, dtype=None):
     """safetensors: the full model with its processor, or only the LoRA adapter; transformers' own bars
-    off (no "Writing model shards" bar inside a training bar)."""
+    off (no "Writing model shards" bar inside a training bar). `state_dict`: the weights to write (FSDP2's
+    gathered full state dict), cast to `dtype` when given (bf16: the size of the released checkpoints)."""
+    if state_dict is not None and dtype is not None:
+        state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     with runtime.no_hf_progress_bars():
-        model.save_pretrained(folder, safe_serialization=True)
+        model.save_pretrained(folder, safe_serialization=True, state_dict=state_dict)
     if not hasattr(model, "peft_config"):
         processor.save_pretrained(folder)
+    if dtype is not None and not hasattr(model, "peft_config"):  # the config says what the files hold
+        config = json.loads((Path(folder) / "config.json").read_text())
+        config["dtype"] = str(dtype).removeprefix("torch.")
+        (Path(folder) / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def frozen_copy(model):
-    """A deep copy with every parameter frozen, in eval mode: the reference model pi_ref without LoRA."""
-    ref = copy.deepcopy(model)
+def frozen_copy(model, deep=True):
+    """A deep copy (or, deep=False, the model itself) with every parameter frozen, in eval mode: the reference
+    model pi_ref without LoRA."""
+    ref = copy.deepcopy(model) if deep else model
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)
@@ -373,26 +395,34 @@ def _videos_per_sample(input_ids, token_id, grids, merge_size):
     return counts
 
 
-def repeat_inputs(inputs, n, image_token_id, video_token_id, merge_size=2):
-    """Repeat every sample of a batch ``n`` times, sample-major (rows b*n .. b*n+n-1 are copies of sample b).
+ROW_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids")  # one entry per prompt row
 
-    Per-row tensors are repeated along dim 0; the flat per-video tensors (pixel_values_videos, video_grid_thw,
-    second_per_grid_ts, and the image ones) are regrouped per sample, so the result is a valid batch.
+
+def take_rows(inputs, index, image_token_id, video_token_id, merge_size=2):
+    """The batch whose row i is row ``index[i]`` of ``inputs`` (any row indices, in any order, repeats allowed).
+
+    Per-row tensors are indexed along their batch dim; the flat per-video tensors (pixel_values_videos,
+    video_grid_thw, second_per_grid_ts, and the image ones) are regrouped per row, so the result is a valid batch.
+    This is how a prompt batch becomes the prompts of its completions (:func:`repeat_inputs`, and
+    :meth:`Rollout.row_inputs` for a micro-batch of completion rows).
     """
+    index = torch.as_tensor(index, dtype=torch.long).reshape(-1)
     out = dict(inputs)
-    for key in ("input_ids", "attention_mask", "mm_token_type_ids", "position_ids"):
+    for key in ROW_KEYS:
         if out.get(key) is not None:
-            out[key] = inputs[key].repeat_interleave(n, dim=0)
+            value = inputs[key]
+            dim = 1 if key == "position_ids" and value.ndim == 3 else 0  # M-RoPE positions are [3 or 4, B, L]
+            out[key] = value.index_select(dim, index.to(value.device))
+    rows = index.tolist()
     for token_id, pix, grid, extra in ((image_token_id, "pixel_values", "image_grid_thw", None),
                                        (video_token_id, "pixel_values_videos", "video_grid_thw", "second_per_grid_ts")):
         if inputs.get(grid) is None:
             continue
         grids = inputs[grid]
         patches = torch.split(inputs[pix], grids.prod(-1).tolist())
-        order, start = [], 0
-        for count in _videos_per_sample(inputs["input_ids"], token_id, grids, merge_size):
-            order.extend(list(range(start, start + count)) * n)
-            start += count
+        counts = _videos_per_sample(inputs["input_ids"], token_id, grids, merge_size)
+        starts = np.cumsum([0] + counts).tolist()
+        order = [v for b in rows for v in range(starts[b], starts[b] + counts[b])]  # the videos of each row
         out[pix] = torch.cat([patches[i] for i in order]) if order else inputs[pix][:0]
         out[grid] = grids[order]
         if extra and inputs.get(extra) is not None:
@@ -400,12 +430,29 @@ def repeat_inputs(inputs, n, image_token_id, video_token_id, merge_size=2):
     return type(inputs)(out) if hasattr(inputs, "data") else out
 
 
-def repeat_for(model, inputs, n):
-    """:func:`repeat_inputs` with the model's own vision token ids (none for a text policy)."""
+def repeat_inputs(inputs, n, image_token_id, video_token_id, merge_size=2):
+    """Repeat every sample of a batch ``n`` times, prompt-major (rows b*n .. b*n+n-1 are copies of sample b):
+    :func:`take_rows` with each row index repeated ``n`` times."""
+    index = torch.arange(inputs["input_ids"].shape[0]).repeat_interleave(n)
+    return take_rows(inputs, index, image_token_id, video_token_id, merge_size)
+
+
+def vision_ids(model):
+    """(image_token_id, video_token_id, spatial merge size) of a model, what :func:`take_rows` needs
+    (no token ids for a text policy)."""
     cfg = model.config
     merge = getattr(getattr(cfg, "vision_config", None), "spatial_merge_size", 2)
-    return repeat_inputs(inputs, n, getattr(cfg, "image_token_id", None), getattr(cfg, "video_token_id", None),
-                         merge)
+    return getattr(cfg, "image_token_id", None), getattr(cfg, "video_token_id", None), merge
+
+
+def repeat_for(model, inputs, n):
+    """:func:`repeat_inputs` with the model's own vision token ids (none for a text policy)."""
+    return repeat_inputs(inputs, n, *vision_ids(model))
+
+
+def take_rows_for(model, inputs, index):
+    """:func:`take_rows` with the model's own vision token ids (none for a text policy)."""
+    return take_rows(inputs, index, *vision_ids(model))
 
 
 def _to(inputs, device):
@@ -426,11 +473,25 @@ def _token_ids(processor, model):
 # ----------------------------------------------------------------------------- rollouts
 @dataclass
 class Rollout:
-    """``n`` completions per prompt, sample-major: rows b*n .. b*n+n-1 belong to prompt b."""
-    texts: list            # B*n decoded completions, special tokens removed
-    completion_ids: torch.Tensor   # [B*n, L] long, pad id after the end
-    completion_mask: torch.Tensor  # [B*n, L] long, 1 up to and including the first <|im_end|>/eos
-    prompt_inputs: dict    # the prompt batch repeated n times (the inputs generate() saw)
+    """Completions of a prompt batch, prompt-major: the rows of prompt b are contiguous, in prompt order."""
+    texts: list            # one decoded completion per row, special tokens removed
+    completion_ids: torch.Tensor   # [rows, L] long, pad id after the end
+    completion_mask: torch.Tensor  # [rows, L] long, 1 up to and including the first <|im_end|>/eos
+    inputs: dict           # the prompt batch as given (B rows, not repeated), on the model's device
+    index: torch.Tensor    # [rows] long (CPU): the prompt row of each completion row
+    vision: tuple = (None, None, 2)  # vision_ids(model): what take_rows needs to regroup the videos
+
+    def row_inputs(self, rows):
+        """The prompt inputs of completion rows ``rows`` (a slice, list or LongTensor of row numbers): what a
+        micro-batch of the GRPO update feeds :func:`token_logprobs` with its completions."""
+        index = self.index[rows] if isinstance(rows, slice) else self.index[torch.as_tensor(rows, dtype=torch.long)]
+        return take_rows(self.inputs, index, *self.vision)
+
+    @property
+    def prompt_inputs(self):
+        """The prompt batch repeated to one row per completion (built on demand: it holds every video
+        once per completion, as generate() saw them without ``share_prefix``)."""
+        return self.row_inputs(slice(None))
 
 
 def make_completion_mask(completion_ids, eos_ids):
@@ -439,83 +500,174 @@ def make_completion_mask(completion_ids, eos_ids):
     return ((is_end.cumsum(1) - is_end) == 0).long()
 
 
-@torch.no_grad()
-def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top_p=1.0, do_sample=True):
-    """Sample ``n`` completions for each prompt of ``inputs`` (from :func:`make_inputs`) in one batch.
+def completion_index(n, batch_size):
+    """[rows] long: the prompt row of each completion row, prompt-major, for ``n`` completions per prompt
+    (an int, or one count per prompt row)."""
+    counts = torch.as_tensor([n] * batch_size if isinstance(n, int) else list(n), dtype=torch.long)
+    if counts.numel() != batch_size or (counts < 0).any() or counts.sum() == 0:
+        raise ValueError(f"n must be a count >= 0 per prompt row ({batch_size} rows), not all 0; got {n}")
+    return torch.arange(batch_size).repeat_interleave(counts)
 
-    Greedy when ``do_sample`` is False or ``temperature`` is 0. Vision special tokens are suppressed
-    (a random or weak model samples them otherwise). The checkpoint's own sampling defaults (Qwen's
-    top_k=1, repetition_penalty=1.05 ...) are overridden: this samples from the plain policy.
+
+def _generation_model(model):
+    """The transformers model under a peft wrapper (the model itself otherwise): the object whose
+    generate() helpers compute position ids."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _prompt_positions(model, inputs):
+    """The position ids generate() gives the prompt rows: [4, B, P] for a Qwen-VL (1-D text positions,
+    then M-RoPE's temporal/height/width ones, from the attention mask and the video grids), [B, P] for a
+    text LM (left padding skipped). Computed by the model's own generate() helper, so that the shared-prefix
+    decode continues from exactly the positions of the unshared path."""
+    kwargs = {k: v for k, v in inputs.items() if k not in ("pixel_values", "pixel_values_videos")}
+    return _generation_model(model)._prepare_position_ids_for_generation(inputs["input_ids"], kwargs)
+
+
+def _select_positions(positions, index):
+    return positions.index_select(positions.ndim - 2, index.to(positions.device))  # the batch dim
+
+
+def _generate_shared(model, inputs, index, config):
+    """generate() for the completion rows ``index`` of the prompt batch ``inputs``, each prompt encoded
+    and prefilled once.
+
+    One forward over the B prompt rows, all tokens but the last (videos through the ViT once), through the
+    module's own __call__ (under FSDP2 only the root module's hooks gather the weights); its KV cache is
+    copied to one row per completion (DynamicCache.batch_select_indices); generate() then feeds each row's
+    last prompt token and decodes. The pixels are not passed again (their tokens are cached). The prompt's
+    position ids are passed explicitly, so decoding continues from them exactly as in the repeated path;
+    transformers 5.x's own continuation instead adds the ``rope_deltas`` cached at the prefill, one per
+    prefill row (a decode batch of another size cannot use them), and Qwen2.5-VL's delta is off by one when
+    the text after a video is shorter than the video's temporal position span (a short question after 16
+    frames).
+    """
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    positions = _prompt_positions(model, inputs)
+    prefix = dict(inputs, input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=positions[..., :-1])
+    if inputs.get("mm_token_type_ids") is not None:
+        prefix["mm_token_type_ids"] = inputs["mm_token_type_ids"][:, :-1]
+    cache = model(**prefix, use_cache=True, logits_to_keep=1).cache
+    rows = index.to(ids.device)
+    cache.batch_select_indices(rows)  # advanced indexing: one copy of the prompt's keys/values per completion
+    return model.generate(input_ids=ids[rows], attention_mask=mask[rows], cache=cache, synced_gpus=False,
+                          position_ids=_select_positions(positions, rows), generation_config=config)
+
+
+@torch.no_grad()
+def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top_p=1.0, do_sample=True,
+            share_prefix=True):
+    """Sample ``n`` completions (an int, or one count per prompt row) for each prompt of ``inputs`` (from
+    :func:`make_inputs`) in one batch; the rows come out prompt-major.
+
+    ``share_prefix`` (default): each prompt is encoded and prefilled once and its completions decode from
+    copies of its KV cache (see :func:`_generate_shared`); False: the prompts (videos included) are repeated
+    to one row per completion before a plain generate(), so the ViT and the prefill see each prompt n times.
+    Both give the same completions (greedy: identical tokens). Greedy when ``do_sample`` is False or
+    ``temperature`` is 0. Vision special tokens are suppressed (a random or weak model samples them
+    otherwise). The checkpoint's own sampling defaults (Qwen's top_k=1, repetition_penalty=1.05 ...) are
+    overridden: this samples from the plain policy.
     """
     from transformers import GenerationConfig
 
     tok = tokenizer_of(processor)
     vision, eos, pad = _token_ids(processor, model)
-    prompt_inputs = repeat_for(model, inputs, n)
-    prompt_inputs = _to(prompt_inputs, model_device(model))
+    inputs = _to(inputs, model_device(model))
+    index = completion_index(n, inputs["input_ids"].shape[0])
     greedy = (not do_sample) or temperature == 0
     sampling = {} if greedy else dict(temperature=float(temperature), top_p=float(top_p), top_k=0)
     config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, repetition_penalty=1.0,
                               eos_token_id=eos, pad_token_id=pad, suppress_tokens=vision, use_cache=True, **sampling)
+    share_prefix = share_prefix and inputs["input_ids"].shape[1] > 1  # a prefill needs one token to spare
     was_training = model.training
     model.eval()
-    try:
-        seq = model.generate(**prompt_inputs, generation_config=config)
+    try:  # synced_gpus=False: each rank decodes alone (under FSDP2 the caller gathers the weights first:
+        # parallel.gathered), so ranks with fewer or shorter rollouts never wait for the others token by token
+        if share_prefix:
+            seq = _generate_shared(model, inputs, index, config)
+        else:
+            seq = model.generate(**take_rows_for(model, inputs, index), generation_config=config, synced_gpus=False)
     finally:
         model.train(was_training)
-    completion_ids = seq[:, prompt_inputs["input_ids"].shape[1]:]
+    completion_ids = seq[:, inputs["input_ids"].shape[1]:]
     mask = make_completion_mask(completion_ids, eos)
     completion_ids = completion_ids.masked_fill(mask == 0, pad)
     texts = tok.batch_decode([row[m.bool()] for row, m in zip(completion_ids, mask)], skip_special_tokens=True)
-    return Rollout(texts=texts, completion_ids=completion_ids, completion_mask=mask, prompt_inputs=prompt_inputs)
+    return Rollout(texts=texts, completion_ids=completion_ids, completion_mask=mask, inputs=inputs, index=index,
+                   vision=vision_ids(model))
 
 
 # ----------------------------------------------------------------------------- log-probs
-def token_logprobs(model, inputs, completion_ids, completion_mask, temperature=1.0):
-    """Per-token log pi(y_t | prompt, y_<t) of each completion token, [B*n, L]; 0 where the mask is 0.
-
-    One forward pass over [prompt | completion]: the attention mask is extended by the completion mask and
-    mm_token_type_ids by zeros (completion tokens are text), so M-RoPE gives the completion the positions
-    generate() used. Logits are divided by ``temperature`` (the sampling temperature; 0, i.e. greedy, counts
-    as 1); only the L completion positions go through the LM head, and log_softmax is taken row by row as
-    logit - logsumexp. Differentiable: this is the policy term of the GRPO loss.
-    """
+def completion_logits(model, inputs, completion_ids, completion_mask):
+    """The model's logits (its dtype) predicting each completion token, [B*n, L, V]: one forward over
+    [prompt | completion] with the attention mask extended by the completion mask and mm_token_type_ids by
+    zeros (completion tokens are text), so M-RoPE gives the completion the positions generate() used; only
+    the L completion positions go through the LM head."""
     device = model_device(model)
     inputs = _to(inputs, device)
     completion_ids = completion_ids.to(device)
-    completion_mask = completion_mask.to(device)
     length = completion_ids.shape[1]
-    prompt_ids = inputs["input_ids"]
     batch = dict(inputs)
-    batch["input_ids"] = torch.cat([prompt_ids, completion_ids], dim=1)
-    batch["attention_mask"] = torch.cat([inputs["attention_mask"], completion_mask.to(inputs["attention_mask"].dtype)],
-                                        dim=1)
+    batch["input_ids"] = torch.cat([inputs["input_ids"], completion_ids], dim=1)
+    mask = inputs["attention_mask"]
+    batch["attention_mask"] = torch.cat([mask, completion_mask.to(device=device, dtype=mask.dtype)], dim=1)
     if inputs.get("mm_token_type_ids") is not None:
         mm = inputs["mm_token_type_ids"]
         batch["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(completion_ids.shape)], dim=1)
     batch.pop("position_ids", None)
-    logits = model(**batch, use_cache=False, logits_to_keep=length + 1).logits[:, :-1]
+    return model(**batch, use_cache=False, logits_to_keep=length + 1).logits[:, :-1]
+
+
+def _row_logprobs(row_logits, row_ids, scale):
+    """log_softmax(row_logits * scale) at row_ids, in float32, as logit - logsumexp."""
+    row = row_logits.float() * scale
+    return row.gather(-1, row_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1)
+
+
+def token_logprobs(model, inputs, completion_ids, completion_mask, temperature=1.0):
+    """Per-token log pi(y_t | prompt, y_<t) of each completion token, [B*n, L]; 0 where the mask is 0.
+
+    Logits from :func:`completion_logits` are divided by ``temperature`` (the sampling temperature; 0, i.e.
+    greedy, counts as 1), and log_softmax is taken row by row in float32. Differentiable: this is the policy
+    term of the GRPO loss. Under autograd each row's float32 log-softmax runs under activation checkpointing,
+    so backward keeps only the logits the model returns (bf16 on GPU) and recomputes one row's float32
+    [L, V] at a time, instead of holding every row's float32 copy until backward (B*n x L x V x 4 bytes).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    completion_ids = completion_ids.to(model_device(model))
+    completion_mask = completion_mask.to(completion_ids.device)
+    logits = completion_logits(model, inputs, completion_ids, completion_mask)
     scale = 1.0 / temperature if temperature > 0 else 1.0
+    recompute = torch.is_grad_enabled() and logits.requires_grad
     rows = []
     for row_logits, row_ids in zip(logits, completion_ids):  # row by row bounds the float32 temporaries
-        row = row_logits.float() * scale
-        rows.append(row.gather(-1, row_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(row, dim=-1))
+        if recompute:
+            rows.append(checkpoint(_row_logprobs, row_logits, row_ids, scale, use_reentrant=False))
+        else:
+            rows.append(_row_logprobs(row_logits, row_ids, scale))
     logp = torch.stack(rows)
     return torch.where(completion_mask.bool(), logp, torch.zeros_like(logp))
 
 
-def teacher_forced_nll(model, processor, inputs, target_texts):
-    """Mean -log p(target + <|im_end|> | prompt) over the target tokens of a batch (`inputs` from
-    make_inputs, one target per row); backward of (nll x rows) sums over rows, as sync_gradients expects."""
+def target_ids(processor, target_texts):
+    """Teacher-forcing targets: each text's tokens + <|im_end|>, right-padded: (ids, mask), [rows, L] long."""
     tok = tokenizer_of(processor)
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     targets = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in target_texts]
-    length = max(len(t) for t in targets)
+    length = max((len(t) for t in targets), default=1)
     ids = torch.full((len(targets), length), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(targets), length), dtype=torch.long)
     for i, t in enumerate(targets):
         ids[i, :len(t)] = torch.tensor(t)
         mask[i, :len(t)] = 1
+    return ids, mask
+
+
+def teacher_forced_nll(model, processor, inputs, target_texts):
+    """Mean -log p(target + <|im_end|> | prompt) over the target tokens of a batch (`inputs` from
+    make_inputs, one target per row). (Training micro-batches it: train.sft_backward.)"""
+    ids, mask = target_ids(processor, target_texts)
     model.train()
     logp = token_logprobs(model, inputs, ids, mask)
     return -(logp * mask.to(logp.device)).sum() / mask.sum()

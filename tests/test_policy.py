@@ -47,7 +47,7 @@ class _Bias:
     """A forward hook on the LM head adding a constant to some logits (steer a random model in tests)."""
 
     def __init__(self, model, token_ids, value):
-        bias = torch.zeros(model.config.text_config.vocab_size)
+        bias = torch.zeros(getattr(model.config, "text_config", model.config).vocab_size)  # VLM or text LM
         bias[token_ids] = value
         self.handle = model.lm_head.register_forward_hook(lambda m, i, out: out + bias.to(out))
 
@@ -124,6 +124,23 @@ def test_repeat_inputs_is_sample_major(loaded, batch):
     assert torch.equal(rep["pixel_values_videos"][144:], batch["pixel_values_videos"][48:].repeat(3, 1))
 
 
+def test_take_rows_regroups_videos_per_row(loaded, batch):
+    model, _ = loaded
+    rows = policy.take_rows_for(model, batch, [1, 0, 1])  # any order, repeats allowed
+    assert torch.equal(rows["input_ids"], batch["input_ids"][[1, 0, 1]])
+    assert torch.equal(rows["mm_token_type_ids"], batch["mm_token_type_ids"][[1, 0, 1]])
+    assert rows["video_grid_thw"].tolist() == [[4, 6, 6], [3, 4, 4], [4, 6, 6]]
+    first, second = batch["pixel_values_videos"][:48], batch["pixel_values_videos"][48:]
+    assert torch.equal(rows["pixel_values_videos"], torch.cat([second, first, second]))
+    assert rows["second_per_grid_ts"].tolist() == [1.0, 1.0, 1.0]
+    only = policy.take_rows_for(model, batch, torch.tensor([0]))
+    assert only["video_grid_thw"].tolist() == [[3, 4, 4]] and torch.equal(only["pixel_values_videos"], first)
+    # repeat_inputs is take_rows with each row repeated
+    rep = policy.repeat_for(model, batch, 2)
+    same = policy.take_rows_for(model, batch, [0, 0, 1, 1])
+    assert all(torch.equal(rep[k], same[k]) for k in rep if isinstance(rep[k], torch.Tensor))
+
+
 # ----------------------------------------------------------------------------- rollouts
 def test_rollout_shapes_mask_and_suppression(loaded, batch):
     model, processor = loaded
@@ -164,6 +181,96 @@ def test_greedy_rollout_is_sample_major(loaded, batch):
         assert (ids[3 * b, len(single):] == processor.tokenizer.pad_token_id).all()
 
 
+def _sharpen(model, std=0.1, seed=0):
+    """Redraw the matrices of a tiny model with a larger std: its greedy completions then depend on the prompt
+    and on every position (at init they repeat one token), so that equality of two rollouts means something."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+def _arch_batch(processor, arch):
+    """Two prompts of different lengths; for a VLM, a short question after a 16-frame video (its text after
+    the video ends below the video's last temporal position: Qwen2.5-VL's cached rope_deltas are off by one
+    there) and a wide 5-frame clip."""
+    if arch == "qwen2":
+        msgs = [[{"role": "user", "content": "Say A."}], [{"role": "user", "content": QUESTION}]]
+        return policy.make_inputs(processor, msgs, None)
+    size = 64 if arch == "qwen3_vl" else 56
+    rng = np.random.default_rng(0)
+    clips = [rng.integers(0, 256, (16, size, size, 3), dtype=np.uint8),
+             rng.integers(0, 256, (5, size, 2 * size, 3), dtype=np.uint8)]
+    return policy.make_inputs(processor, [_prompt("How many?"), _prompt(QUESTION)], clips)
+
+
+def _spy_generate(model, monkeypatch):
+    """Record generate()'s raw per-step logits (whatever the path that calls it)."""
+    import copy
+    seen, generate = {}, model.generate
+
+    def spy(*args, generation_config, **kwargs):
+        config = copy.deepcopy(generation_config)
+        config.output_logits, config.return_dict_in_generate = True, True
+        out = generate(*args, generation_config=config, **kwargs)
+        seen["logits"] = torch.stack(out.logits, 1).float()
+        return out.sequences
+    monkeypatch.setattr(model, "generate", spy)
+    return seen
+
+
+@pytest.mark.parametrize("arch", policy.ARCHS)
+def test_shared_prefix_rollout_matches_repeated_prompts(arch, tmp_path, monkeypatch):
+    """share_prefix (each prompt encoded and prefilled once, completions decoded from copies of its KV
+    cache) gives the greedy completions of today's repeated-prompt path, with uneven n; sampled completions
+    have per-token log-probs equal to generate()'s own scores."""
+    model, processor = policy.load_policy(policy.build_tiny(tmp_path / arch, arch=arch), **F32)
+    _sharpen(model)
+    inputs = _arch_batch(processor, arch)
+    kw = dict(n=[2, 3], max_new_tokens=12, do_sample=False)
+    shared = policy.rollout(model, processor, inputs, share_prefix=True, **kw)
+    repeated = policy.rollout(model, processor, inputs, share_prefix=False, **kw)
+    assert shared.completion_ids.shape[0] == 5 and shared.index.tolist() == [0, 0, 1, 1, 1]
+    assert torch.equal(shared.completion_ids, repeated.completion_ids)
+    assert torch.equal(shared.completion_mask, repeated.completion_mask) and shared.texts == repeated.texts
+    assert not torch.equal(shared.completion_ids[0], shared.completion_ids[2])  # the prompts matter
+    assert torch.equal(shared.inputs["input_ids"].cpu(), inputs["input_ids"])  # unrepeated
+    assert torch.equal(shared.prompt_inputs["input_ids"].cpu(), inputs["input_ids"][[0, 0, 1, 1, 1]])
+    sub = shared.row_inputs([1, 4])
+    assert torch.equal(sub["input_ids"].cpu(), inputs["input_ids"][[0, 1]])
+    if arch != "qwen2":
+        assert sub["video_grid_thw"].tolist() == inputs["video_grid_thw"].tolist()
+        text_only = policy.make_inputs(processor, [[{"role": "user", "content": "Say A."}],
+                                                   [{"role": "user", "content": QUESTION}]], None)
+        a, b = (policy.rollout(model, processor, text_only, share_prefix=s, **kw).completion_ids for s in (True, False))
+        assert torch.equal(a, b)  # a VLM without videos: 1-D positions over the left-padded rows
+    # sampled: rows differ, masks are prefix masks, and token_logprobs reproduces generate()'s scores
+    end = policy.tokenizer_of(processor).convert_tokens_to_ids("<|im_end|>")
+    seen = _spy_generate(model, monkeypatch)
+    torch.manual_seed(0)
+    with _Bias(model, [end], 3.0):
+        out = policy.rollout(model, processor, inputs, n=[3, 2], max_new_tokens=10)
+        ids, mask = out.completion_ids, out.completion_mask
+        assert ids.shape == mask.shape == (5, seen["logits"].shape[1]) and len(out.texts) == 5
+        assert len({tuple(r) for r in ids.tolist()}) == 5
+        assert ((mask[:, 1:] <= mask[:, :-1]).all() and mask[:, 0].all())
+        with torch.no_grad():
+            got = policy.token_logprobs(model, out.prompt_inputs, ids, mask)
+            part = policy.token_logprobs(model, out.row_inputs(slice(2, 5)), ids[2:], mask[2:])
+    want = seen["logits"].log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    assert (got - want).abs()[mask.bool()].max() < 1e-4
+    assert torch.allclose(part, got[2:], atol=1e-5)
+
+
+def test_completion_index_checks_counts():
+    assert policy.completion_index(2, 3).tolist() == [0, 0, 1, 1, 2, 2]
+    assert policy.completion_index([0, 2, 1], 3).tolist() == [1, 1, 2]
+    for bad in ([1, 2], [1, -1, 1], [0, 0, 0]):
+        with pytest.raises(ValueError):
+            policy.completion_index(bad, 3)
+
+
 # ----------------------------------------------------------------------------- log-probs
 def _sample_with_logits(model, processor, inputs, n=2, max_new_tokens=20):
     """generate() directly, keeping its raw per-step logits; some rows end early (masked tails)."""
@@ -202,6 +309,47 @@ def test_token_logprobs_match_generate_scores(loaded, batch):
     # without mm_token_type_ids the model falls back to 1-D positions: the log-probs drift
     no_types = {k: v for k, v in rep.items() if k != "mm_token_type_ids"}
     assert _max_diff(model, processor, no_types, ids, mask, logits) > 1e-4
+
+
+def test_token_logprobs_checkpointed_equals_full_log_softmax(tiny_dir, batch):
+    """Values and parameter gradients equal those of one plain log_softmax over all rows (fp32)."""
+    model, processor = policy.load_policy(tiny_dir, **F32)
+    torch.manual_seed(0)
+    out = policy.rollout(model, processor, batch, n=2, max_new_tokens=10)
+    ids, mask = out.completion_ids, out.completion_mask
+    weights = torch.randn(ids.shape)  # an arbitrary loss over the tokens
+    model.train()
+
+    def grads(logp):
+        model.zero_grad()
+        (logp * weights * mask).sum().backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    got = policy.token_logprobs(model, out.prompt_inputs, ids, mask, temperature=0.7)
+    got_grads = grads(got)
+    logits = policy.completion_logits(model, out.prompt_inputs, ids, mask)
+    want = (logits / 0.7).log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1) * mask
+    want_grads = grads(want)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert len(got_grads) == len(want_grads) > 0
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got_grads, want_grads))
+
+
+def test_token_logprobs_keeps_no_float32_logits_for_backward(tiny_dir, batch):
+    """bf16 model: autograd saves only the bf16 logits; the float32 log-softmax is recomputed in backward."""
+    model, processor = policy.load_policy(tiny_dir, dtype=torch.bfloat16, device="cpu")
+    out = policy.rollout(model, processor, batch, n=2, max_new_tokens=6)
+    vocab = model.config.text_config.vocab_size
+    saved = []
+
+    def pack(t):
+        saved.append((t.shape[-1] if t.ndim else 0, t.dtype))
+        return t
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp = policy.token_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
+    logp.sum().backward()
+    assert (vocab, torch.bfloat16) in saved  # the logits themselves
+    assert (vocab, torch.float32) not in saved
 
 
 def test_text_only_prompts(loaded):
