@@ -364,32 +364,6 @@ def mean_over_ranks(value, n, device):
     return tot[0] / tot[1] if tot[1] else None
 
 
-def sync_gradients(params, weight, device):
-    """Average gradients over ranks, each rank's gradient (of a loss summed over its `weight` trained
-    completions) counting in proportion to it: g = sum_r g_r / sum_r weight_r. An explicit all-reduce
-    instead of DDP's hooks, because the curriculum selects a different number of samples on each rank
-    (possibly none) and DDP needs every rank to run the same backward passes. Returns sum_r weight_r."""
-    import torch
-    import torch.distributed as dist
-
-    total = all_sum([float(weight)], device)[0]
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    if dist.is_initialized():
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for p, g in zip(params, grads):
-            p.grad = flat[offset:offset + g.numel()].view_as(p).clone()
-            offset += g.numel()
-    else:
-        for p, g in zip(params, grads):
-            p.grad = g
-    if total > 0:
-        for p in params:
-            p.grad.div_(total)
-    return total
-
-
 class Timer:
     """Seconds spent in each named part of a step (Table 14's components)."""
 
@@ -496,10 +470,43 @@ def complete_checkpoints(root):
     return sorted(done, key=lambda p: (STAGE_ORDER.get(p.name.split("-")[0], 2), p.name))
 
 
-def save_checkpoint(out, rank, state, config, per_rank, save_rank0, keep=2):
-    """Atomic: every rank writes its own state (JSON, and torch RNG tensors: both safe to load) into a
-    temporary folder, rank 0 adds what `save_rank0(folder)` writes (model, optimiser) and state.json, marks
-    it COMPLETE and renames it; only the last `keep` complete checkpoints stay."""
+@contextmanager
+def interrupt_after():
+    """Ctrl-C while a checkpoint is written stops the run once it is written (a second Ctrl-C at once):
+    torch.distributed.checkpoint would report the interrupt as a failed write, not as an interrupt."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    asked = []
+
+    def later(signum, frame):
+        if asked:
+            raise KeyboardInterrupt
+        asked.append(signum)
+        print("interrupt: finishing the checkpoint first (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+
+    previous = signal.signal(signal.SIGINT, later)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if asked:
+        raise KeyboardInterrupt
+
+
+def save_checkpoint(out, rank, state, config, per_rank, save_all, keep=2, world=1):
+    """Atomic: every rank writes its own state (JSON, and torch RNG tensors: both safe to load) and what
+    `save_all(folder)` writes (a collective: each rank's shard of the weights and optimiser, with
+    torch.distributed.checkpoint) into a temporary folder; rank 0 adds state.json (with the number of
+    processes), marks it COMPLETE and renames it; only the last `keep` complete checkpoints stay."""
+    with interrupt_after():
+        _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world)
+
+
+def _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world):
     import torch
 
     root = Path(out) / "checkpoints"
@@ -511,9 +518,9 @@ def save_checkpoint(out, rank, state, config, per_rank, save_rank0, keep=2):
     plain, tensors = per_rank
     (tmp / f"rank{rank}.json").write_text(json.dumps(plain))
     torch.save(tensors, tmp / f"rank{rank}_rng.pt")
+    save_all(tmp)
     if rank == 0:
-        save_rank0(tmp)
-        (tmp / "state.json").write_text(json.dumps({"state": state, "config": config}, indent=1))
+        (tmp / "state.json").write_text(json.dumps({"state": state, "config": config, "world": world}, indent=1))
     barrier()
     if rank == 0:
         (tmp / "COMPLETE").write_text("ok\n")
@@ -541,20 +548,22 @@ def config_changes(saved: dict, now: dict, ignore=()) -> list[str]:
             if k in saved and k not in ignore and saved[k] != now[k]]
 
 
-def claim_run_folder(out, config, rank, *, resume="", overwrite=False, ignore=(), files=(), folders=(), log=print):
+def claim_run_folder(out, config, rank, *, resume="", overwrite=False, ignore=(), files=(), folders=(), log=print,
+                     world=1):
     """What the run folder `out` holds decides what this run does; nothing finished is deleted implicitly.
     A finished run (final/ or summary.json) is refused unless `overwrite`; an unfinished one (complete
     checkpoints) is continued from its last checkpoint when `config` matches its saved one (fields in
     `ignore` aside) or `resume` is given, refused otherwise; the `files` and `folders` of a run stopped
-    before its first checkpoint are replaced. `resume` may also name a checkpoint folder. Returns the
-    checkpoint to resume from, or None for a fresh run."""
+    before its first checkpoint are replaced. `resume` may also name a checkpoint folder. A checkpoint
+    written by another number of processes (`world`) is refused. Returns the checkpoint to resume from, or
+    None for a fresh run."""
     out = Path(out)
     if resume and resume != "auto":
         ckpt = Path(resume)
         if not (ckpt / "COMPLETE").is_file():
             raise UserError(f"--resume {ckpt}: not a complete checkpoint (no COMPLETE marker)")
         log(f"resuming from {ckpt}")
-        return ckpt
+        return _same_world(ckpt, world)
     done = complete_checkpoints(out / "checkpoints")
     finished = (out / "final").is_dir() or (out / "summary.json").is_file()
     if overwrite:
@@ -577,7 +586,22 @@ def claim_run_folder(out, config, rank, *, resume="", overwrite=False, ignore=()
     log(f"continuing the unfinished run in {out} from {done[-1].name} ({saved['state']['stage']} step "
         f"{saved['state']['step']}" + (f"; changed flags: {'; '.join(changes)})" if changes
                                       else "; same config, --overwrite starts over)"))
-    return done[-1]
+    return _same_world(done[-1], world)
+
+
+def _same_world(ckpt, world):
+    """The weights and optimiser would reshard (torch.distributed.checkpoint does), but each process's data
+    shard, memory buffer and RNG streams cannot be split or merged: a checkpoint resumes on as many processes
+    as wrote it."""
+    saved = json.loads((ckpt / "state.json").read_text())
+    if not (ckpt / "state").is_dir():
+        raise UserError(f"{ckpt} has no state/ folder (a checkpoint of an older version of train.py): "
+                        "--overwrite to start over, or --out NEW")
+    if saved.get("world", 1) != world:
+        raise UserError(f"{ckpt} was written by {saved.get('world', 1)} processes and this run has {world}: each "
+                        f"process's data shard, memory buffer and RNG streams are in it; rerun with torchrun "
+                        f"--nproc_per_node={saved.get('world', 1)} (or --out NEW)")
+    return ckpt
 
 
 def _clear_run(out, rank, files, folders):

@@ -2,7 +2,7 @@
 self-reflective, difficulty-aware curriculum and the temporal memory buffer.
 
     python train.py                                   # the CPU demo: tiny model + synthetic benchmark
-    torchrun --nproc_per_node=4 train.py --model Qwen/Qwen2.5-VL-7B-Instruct --lora-r 64 \\
+    torchrun --nproc_per_node=4 train.py --model Qwen/Qwen2.5-VL-7B-Instruct \\
         --data data/Video-R1-COT-outdoor.json --video-root data/Video-R1-data --out runs/rova --judge openai:gpt-4o
     python train.py --model ... --lora-r 64 --load-in-4bit   # one smaller GPU
 
@@ -17,15 +17,18 @@ GRPO on the clean videos (App. G Eq. 11), `--mode grpo-aug` single-branch GRPO o
 "generic data augmentation" of Sec. 1). Every mode draws the same corruption specs and data order for a
 given --seed.
 
-Distributed: torchrun sets the process group up from the environment; each rank has its own data shard
-and buffer, gradients are averaged by trained completions (runtime.sync_gradients), rank 0 writes logs
-and checkpoints. Extensions (Embodied-R, Robust-TO: extensions/) run this same loop through their own
+Distributed (parallel.py): torchrun sets the process group up from the environment; full fine-tuning is
+sharded with FSDP2 (fp32 master weights, bf16 compute), LoRA replicated with DDP; each rank has its own data
+shard and buffer; every rank runs the same number of micro-batches and the gradient is the mean over every
+rank's trained completions; each rank writes its own checkpoint shard (torch.distributed.checkpoint) and rank
+0 the logs. Extensions (Embodied-R, Robust-TO: extensions/) run this same loop through their own
 entry points with an `Extension` (below): their flags, what the policy sees of a clip, and the RL
 phases they change (docs/DESIGN.md, "Extensions").
 """
 from __future__ import annotations
 
 import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
+import gc
 import json
 import math
 import random
@@ -45,6 +48,8 @@ import buffer as curriculum
 import data
 import grpo
 import judge as judges
+import memory
+import parallel
 import perturb
 import policy
 import synthetic
@@ -69,7 +74,7 @@ GROUPS = {  # --help shows the flags in these groups, in this order
     "curriculum": "self-assessment and the memory buffer (Sec. 3.2, Eq. 3-6, Alg. 2 l.6-21)",
     "evaluation": "the before/after check of the demo (PVRBench itself: eval_pvrbench.py)",
     "distributed": "torchrun --nproc_per_node=N train.py ...: NCCL on GPUs, gloo on CPU, one data shard and "
-                   "buffer per rank, gradients averaged by trained completions; no flags of its own",
+                   "buffer per rank, gradients averaged over every rank's trained completions",
 }
 
 
@@ -81,6 +86,8 @@ class Config:
                           "Qwen3-VL); empty with --data empty: the demo's tiny model", "model")
     lora_r: int = _arg(0, "LoRA rank on the language model (0: full fine-tune)", "model")
     load_in_4bit: bool = _arg(False, "NF4 4-bit base weights (needs --lora-r > 0)", "model")
+    micro_batch_size: int = _arg(8, "rows per forward/backward: a step's completions (RL) or samples (SFT) are "
+                                    "accumulated in micro-batches of this many; 0: all at once", "model")
     # data
     data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python data.py "
                          "make-subset`); empty: the demo", "data")
@@ -117,14 +124,11 @@ class Config:
     alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)", "RL")
     judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)", "RL")
     max_new_tokens: int = _arg(256, "tokens per rollout", "RL")
-    temperature: float = _arg(1.0, "sampling temperature of rollouts", "RL")
     # curriculum
     tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
                       "curriculum")
     a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)", "curriculum")
     a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)", "curriculum")
-    unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
-                                          "difficult; 0 ignores it", "curriculum")
     buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)", "curriculum")
     n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
                       "curriculum")
@@ -132,6 +136,10 @@ class Config:
     # evaluation
     eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy on before and after",
                           "evaluation")
+    # distributed
+    sharding: str = _arg("auto", "auto | fsdp | ddp | none: auto is FSDP2 for full fine-tuning on more than one "
+                                 "process, DDP for LoRA / 4-bit on more than one, none for one process",
+                         "distributed")
     # settings without a flag of their own (App. D's fixed values and plumbing): --set NAME=VALUE
     max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable")
     w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)")
@@ -139,6 +147,9 @@ class Config:
     max_grad_norm: float = _arg(1.0, "gradient norm clip (App. D: 1.0)")
     weight_decay: float = _arg(0.0, "AdamW weight decay")
     top_p: float = _arg(1.0, "nucleus sampling of rollouts")
+    temperature: float = _arg(1.0, "sampling temperature of rollouts")
+    unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
+                                          "difficult (Sec. 3.2); 0 ignores it")
     reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation")
     gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
     eval_video_root: str = _arg("", "video root of --eval-data (default: its folder)")
@@ -249,25 +260,25 @@ class Observer:
 
 @dataclass
 class Optim:
-    """AdamW over the trainable parameters with App. D's cosine schedule from lr to 0 over the stage."""
+    """AdamW over the trainable parameters (fp32: FSDP2's sharded master weights, or LoRA's adapters; fused on
+    CUDA) with App. D's cosine schedule from lr to 0 over the stage. One per stage: SFT's is dropped before RL."""
     params: list
     opt: Any
     sched: Any
     max_grad_norm: float
-    device: Any
 
     @classmethod
     def make(cls, cfg, model, lr, total_steps, device):
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
         cosine = lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))  # noqa: E731
-        return cls(params, opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine), cfg.max_grad_norm, device)
+        return cls(params, opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine), cfg.max_grad_norm)
 
-    def step(self, n_rows):
-        """One optimiser step on the gradients of this step's n_rows trained completions or samples
-        (averaged over ranks by their counts), clipped; the schedule advances even when nothing was trained
-        (all deferred)."""
-        if runtime.sync_gradients(self.params, n_rows, self.device) > 0:
+    def step(self, trained: bool):
+        """One optimiser step on the accumulated gradients (already the mean over every rank's trained rows:
+        parallel.backward_micro_batches), clipped; skipped when no rank trained anything (all deferred), while
+        the schedule advances."""
+        if trained:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             self.opt.step()
         with warnings.catch_warnings():
@@ -275,27 +286,49 @@ class Optim:
             self.sched.step()
         self.opt.zero_grad(set_to_none=True)
 
-    def state_dict(self):
-        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
-
-    def load(self, ckpt):
-        st = torch.load(ckpt / "optimizer.pt", weights_only=True)
-        self.opt.load_state_dict(st["optimizer"])
-        self.sched.load_state_dict(st["scheduler"])
-
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
+
+def stand_in(cfg, processor, observer, sample):
+    """A one-row prompt for a zero-weight micro-batch (this rank has fewer rows than another, possibly none:
+    parallel.backward_micro_batches): `sample`'s question on a blank video of the run's frame size."""
+    side = max(56, int(math.sqrt(cfg.max_pixels)) // 28 * 28)
+    blank = np.zeros((cfg.frames, side, side, 3), dtype=np.uint8)
+    return observer.inputs(processor, [data.build_messages(sample)], [observer(sample, blank)])
+
+
+def sft_backward(cfg, model, processor, inputs, targets, blank):
+    """-log p(target + <|im_end|> | prompt) of each row of `inputs`, micro-batched, the gradient being the mean
+    over every target token of the step on every rank (as one big batch would give). `blank()`: a stand-in
+    prompt (stand_in) for a rank with no rows. Returns (this rank's mean NLL per token, its target tokens)."""
+    ids, mask = policy.target_ids(processor, targets)
+    tokens, nll_sum, base = int(mask.sum()), 0.0, parallel.unwrap(model)
+    model.train()
+
+    def backward(rows, weight):
+        nonlocal nll_sum
+        if rows is None:
+            x, i, m = (blank(), *policy.target_ids(processor, [""])) if not targets else (
+                policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1])
+        else:
+            x, i, m = policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
+        nll = -(policy.token_logprobs(model, x, i, m) * m.to(policy.model_device(model))).sum()
+        (nll * weight).backward()
+        nll_sum += nll.item() if rows is not None else 0.0
+
+    parallel.backward_micro_batches(len(targets), cfg.micro_batch_size, backward, policy.model_device(model),
+                                    denominator=tokens)
+    return (nll_sum / tokens if tokens else None), tokens
+
 
 def sft_step(cfg, model, processor, batch, clips, observer):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
     items = [(s, clips.get(s)) for s in batch]
     items = [(s, observer(s, f)) for s, f in items if f is not None]
-    if not items:
-        return None, 0
-    inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items])
-    nll = policy.teacher_forced_nll(model, processor, inputs, [data.sft_target(s) for s, _ in items])
-    (nll * len(items)).backward()  # summed over samples: sync_gradients divides by the global count
-    return nll.item(), len(items)
+    inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
+        if items else None
+    return sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
+                        lambda: stand_in(cfg, processor, observer, batch[0]))
 
 
 # ----------------------------------------------------------------------------- RL (Alg. 2)
@@ -337,9 +370,11 @@ class RL:
     """One rank's RL stage (Alg. 2): shard cursor, memory buffer, promotion queue, and the step's phases.
     An extension subclasses it and overrides phases (extensions/*/train.py)."""
 
-    def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, optim, observer):
+    def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, optim, observer,
+                 train_model=None):
         self.cfg, self.rank, self.device, self.shard, self.by_id, self.clips = cfg, rank, device, shard, by_id, clips
         self.model, self.processor, self.ref_model, self.judge = model, processor, ref_model, judge
+        self.train_model = train_model or model  # the DDP wrapper (LoRA on several processes), else the model
         self.optim, self.observer = optim, observer
         self.cursor = runtime.Cursor(len(shard), cfg.seed * 1000 + 2 * rank + 1)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
@@ -352,9 +387,10 @@ class RL:
         self.timer = runtime.Timer()
         with self.timer("perturbation"):
             items = self.corrupt_videos(self.next_samples(), spec_rng)   # Sec. 3.1, Eq. 1-2 (l.2)
-        rollout = self.dual_rollouts(items)                               # l.3
-        with self.timer("self_assessment"):
-            selected = self.select(items, step)                           # Eq. 3, l.6-10
+        with parallel.gathered(self.model):                               # FSDP2: weights gathered once to generate
+            rollout = self.dual_rollouts(items)                           # l.3
+            with self.timer("self_assessment"):
+                selected = self.select(items, step)                       # Eq. 3, l.6-10
         with self.timer("alignment_reward"):
             missing = self.rewards(selected)                              # Alg. 1 (selected only: App. G)
         with self.timer("backward"):
@@ -395,25 +431,27 @@ class RL:
 
     def dual_rollouts(self, items):
         """Alg. 2 l.3: G rollouts on the clean video (the anchor, no gradient; dual-branch modes) and G on
-        the perturbed one (+ G~ on the shuffled one), with each rollout's accuracy (Eq. 10)."""
+        the perturbed one (+ G~ on the shuffled one), with each rollout's accuracy (Eq. 10). One generation
+        call for every branch: each video is encoded and its prompt prefilled once (policy.rollout)."""
         if not items:
             return None
-        G, k, samples = self.cfg.group_size, self.cfg.temporal_grpo, [it.sample for it in items]
-        if self.dual:
-            with self.timer("clean_rollout"):
-                clean = self._rollout(samples, [it.clean for it in items], G)
-        with self.timer("perturbed_rollout" if self.corrupt else "clean_rollout"):
-            pert = self._rollout(samples, [it.pert for it in items], G)
-            shuf = self._rollout(samples, [it.shuffled for it in items], k) if k else None
+        G, k, B = self.cfg.group_size, self.cfg.temporal_grpo, len(items)
+        branches = [[it.clean for it in items]] * self.dual + [[it.pert for it in items]]
+        branches += [[it.shuffled for it in items]] * bool(k)
+        n = [G] * (B * (1 + self.dual)) + [k] * (B * bool(k))
+        with self.timer("rollout"):
+            out = self._rollout([it.sample for it in items] * len(branches), [v for b in branches for v in b], n)
+        start = B * G * self.dual  # the trained branch's rows follow the clean anchor's
         for i, it in enumerate(items):
-            it.rows = slice(i * G, (i + 1) * G)
-            it.texts, it.acc = pert.texts[it.rows], self.accuracy(pert.texts[it.rows], it.sample)
+            it.rows = slice(start + i * G, start + (i + 1) * G)
+            it.texts, it.acc = out.texts[it.rows], self.accuracy(out.texts[it.rows], it.sample)
             if self.dual:
-                it.clean_texts = clean.texts[it.rows]
+                it.clean_texts = out.texts[i * G:(i + 1) * G]
                 it.clean_acc = self.accuracy(it.clean_texts, it.sample)
             if k:
-                it.shuffled_acc = self.accuracy(shuf.texts[i * k:(i + 1) * k], it.sample)
-        return pert
+                first = start + B * G + i * k
+                it.shuffled_acc = self.accuracy(out.texts[first:first + k], it.sample)
+        return out
 
     @staticmethod
     def accuracy(texts, s):
@@ -468,42 +506,66 @@ class RL:
         """An extension's reward terms added to R_j (recorded in it.comp); the core has none."""
         return rewards
 
-    def grpo_backward(self, inputs, ids, mask, adv):
-        """Eq. 7's loss on completions `ids` (mask) given `inputs`, backward summed over rows (as
-        sync_gradients expects). One update per generation (as Video-R1): old = current policy, so the
-        ratio is 1 at the update. Returns (loss, stats)."""
-        self.model.train()
-        logp = policy.token_logprobs(self.model, inputs, ids, mask, temperature=self.cfg.temperature)
-        ref = (policy.reference_logprobs(self.model, inputs, ids, mask, ref_model=self.ref_model,
-                                         temperature=self.cfg.temperature) if self.cfg.beta > 0 else logp.detach())
+    def grpo_loss(self, inputs, ids, mask, adv):
+        """Eq. 7 on completions `ids` (mask) of the prompts `inputs` (one per row), summed over the rows.
+        One update per generation (as Video-R1): old = current policy, so the ratio is 1 at the update."""
+        logp = policy.token_logprobs(self.train_model, inputs, ids, mask, temperature=self.cfg.temperature)
+        ref = (policy.reference_logprobs(parallel.unwrap(self.train_model), inputs, ids, mask,
+                                         ref_model=self.ref_model, temperature=self.cfg.temperature)
+               if self.cfg.beta > 0 else logp.detach())
+        parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
         loss, stats = grpo.grpo_loss(logp, logp.detach(), ref, adv.to(logp.device), mask.to(logp.device),
                                      self.cfg.clip_eps, self.cfg.beta)
-        (loss * len(ids)).backward()
-        return loss, stats
+        return loss * len(ids), stats
+
+    def grpo_backward(self, rollout, rows, adv, share=1.0):
+        """Eq. 7's loss on the completions `rows` of `rollout` (advantages `adv`, one per row), backward in
+        micro-batches: the gradient is `share` x the mean over every rank's trained completions
+        (parallel.backward_micro_batches). Returns (this rank's mean loss and stats, the rows of all ranks)."""
+        self.train_model.train()
+        rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
+        base = parallel.unwrap(self.train_model)
+
+        def backward(part, weight):
+            r = rows[part] if part is not None else (rows[:1] if len(rows) else None)
+            if r is None:  # this rank trains nothing this step: a zero-weight row on a blank video
+                x, ids, mask, a = self.stand_in(), *policy.target_ids(self.processor, [""]), torch.zeros(1)
+            else:
+                x, ids, mask, a = (rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r],
+                                   adv[part] if part is not None else adv[:1])
+            loss, stats = self.grpo_loss(policy._to(x, policy.model_device(base)), ids, mask, a)
+            (loss * weight).backward()
+            if part is not None:
+                for key, v in {"loss": loss.item() / len(ids), **stats}.items():
+                    sums[key] += v * len(ids)
+
+        total = parallel.backward_micro_batches(len(rows), self.cfg.micro_batch_size, backward, self.device, share)
+        return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, total
+
+    def stand_in(self):
+        return stand_in(self.cfg, self.processor, self.observer, self.shard[0])
 
     def update(self, selected, rollout):
         """Eq. 7-8 on the perturbed branch of the selected samples (group advantages of their rewards),
-        then one optimiser step. Returns (loss stats, trained completions)."""
-        loss_stats, n_rows = {}, 0
-        if selected:
-            rows = torch.tensor([r for it in selected for r in range(it.rows.start, it.rows.stop)])
-            inputs = self.observer.inputs(self.processor, [data.build_messages(it.sample) for it in selected],
-                                          [it.pert for it in selected])
-            inputs = policy.repeat_for(self.model, inputs, self.cfg.group_size)
-            adv = grpo.group_advantages([it.rewards for it in selected]).view(-1)
-            loss, loss_stats = self.grpo_backward(inputs, rollout.completion_ids[rows],
-                                                  rollout.completion_mask[rows], adv)
-            loss_stats["loss"], n_rows = loss.item(), len(rows)
-        self.optim.step(n_rows)
-        return loss_stats, n_rows
+        then one optimiser step. Returns (loss stats, trained completions of this rank). Every rank runs it,
+        also one that selected nothing (its micro-batches then have zero weight)."""
+        rows = [r for it in selected for r in range(it.rows.start, it.rows.stop)]
+        adv = grpo.group_advantages([it.rewards for it in selected]).view(-1) if selected else torch.zeros(0)
+        loss_stats, total = self.grpo_backward(rollout, rows, adv)
+        self.optim.step(total > 0)
+        return loss_stats, len(rows)
 
     def reevaluate(self, step):
         """Eq. 5-6, Alg. 2 l.12-21 (--mode rova, when due): re-assess the buffer, queue what it promotes.
         Batched as a step's rollouts: batch_size x group_size sequences per generate call."""
-        if self.cfg.mode != "rova" or not self.buffer.due(step + 1):
+        due = self.cfg.mode == "rova" and self.buffer.due(step + 1)
+        if self.cfg.mode != "rova" or not runtime.all_sum([float(due)], self.device)[0]:
             return 0, 0
-        up, out = self.buffer.reevaluate(assess_batch=self.assess_entries, batch_size=max(
-            1, self.cfg.batch_size * self.cfg.group_size // max(1, self.cfg.reeval_rollouts)))
+        with parallel.gathered(self.model):  # every rank enters (FSDP2's all-gather), each re-evaluates its own
+            if not due:
+                return 0, 0
+            up, out = self.buffer.reevaluate(assess_batch=self.assess_entries, batch_size=max(
+                1, self.cfg.batch_size * self.cfg.group_size // max(1, self.cfg.reeval_rollouts)))
         self.queue.extend((e.sample_id, e.spec) for e in up)
         return len(up), len(out)
 
@@ -685,19 +747,30 @@ class Run:
     spec_rng: Any
     log: runtime.StepLog
     eval_samples: list
+    sharding: str = "none"           # parallel.choose: fsdp | ddp | none
+    train_model: Any = None          # what forward/backward go through (the DDP wrapper), else the model
     steps_this_run: int = 0
 
     def checkpoint(self, state, optim, plain):
-        def model_and_optimizer(folder):
-            policy.save(self.model, self.processor, folder / "model")
-            torch.save(optim.state_dict(), folder / "optimizer.pt")
+        """Weights and optimiser state with torch.distributed.checkpoint (each rank its shard), every rank's
+        RNGs, data cursor and schedule: parallel.save_state, runtime.save_checkpoint."""
         rng_plain, rng_tensors = runtime.rng_state(self.spec_rng)
-        runtime.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), ({**plain, "rng": rng_plain},
-                                rng_tensors), model_and_optimizer, keep=self.cfg.keep_checkpoints)
+        runtime.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), (
+            {**plain, "rng": rng_plain, "scheduler": optim.sched.state_dict()}, rng_tensors),
+            lambda folder: parallel.save_state(folder / "state", self.model, optim.opt),
+            keep=self.cfg.keep_checkpoints, world=self.world)
 
     def resume(self, per_rank, optim, ckpt):
-        optim.load(ckpt)
+        parallel.load_state(ckpt / "state", self.model, optim.opt)
+        optim.sched.load_state_dict(per_rank[0]["scheduler"])
         runtime.set_rng_state(per_rank[0]["rng"], per_rank[1], self.spec_rng)
+
+    def save_model(self, folder):
+        """The full weights (gathered from every rank's shard under FSDP2) as safetensors, on rank 0."""
+        weights = parallel.full_state_dict(self.model) if self.sharding == "fsdp" else None
+        if self.rank == 0:
+            policy.save(parallel.unwrap(self.model), self.processor, folder, state_dict=weights,
+                        dtype=parallel.param_dtype(self.device) if self.sharding == "fsdp" else None)
 
     def killed(self):
         """--stop-after (testing): exit as if killed after that many steps of this run."""
@@ -708,11 +781,13 @@ class Run:
         return False
 
     def evaluate(self, name):
-        if self.eval_samples and self.rank == 0:
-            result = evaluate(self.cfg, self.model, self.processor, self.eval_samples, self.observer, self.clips)
-            if name:
-                (self.out / name).write_text(json.dumps(result))
-            return result
+        """The demo's before/after check, on rank 0 (the others wait in FSDP2's gathered weights)."""
+        with parallel.gathered(self.model):
+            if self.eval_samples and self.rank == 0:
+                result = evaluate(self.cfg, self.model, self.processor, self.eval_samples, self.observer, self.clips)
+                if name:
+                    (self.out / name).write_text(json.dumps(result))
+                return result
         return None
 
 
@@ -729,35 +804,43 @@ def run_sft(run, state, ckpt, per_rank):
     while state["step"] < total:
         t0 = time.perf_counter()
         batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
-        nll, n = run.ext.sft_step(cfg, run.model, run.processor, batch, run.clips, run.observer)
-        optim.step(n)
+        nll, n = run.ext.sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
+        nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
+        optim.step(nll is not None)
         state["step"] += 1
-        run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0],
-                 "nll": runtime.mean_over_ranks(nll, n, run.device), "bad_videos": len(run.clips.bad),
-                 "sec_step": time.perf_counter() - t0})
+        run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0], "nll": nll,
+                 "bad_videos": len(run.clips.bad), "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == total:
             run.checkpoint(state, optim, {"cursor": cursor.state()})
         if run.killed():
             return False
     run.log.close_bar()
+    del optim  # no optimiser state is kept past its stage (AdamW's is twice the trained weights)
+    gc.collect()
     if total > 0:
         run.evaluate("eval_after_sft.json")
     return True
 
 
 def reference_model(run):
-    """The frozen reference of Eq. 7's KL: the policy as RL starts (with LoRA: the adapters off, None here)."""
+    """The frozen reference of Eq. 7's KL: the policy as RL starts (with LoRA: the adapters off, None here; with
+    --beta 0 none is loaded). Saved once (a resumed run loads it back); under FSDP2 sharded like the policy, in
+    the compute dtype (forward only)."""
     if run.cfg.beta <= 0 or run.cfg.lora_r > 0:
         return None
     ref_dir = run.out / "reference"
-    if run.rank == 0 and not (ref_dir / "config.json").is_file():
-        policy.save(run.model, run.processor, ref_dir)
+    if not (ref_dir / "config.json").is_file():
+        run.save_model(ref_dir)
     runtime.barrier()
     with runtime.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
-        return policy.frozen_copy(policy.load_policy(str(ref_dir), device=run.device)[0])
+        ref = policy.load_policy(str(ref_dir), device=run.device, dtype=parallel.param_dtype(run.device))[0]
+    if run.sharding == "fsdp":
+        parallel.shard(ref, run.device)
+    return policy.frozen_copy(ref, deep=False)
 
 
-def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, ext=None, observer=None):
+def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, ext=None, observer=None,
+             train_model=None):
     """This rank's RL stage: its shard, the alignment judge (App. C.1; verdicts cached on disk, so a resumed
     run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
     ext = ext or Extension()
@@ -765,14 +848,14 @@ def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_mod
         if ext.judge_needed(cfg) else None
     optim = Optim.make(cfg, model, cfg.lr, cfg.rl_steps, device)
     return ext.rl(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
-                  ref_model, judge, optim, observer or ext.observer(cfg))
+                  ref_model, judge, optim, observer or ext.observer(cfg), train_model=train_model)
 
 
 def run_rl(run, state, ckpt, per_rank):
     """Stage 2: RL (Alg. 2). Returns the RL object, or None if killed."""
     cfg = run.cfg
     rl = build_rl(cfg, run.rank, run.world, run.device, run.samples, run.clips, run.model, run.processor,
-                  reference_model(run), run.ext, run.observer)
+                  reference_model(run), run.ext, run.observer, run.train_model)
     if ckpt and per_rank:
         run.resume(per_rank, rl.optim, ckpt)
         rl.load(per_rank[0]["rl"])
@@ -794,12 +877,13 @@ def run_rl(run, state, ckpt, per_rank):
 
 def finish(run, rl):
     """The final weights, summary.json and the before/after table."""
-    checksum = float(sum(p.detach().double().sum() for p in run.model.parameters()))  # equal on every rank
+    checksum = parallel.checksum(run.model, run.device)  # replicas (DDP): equal on every rank
     gathered = [(checksum, run.clips.bad)] * run.world
     if dist.is_initialized():
         dist.all_gather_object(gathered, (checksum, run.clips.bad))
+    run.save_model(run.out / "final")
+    after = run.evaluate(None)  # every rank enters (FSDP2 gathers the weights), rank 0 evaluates
     if run.rank == 0:
-        policy.save(run.model, run.processor, run.out / "final")
         bad = {path: why for _, b in gathered for path, why in b.items()}  # every rank's skipped videos
         summary = {"config": asdict(run.cfg), "buffer": rl.buffer.stats(), "bad_videos": len(bad),
                    "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _ in gathered]}
@@ -807,7 +891,7 @@ def finish(run, rl):
             for key, name in (("before", "eval_before.json"), ("after_sft", "eval_after_sft.json")):
                 if (run.out / name).is_file():
                     summary[key] = json.loads((run.out / name).read_text())
-            summary["after"] = run.evaluate(None)
+            summary["after"] = after
             print_table(summary, run.cfg.mode)
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
         log(f"final weights in {run.out / 'final'}")
@@ -839,11 +923,9 @@ def setup(cfg, ext):
     spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
     samples, shard, clips = load_data(cfg, rank, world, ext)
     ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
-                                    ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=log)
-    checkpointing = cfg.gradient_checkpointing and device.type == "cuda"
-    model, processor = policy.load_checkpoint(cfg.model, str(ckpt / "model") if ckpt else None, lora_r=cfg.lora_r,
-                                              load_in_4bit=cfg.load_in_4bit, device=device,
-                                              gradient_checkpointing=checkpointing)
+                                    ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=log, world=world)
+    sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
+    model, processor = load_model(cfg, sharding, world, device, ckpt)
     if policy.is_text_model(model) != (getattr(cfg, "policy", "vlm") == "text"):
         raise runtime.UserError(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}"
                                 + (": use --policy text (python -m extensions.embodied_r.train)"
@@ -854,8 +936,40 @@ def setup(cfg, ext):
     eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
     run = Run(cfg, ext, rank, world, device, out, model, processor, ext.observer(cfg), samples, shard, clips,
               spec_rng, runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean",
-                                                                            "rho")}), eval_samples)
+                                                                            "rho")}), eval_samples, sharding,
+              parallel.replicate(model, device) if sharding == "ddp" else model)
     return run, ckpt
+
+
+def check_memory(cfg, sharding, world, device):
+    """Fail fast when memory.plan's per-GPU peak for this run exceeds the GPU (before anything is loaded)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(cfg.model, **runtime.model_source(cfg.model))
+    mode = "fsdp" if sharding == "fsdp" else ("qlora" if cfg.load_in_4bit else "lora" if cfg.lora_r else "ddp")
+    plan = memory.plan(config, mode, world if mode == "fsdp" else 1, batch_size=cfg.batch_size,
+                       group_size=cfg.group_size, temporal_grpo=cfg.temporal_grpo,
+                       branches=2 if cfg.mode in ("rova", "dual") else 1, frames=cfg.frames, max_pixels=cfg.max_pixels,
+                       max_new_tokens=cfg.max_new_tokens, micro_batch_size=cfg.micro_batch_size,
+                       lora_r=cfg.lora_r or 64, reference=cfg.beta > 0, reference_root_gathered=False,
+                       gradient_checkpointing=cfg.gradient_checkpointing)
+    memory.check_fits(plan, parallel.memory_available_gib(device))
+
+
+def load_model(cfg, sharding, world, device, ckpt):
+    """The policy as this run trains it: fp32 master weights sharded by FSDP2 (each rank loads the model, then
+    keeps its shard), or the model as loaded (LoRA, one process). A resumed run loads the weights of an RL
+    checkpoint's stage from the checkpoint itself (Run.resume); here, the stage's starting weights. A model the
+    plan says cannot fit on this GPU stops here, with the planned and the available memory."""
+    if device.type == "cuda":
+        check_memory(cfg, sharding, world, device)
+    model, processor = policy.load_checkpoint(
+        cfg.model, None, lora_r=cfg.lora_r, load_in_4bit=cfg.load_in_4bit, device=device,
+        gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda",
+        dtype=torch.float32 if sharding == "fsdp" else None)
+    if sharding == "fsdp":
+        parallel.shard(model, device)
+    return model, processor
 
 
 def main(argv=None, ext=None, **settings):

@@ -1,6 +1,7 @@
 """The checks that need a GPU, in one short script (the tests run on CPU only): the policy's CUDA / bf16
-paths for the tiny VLM and the tiny text LM (Embodied-R's reasoner), Robust-TO's agent on CUDA, and the
-torch backend of the corruption engine on CUDA against its OpenCV one.
+paths for the tiny VLM and the tiny text LM (Embodied-R's reasoner), Robust-TO's agent on CUDA, the
+torch backend of the corruption engine on CUDA against its OpenCV one, and one FSDP2 RL step of a
+7B-wide Qwen2.5-VL (random weights; peak memory against memory.plan, seconds per step).
 
     python benchmarks/gpu_check.py [--device cuda] [--json OUT.json]
 
@@ -56,10 +57,79 @@ def _lora_step(model, processor, inputs):
     return changed, bool(torch.isfinite(ref).all())
 
 
+def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_tokens=64, shape="qwen2.5-vl-7b"):
+    """One RL step of FSDP2 full fine-tuning of a Qwen2.5-VL with `shape`'s widths (7B: hidden 3584, MLP 18944,
+    the 32-block vision tower, vocab 152064) and `layers` decoder layers, random fp32 weights, on this one
+    process: G rollouts on a clean and a corrupted 16-frame video (App. D's 128x28x28 pixels per frame) in one
+    shared-prefix generate call inside parallel.gathered, the GRPO update of the G perturbed rows in
+    micro-batches with activation checkpointing, fused AdamW. Returns (peak GiB, s/step, the plan's GiB)."""
+    import torch.distributed as dist
+    from transformers import AutoModelForImageTextToText
+
+    import grpo
+    import memory
+    import parallel
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    _, proc = policy.load_policy(vlm_dir, device=device)
+    proc.video_processor.size = {"shortest_edge": 56 * 56, "longest_edge": 128 * 28 * 28}  # App. D's budget
+    tok = policy.tokenizer_of(proc)
+    config = memory.preset_config(shape) if shape != "tiny" else policy.load_policy(vlm_dir)[0].config
+    config.text_config.num_hidden_layers = layers
+    for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        setattr(config, name, tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}_pad|>")
+                if name in ("image_token_id", "video_token_id") else
+                tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}|>"))
+    config.text_config.eos_token_id = config.text_config.pad_token_id = tok.pad_token_id
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
+    if device.type == "cuda":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    parallel.shard(model, device)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5, fused=device.type == "cuda")
+    rng = np.random.default_rng(0)
+    clean = rng.integers(0, 255, (16, 224, 448, 3), dtype=np.uint8)
+    pert = np.clip(clean.astype(np.int16) - 60, 0, 255).astype(np.uint8)
+    prompt = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Which way should it turn?"}]}]
+    inputs = policy.make_inputs(proc, [prompt, prompt], [clean, pert])
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    with parallel.gathered(model):
+        out = policy.rollout(model, proc, inputs, n=group_size, max_new_tokens=new_tokens)
+    rows = torch.arange(group_size, 2 * group_size)  # the perturbed branch's rows are trained
+    adv = torch.randn(group_size)
+    model.train()
+
+    def backward(part, weight):
+        r = rows[part]
+        logp = policy.token_logprobs(model, out.row_inputs(r), out.completion_ids[r], out.completion_mask[r])
+        loss, _ = grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv[part].to(logp.device),
+                                 out.completion_mask[r].to(logp.device), beta=0.0)
+        (loss * len(r) * weight).backward()
+
+    parallel.backward_micro_batches(len(rows), micro_batch_size, backward, device)
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+    opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
+    planned = memory.plan(config, "fsdp", 1, batch_size=1, group_size=group_size, micro_batch_size=micro_batch_size,
+                          max_new_tokens=new_tokens, reference=False, overhead_gib=0.0)["peak"]
+    del model, opt
+    return peak, seconds, planned
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default="")
+    ap.add_argument("--fsdp-layers", type=int, default=8, help="decoder layers of the 7B-wide FSDP2 step (of 28)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     report, failures = {}, 0
@@ -130,8 +200,15 @@ def main(argv=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         print("FAIL no CUDA device")
         return 1
+    def fsdp2_7b_step():
+        peak, seconds, planned = fsdp_step(device, vlm_dir, layers=args.fsdp_layers)
+        within = abs(planned / peak - 1) <= 0.15
+        return within, (f"7B-wide Qwen2.5-VL, {args.fsdp_layers} of 28 decoder layers, FSDP2 on 1 GPU: peak "
+                         f"{peak:.1f} GiB (plan {planned:.1f} GiB, {planned / peak - 1:+.0%}), {seconds:.1f} s/step")
+
     for name, fn in (("vlm_bf16_logprobs", vlm_bf16), ("vlm_lora_step", vlm_lora), ("text_policy_bf16", text_bf16),
-                     ("robust_to_agent", agent), ("perturb_torch_backend", perturb_torch)):
+                     ("robust_to_agent", agent), ("perturb_torch_backend", perturb_torch),
+                     ("fsdp2_7b_step", fsdp2_7b_step)):
         check(name, fn)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": str(device), "torch": torch.__version__,

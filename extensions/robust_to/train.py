@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 import grpo
+import parallel
 import perturb
 import policy
 import train
@@ -58,15 +59,17 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
     by orchestrate.guess_type) in DECOMPOSE_PROMPT's JSON, and the synthesis over the evidence the tools
     return on the selected frames as orchestrate.warmup_target (the tiers' own synthesis when their
     evidence reaches the answer, else the evidence, Video-R1's chain of thought and the answer)."""
-    agent = agent or orchestrate.Agent(model, processor, k=cfg.agent_k, max_subqueries=cfg.max_subqueries)
+    agent = agent or orchestrate.Agent(parallel.unwrap(model), processor, k=cfg.agent_k,
+                                       max_subqueries=cfg.max_subqueries)
     items = [(s, clips.get(s)) for s in batch]
     items = [(s, f) for s, f in items if f is not None]
+    blank = lambda: train.stand_in(cfg, processor, train.Observer(cfg), batch[0])  # noqa: E731
     if not items:
-        return None, 0
+        return train.sft_backward(cfg, model, processor, None, [], blank)
     samples = [s for s, _ in items]
     questions, sel, chosen = agent.prepare(samples, [f for _, f in items])
     plans = [[orchestrate.SubQuery(orchestrate.guess_type(q), q)] for q in questions]
-    with torch.no_grad():
+    with torch.no_grad(), parallel.gathered(model):
         evidence = agent.evidence(samples, questions, sel, chosen, range(len(samples)), plans)
     texts = [agent.decompose_text(q, len(c), p) for q, c, (_, _, p) in zip(questions, chosen, sel)]
     texts += [agent.synthesis_text(s, ev) for s, ev in zip(samples, evidence)]
@@ -74,9 +77,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
     targets += [orchestrate.warmup_target(s, ev) for s, ev in zip(samples, evidence)]
     prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
     inputs = policy.make_inputs(processor, prompts, chosen + chosen)
-    nll = policy.teacher_forced_nll(model, processor, inputs, targets)
-    (nll * len(items)).backward()
-    return nll.item(), len(items)
+    return train.sft_backward(cfg, model, processor, inputs, targets, blank)
 
 
 class AgentRL(train.RL):
@@ -93,19 +94,19 @@ class AgentRL(train.RL):
         self.timer = runtime.Timer()
         with self.timer("perturbation"):
             items = self.corrupt_videos(self.next_samples(), spec_rng)
-        extra, loss_stats, n_rows = {}, {}, 0
-        if items:
-            with self.timer("estimator"):
-                self.budget(items)
-            with self.timer("perturbed_rollout" if self.corrupt else "clean_rollout"):
-                traces, dec, syn = self.agent.sample([it.sample for it in items], [it.pert for it in items],
-                                                     self.cfg.group_size, self.cfg.temperature)
-            with self.timer("reward"):
-                extra = self.agent_rewards(items, traces)
-        with self.timer("backward"):
+        extra, dec, syn = {}, None, None
+        with parallel.gathered(self.model, self.ref_model):  # FSDP2: the weights gathered once to generate
             if items:
-                loss_stats, n_rows = self.agent_backward(items, dec, syn)
-            self.optim.step(n_rows)
+                with self.timer("estimator"):
+                    self.budget(items)
+                with self.timer("rollout"):
+                    traces, dec, syn = self.agent.sample([it.sample for it in items], [it.pert for it in items],
+                                                         self.cfg.group_size, self.cfg.temperature)
+                with self.timer("reward"):
+                    extra = self.agent_rewards(items, traces)
+        with self.timer("backward"):
+            loss_stats, n_rows, total = self.agent_backward(items, dec, syn)
+            self.optim.step(total > 0)
         return self.record(items, items, loss_stats, n_rows, extra=extra)
 
     def corrupt_videos(self, todo, spec_rng):
@@ -156,15 +157,16 @@ class AgentRL(train.RL):
         return extra
 
     def agent_backward(self, items, dec, syn):
-        """Eq. 7-8 over both completions of every rollout; stats are the means over the two halves."""
-        adv = grpo.group_advantages([it.rewards for it in items]).view(-1)
+        """Eq. 7-8 over both completions of every rollout, each half weighing 1/2 (every rank runs both, a rank
+        without items on stand-ins); stats are the means over the two halves."""
+        adv = grpo.group_advantages([it.rewards for it in items]).view(-1) if items else torch.zeros(0)
         stats: dict = {}
+        total = 0.0
         for roll in (dec, syn):
-            loss, st = self.grpo_backward(roll.prompt_inputs, roll.completion_ids, roll.completion_mask, adv)
+            st, total = self.grpo_backward(roll, range(len(adv)), adv, share=0.5)
             for k, v in st.items():
                 stats[k] = stats.get(k, 0.0) + float(v) / 2
-            stats["loss"] = stats.get("loss", 0.0) + loss.item() / 2
-        return stats, 2 * len(adv)
+        return stats, 2 * len(adv), total
 
 
 EXTENSION = train.Extension(config=Config, groups={"Robust-TO": "Robust-TO's orchestrated agent and its reward"},

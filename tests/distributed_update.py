@@ -1,0 +1,84 @@
+"""Two GRPO updates of one fixed global batch, split over however many processes run this (tests/test_parallel.py).
+
+    python tests/distributed_update.py OUT TINY DATA [--lora] [--micro-batch K]   # one process, unsharded
+    torchrun --nproc_per_node 2 tests/distributed_update.py OUT TINY DATA     # FSDP2 (DDP with --lora)
+
+Every rank builds the same global batch (3 prompts x G = 2 greedy completions, fixed advantages) and trains
+its own rows of it through train.RL.grpo_backward (micro-batches of 2) and Optim.step: in the first update
+rank 0 has rows 0-3 and rank 1 rows 4-5; in the second rank 0 has all six and rank 1 none (its curriculum
+selected nothing). The full weights after both updates are written to OUT/weights.pt by rank 0.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import runtime  # noqa: E402, I001
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import data  # noqa: E402
+import parallel  # noqa: E402
+import policy  # noqa: E402
+import train  # noqa: E402
+
+
+def gathered_grads(model, lora):
+    """Every trainable parameter's gradient, in full (FSDP2 shards gathered), by name."""
+    out = {}
+    for name, p in parallel.unwrap(model).named_parameters():
+        if p.requires_grad and p.grad is not None:
+            g = p.grad
+            out[name] = (g.full_tensor() if hasattr(g, "full_tensor") else g).detach().clone()
+    return out
+
+
+def main():
+    out, tiny, data_json = sys.argv[1:4]
+    lora = "--lora" in sys.argv
+    micro = sys.argv[sys.argv.index("--micro-batch") + 1] if "--micro-batch" in sys.argv else "2"
+    rank, world, device = runtime.setup_distributed()
+    cfg = train.parse_args(["--model", tiny, "--data", data_json, "--out", out, "--frames", "4", "--max-pixels",
+                            str(56 * 56), "--group-size", "2", "--micro-batch-size", micro, "--lr", "1e-4",
+                            "--lora-r", "4" if lora else "0"])
+    sharding = parallel.choose(cfg.sharding, world, lora)
+    torch.manual_seed(0)  # the same initial adapters on every rank (LoRA)
+    model, processor = train.load_model(cfg, sharding, world, device, None)
+    for m in model.modules():  # LoRA's dropout draws differ with the split of the rows: off, to compare
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    ref = None
+    if not lora:
+        ref = policy.frozen_copy(policy.load_policy(tiny, device=device, dtype=torch.float32)[0], deep=False)
+        if sharding == "fsdp":
+            parallel.shard(ref, device)
+    train_model = parallel.replicate(model, device) if sharding == "ddp" else model
+    samples, _ = data.load_video_r1(data_json)
+    clips = train.Clips(cfg, [], len(samples))
+    rl = train.build_rl(cfg, rank, world, device, samples, clips, model, processor, ref, train_model=train_model)
+
+    chosen = samples[:3]
+    inputs = policy.make_inputs(processor, [data.build_messages(s) for s in chosen], [clips.get(s) for s in chosen])
+    with parallel.gathered(model):
+        rollout = policy.rollout(model, processor, inputs, n=2, max_new_tokens=6, do_sample=False)
+    adv = torch.tensor([1.0, 0.5, -0.5, -1.0, 2.0, 1.5])  # rows 2b, 2b+1: prompt b (identical greedy completions)
+    splits = ([[0, 1, 2, 3], [4, 5]], [[0, 1, 2, 3, 4, 5], []])  # update 2: rank 1 selects nothing
+    grads = []
+    for split in splits:
+        mine = list(range(6)) if world == 1 else split[rank]
+        _, total = rl.grpo_backward(rollout, mine, adv[mine])
+        assert total == 6, total
+        grads.append(gathered_grads(model, lora))
+        rl.optim.step(total > 0)
+
+    weights = parallel.full_state_dict(model)
+    if rank == 0:
+        trainable = {n for n, p in parallel.unwrap(model).named_parameters() if p.requires_grad}
+        torch.save({k: v for k, v in weights.items() if k in trainable}, Path(out) / "weights.pt")
+        torch.save(grads, Path(out) / "grads.pt")
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

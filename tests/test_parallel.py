@@ -1,0 +1,175 @@
+"""parallel.py and training at scale on CPU (gloo): FSDP2 and DDP updates equal one process's, micro-batches
+equal one big batch, kill + resume under FSDP2 is bit-identical, a checkpoint resumes only on its world size."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import parallel
+import policy
+import synthetic
+import train
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parallel")
+    tiny = policy.build_tiny(root / "tiny")
+    synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
+    return root, tiny, root / "synth" / "train.json"
+
+
+def torchrun(n, *argv, timeout=600):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), *map(str, argv)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return run
+
+
+def test_choose_picks_fsdp_for_full_fine_tuning_on_several_processes():
+    assert parallel.choose("auto", 4, lora=False) == "fsdp"
+    assert parallel.choose("auto", 4, lora=True) == "ddp"
+    assert parallel.choose("auto", 1, lora=False) == "none"
+    assert parallel.choose("ddp", 1, lora=True) == "none"
+    with pytest.raises(Exception, match="LoRA and 4-bit run replicated"):
+        parallel.choose("fsdp", 2, lora=True)
+    with pytest.raises(Exception, match="--sharding must be one of"):
+        parallel.choose("zero3", 2, lora=False)
+
+
+def test_every_rank_runs_as_many_micro_batches_as_the_busiest():
+    dev = torch.device("cpu")
+    assert parallel.micro_batches(5, 2, dev) == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert parallel.micro_batches(5, 0, dev) == [slice(0, 5)]
+    assert parallel.micro_batches(0, 2, dev) == []
+    seen = []
+    total = parallel.backward_micro_batches(4, 3, lambda rows, w: seen.append((rows, w)), dev, share=0.5)
+    assert total == 4 and seen == [(slice(0, 3), 0.5 / 4), (slice(3, 4), 0.5 / 4)]
+    assert parallel.backward_micro_batches(0, 3, lambda rows, w: seen.append(1), dev) == 0 and len(seen) == 2
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["fsdp2", "ddp-lora"])
+def test_two_processes_end_with_the_weights_of_one(assets, tmp_path, lora):
+    """The same global batch on 1 process and on 2 (FSDP2 full fine-tuning, or DDP with LoRA), including an
+    update in which rank 1's curriculum selected nothing: fp32 weights equal to 1e-6."""
+    root, tiny, data_json = assets
+    extra = ["--lora"] if lora else []
+    one, two = tmp_path / "one", tmp_path / "two"
+    for out in (one, two):
+        out.mkdir()
+    subprocess.run([sys.executable, "tests/distributed_update.py", one, tiny, data_json, *extra], cwd=ROOT,
+                   check=True, env=ENV, capture_output=True)
+    torchrun(2, "tests/distributed_update.py", two, tiny, data_json, *extra)
+    for ga, gb in zip(*(torch.load(d / "grads.pt", weights_only=True) for d in (one, two))):  # each update's
+        assert ga.keys() == gb.keys() and ga
+        assert max(((ga[k] - gb[k]).abs().max() / ga[k].abs().max().clamp(min=1e-12)).item() for k in ga) < 1e-5
+    a = torch.load(one / "weights.pt", weights_only=True)
+    b = torch.load(two / "weights.pt", weights_only=True)
+    base = policy.load_policy(tiny)[0].state_dict()
+    assert a.keys() == b.keys() and a
+    assert max((a[k] - b[k]).abs().max().item() for k in a) <= 1e-6
+    if not lora:
+        assert max((a[k] - base[k]).abs().max().item() for k in a) > 1e-5, "the updates changed nothing"
+    else:
+        assert all("lora_" in k for k in a)
+
+
+def args(assets, out, *extra):
+    root, tiny, train_json = assets
+    return ["--model", str(tiny), "--data", str(train_json), "--out", str(out), "--frames", "4",
+            "--max-pixels", str(56 * 56), "--sft-epochs", "0.5", "--sft-batch-size", "2", "--rl-steps", "3",
+            "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "8", "--save-every", "2",
+            "--micro-batch-size", "2", "--lr", "1e-3", "--sft-lr", "1e-3", "--mode", "dual", *extra]
+
+
+def final_weights(out):
+    from safetensors.torch import load_file
+    return load_file(str(out / "final" / "model.safetensors"))
+
+
+def test_fsdp2_kill_and_resume_gives_the_uninterrupted_weights(assets, tmp_path):
+    """torchrun, 2 processes, FSDP2 (auto): killed after SFT + 1 RL step, resumed from the DCP checkpoint."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    torchrun(2, "train.py", *args(assets, a))
+    summary = json.loads((a / "summary.json").read_text())
+    assert summary["config"]["sharding"] == "auto" and len(summary["rank_checksums"]) == 2
+    torchrun(2, "train.py", *args(assets, b, "--set", "stop_after=3"))  # 2 SFT steps + 1 RL step, then "killed"
+    assert not (b / "final").exists()
+    ckpt = b / "checkpoints" / "sft-0000002"
+    assert (ckpt / "COMPLETE").is_file() and sorted(p.name for p in (ckpt / "state").glob("*.distcp"))
+    assert json.loads((ckpt / "state.json").read_text())["world"] == 2
+    one = subprocess.run([sys.executable, "train.py", *args(assets, b)], cwd=ROOT, capture_output=True, text=True,
+                         env=ENV)
+    assert one.returncode == 2 and "written by 2 processes and this run has 1" in one.stderr, one.stderr[-2000:]
+    torchrun(2, "train.py", *args(assets, b))
+    wa, wb = final_weights(a), final_weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    base = policy.load_policy(assets[1])[0].state_dict()
+    assert any(not torch.equal(wa[k], base[k]) for k in wa if k in base), "training changed nothing"
+
+
+def test_micro_batches_give_the_gradient_of_one_batch(assets, tmp_path):
+    """One process: an RL update in micro-batches of 1 and of 3 equals the update of all rows at once."""
+    root, tiny, data_json = assets
+    out = []
+    for mb in (0, 1, 3):
+        d = tmp_path / f"mb{mb}"
+        d.mkdir()
+        subprocess.run([sys.executable, "tests/distributed_update.py", d, tiny, data_json, "--micro-batch", str(mb)],
+                       cwd=ROOT, check=True, env=ENV, capture_output=True)
+        out.append(torch.load(d / "weights.pt", weights_only=True))
+    for other in out[1:]:
+        assert max((out[0][k] - other[k]).abs().max().item() for k in out[0]) <= 1e-6
+
+
+def test_the_sft_optimizer_is_gone_before_rl(assets, tmp_path, monkeypatch):
+    """No optimiser outlives its stage (AdamW's state is twice the trained weights)."""
+    import gc
+    import weakref
+    made = []
+    real = train.Optim.make
+
+    def spy(*a, **k):
+        o = real(*a, **k)
+        made.append(weakref.ref(o.opt))
+        return o
+    monkeypatch.setattr(train.Optim, "make", spy)
+    seen = {}
+    real_rl = train.run_rl
+
+    def check(*a, **k):
+        gc.collect()
+        seen["sft_alive"] = made[0]() is not None
+        return real_rl(*a, **k)
+    monkeypatch.setattr(train, "run_rl", check)
+    train.main(args(assets, tmp_path / "o", "--rl-steps", "1"))
+    assert len(made) == 2 and seen["sft_alive"] is False
+
+
+def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
+    """SFT's loss is the mean over every target token of the step, whatever the micro-batch size."""
+    import data
+    root, tiny, data_json = assets
+    samples, _ = data.load_video_r1(data_json)
+    model, processor = policy.load_policy(tiny)
+    cfg = train.Config(frames=4, max_pixels=56 * 56)
+    clips = train.Clips(cfg, [], len(samples))
+    observer = train.Observer(cfg)
+    grads, values = [], []
+    for mb in (0, 1, 2):
+        cfg.micro_batch_size = mb
+        model.zero_grad(set_to_none=True)
+        nll, tokens = train.sft_step(cfg, model, processor, samples[:3], clips, observer)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        values.append((nll, tokens))
+    assert values[0][1] > 3 and all(abs(v[0] - values[0][0]) < 1e-6 and v[1] == values[0][1] for v in values)
+    for g in grads[1:]:
+        assert g.keys() == grads[0].keys()
+        assert max((g[k] - grads[0][k]).abs().max().item() for k in g) < 1e-6
