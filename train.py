@@ -166,7 +166,7 @@ class Config:
 # answerability question, so its P(YES) is noise and is not used to defer samples.
 DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sft_lr=3e-3, lr=1e-4, rl_steps=100,
             batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0,
-            video_cache=4096, eval_limit=120)
+            video_cache=4096, eval_limit=120, micro_batch_size=0)
 MODES = ("rova", "dual", "grpo", "grpo-aug")
 # Config fields that change nothing a run computes: an unfinished run continues across a change of these.
 NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "keep_checkpoints", "video_cache",
