@@ -173,3 +173,15 @@ def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
     for g in grads[1:]:
         assert g.keys() == grads[0].keys()
         assert max((g[k] - grads[0][k]).abs().max().item() for k in g) < 1e-6
+
+
+def test_a_model_too_large_for_the_gpu_fails_before_loading(assets, monkeypatch):
+    """train.check_memory (run on CUDA before anything is loaded): the planned and the available GiB."""
+    root, tiny, data_json = assets
+    cfg = train.parse_args(["--model", str(tiny), "--data", str(data_json), "--frames", "4",
+                            "--max-pixels", str(56 * 56)])
+    monkeypatch.setattr(parallel, "memory_available_gib", lambda device: 0.5)
+    with pytest.raises(Exception, match=r"planned peak 1\.\d GiB per GPU .* exceeds the 0\.5 GiB available"):
+        train.check_memory(cfg, "fsdp", 4, torch.device("cpu"))
+    monkeypatch.setattr(parallel, "memory_available_gib", lambda device: 80.0)
+    train.check_memory(cfg, "fsdp", 4, torch.device("cpu"))  # fits: no error
