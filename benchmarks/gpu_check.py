@@ -121,7 +121,6 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     peak = torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
     planned = memory.plan(config, "fsdp", 1, batch_size=1, group_size=group_size, micro_batch_size=micro_batch_size,
                           max_new_tokens=new_tokens, reference=False, overhead_gib=0.0)["peak"]
-    del model, opt
     return peak, seconds, planned
 
 

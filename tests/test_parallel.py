@@ -11,19 +11,11 @@ import torch
 
 import parallel
 import policy
-import synthetic
 import train
+from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("parallel")
-    tiny = policy.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
-    return root, tiny, root / "synth" / "train.json"
 
 
 def torchrun(n, *argv, timeout=600):
