@@ -137,8 +137,8 @@ class Config:
     eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy on before and after",
                           "evaluation")
     # distributed
-    sharding: str = _arg("auto", "auto | fsdp | ddp | none: auto is FSDP2 for full fine-tuning on more than one "
-                                 "process, DDP for LoRA / 4-bit on more than one, none for one process",
+    sharding: str = _arg("auto", "auto | fsdp | ddp | none: auto is FSDP2 for full fine-tuning on GPUs or on more "
+                                 "than one process, DDP for LoRA / 4-bit on more than one, none for one CPU process",
                          "distributed")
     # settings without a flag of their own (App. D's fixed values and plumbing): --set NAME=VALUE
     max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable")
@@ -305,13 +305,16 @@ def sft_backward(cfg, model, processor, inputs, targets, blank):
     tokens, nll_sum, base = int(mask.sum()), 0.0, parallel.unwrap(model)
     model.train()
 
+    def batch(rows):
+        if rows is not None:
+            return policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
+        if targets:  # fewer micro-batches than another rank: its first row again, at weight 0
+            return policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1]
+        return (blank(), *policy.target_ids(processor, [""]))  # no rows at all: a blank video, at weight 0
+
     def backward(rows, weight):
         nonlocal nll_sum
-        if rows is None:
-            x, i, m = (blank(), *policy.target_ids(processor, [""])) if not targets else (
-                policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1])
-        else:
-            x, i, m = policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
+        x, i, m = batch(rows)
         nll = -(policy.token_logprobs(model, x, i, m) * m.to(policy.model_device(model))).sum()
         (nll * weight).backward()
         nll_sum += nll.item() if rows is not None else 0.0
@@ -526,13 +529,15 @@ class RL:
         rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
         base = parallel.unwrap(self.train_model)
 
+        def batch(part):
+            if part is None and not len(rows):  # this rank trains nothing this step: a blank video, at weight 0
+                return self.stand_in(), *policy.target_ids(self.processor, [""]), torch.zeros(1)
+            part = part if part is not None else slice(0, 1)  # fewer micro-batches than another rank: weight 0
+            r = rows[part]
+            return rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r], adv[part]
+
         def backward(part, weight):
-            r = rows[part] if part is not None else (rows[:1] if len(rows) else None)
-            if r is None:  # this rank trains nothing this step: a zero-weight row on a blank video
-                x, ids, mask, a = self.stand_in(), *policy.target_ids(self.processor, [""]), torch.zeros(1)
-            else:
-                x, ids, mask, a = (rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r],
-                                   adv[part] if part is not None else adv[:1])
+            x, ids, mask, a = batch(part)
             loss, stats = self.grpo_loss(policy._to(x, policy.model_device(base)), ids, mask, a)
             (loss * weight).backward()
             if part is not None:
@@ -558,8 +563,10 @@ class RL:
     def reevaluate(self, step):
         """Eq. 5-6, Alg. 2 l.12-21 (--mode rova, when due): re-assess the buffer, queue what it promotes.
         Batched as a step's rollouts: batch_size x group_size sequences per generate call."""
-        due = self.cfg.mode == "rova" and self.buffer.due(step + 1)
-        if self.cfg.mode != "rova" or not runtime.all_sum([float(due)], self.device)[0]:
+        if self.cfg.mode != "rova":
+            return 0, 0
+        due = self.buffer.due(step + 1)  # per rank: its buffer may be full, or empty
+        if not runtime.all_sum([float(due)], self.device)[0]:
             return 0, 0
         with parallel.gathered(self.model):  # every rank enters (FSDP2's all-gather), each re-evaluates its own
             if not due:
