@@ -656,14 +656,18 @@ def _urban_root(root: Path, video_id: str) -> Path:
     return root
 
 
-def load_urbanvideo(path, video_root=None, require_videos: bool = True, skip_unparsable: bool = False):
+def load_urbanvideo(path, video_root=None, require_videos: bool = True, unparsable: str = "raise"):
     """Load UrbanVideo-Bench ``MCQ.parquet`` (or JSON/JSONL with the same columns), or its download folder.
 
     Columns: Question_id, video_id, question_category, question (options inline), answer (a
     letter). The options are parsed out of ``question`` (:func:`parse_inline_options`);
     the verbatim question is kept in ``meta["raw_question"]`` for the official prompt.
-    A row whose options do not parse raises :class:`DataError`; with ``skip_unparsable=True`` it
-    is skipped and logged instead (the public UrbanVideo-to-tsv converter skips 19 such rows).
+    A row whose options do not parse, or parse without the answer's letter, raises :class:`DataError` by
+    default (training data must be exact). ``unparsable="raw"`` (evaluation: UrbanVideo's own eval code never
+    parses options, it sends the raw question and scores the letter) keeps such a row with its raw question as
+    the question and no options (``meta["options_parsed"] = False``), and skips (logs and counts) a row that
+    is malformed otherwise (no video id, an answer that is not a letter); ``"skip"`` skips both kinds (the
+    public UrbanVideo-to-tsv converter skips 19 such rows).
     ``EmbodiedCity/UrbanVideo-Bench`` ships ``MCQ.parquet`` and a flat ``videos/`` folder of mp4s;
     a folder as ``path`` means its MCQ.parquet; ``video_root`` defaults to ``videos/`` next to the
     file, and a ``video_root`` that holds ``videos/`` rather than the videos is followed into it.
@@ -677,29 +681,49 @@ def load_urbanvideo(path, video_root=None, require_videos: bool = True, skip_unp
         root = path.parent / "videos" if (path.parent / "videos").is_dir() else path.parent
     else:
         root = Path(video_root)
-    samples, skipped = [], []
+    if unparsable not in ("raise", "raw", "skip"):
+        raise ValueError(f"unparsable must be 'raise', 'raw' or 'skip', got {unparsable!r}")
+    samples, skipped, raw_rows = [], [], []
     for i, row in enumerate(_read_records(path)):
-        r = _Row(path, i, row, "Question_id")
-        qid, video_id = r.ident("Question_id"), r.text("video_id").strip()
-        category, raw, answer = r.text("question_category"), r.text("question"), r.text("answer").strip()
-        stem, options = parse_inline_options(raw)
-        if not options:
-            if skip_unparsable:
-                skipped.append(i)
-                continue
-            raise r.error("question", "cannot parse inline options (expected '... choose: A. x B. y' "
-                                      "or 'Choices:\\nA. x\\nB. y'; pass skip_unparsable=True to skip)")
+        try:
+            sample = _urban_sample(_Row(path, i, row, "Question_id"), path, i, unparsable == "raw")
+        except DataError as e:
+            if unparsable == "raise":
+                raise
+            skipped.append(str(e))
+            continue
         if not samples:
-            root = _urban_root(root, video_id)
-        r.mc_answer("answer", answer, options)
-        samples.append(Sample(
-            id=qid, video=_urban_video(root, video_id), question=stem, options=options,
-            answer=answer, problem_type="multiple choice", task=category, source="urbanvideo",
-            meta={"file": str(path), "row": i, "video_id": video_id, "raw_question": raw}))
+            root = _urban_root(root, sample.meta["video_id"])
+        sample.video = _urban_video(root, sample.meta["video_id"])
+        samples.append(sample)
+        if not sample.meta["options_parsed"]:
+            raw_rows.append(i)
+    if raw_rows:
+        log.warning("%s: %d row(s) whose options do not parse are kept with their raw question (scored by the "
+                    "letter, as UrbanVideo's eval.py): rows %s", path, len(raw_rows), raw_rows[:10])
     if skipped:
-        log.warning("%s: skipped %d row(s) whose options do not parse: rows %s",
-                    path, len(skipped), skipped[:10])
+        log.warning("%s: skipped %d row(s): %s", path, len(skipped), "; ".join(skipped[:3]))
     return _finish(path, samples, require_videos)
+
+
+def _urban_sample(r, path, i, keep_raw):
+    """One UrbanVideo row as a Sample (the caller sets its video path). ``keep_raw``: a row whose options do
+    not parse, or parse without the answer's letter, keeps its raw question and no options."""
+    qid, video_id = r.ident("Question_id"), r.text("video_id").strip()
+    category, raw, answer = r.text("question_category"), r.text("question"), r.text("answer").strip()
+    stem, options = parse_inline_options(raw)
+    parsed = answer in [split_option(o)[0] for o in options]
+    if not parsed and not keep_raw:
+        if not options:
+            raise r.error("question", "cannot parse inline options (expected '... choose: A. x B. y' or "
+                                      "'Choices:\\nA. x\\nB. y'; evaluation keeps such rows: unparsable='raw')")
+        r.mc_answer("answer", answer, options)
+    if not parsed and not re.fullmatch(r"[A-Z]", answer):
+        raise r.error("answer", f"answer {answer!r} is not an option letter")
+    return Sample(id=qid, video="", question=stem if parsed else raw.strip(), options=options if parsed else [],
+                  answer=answer, problem_type="multiple choice", task=category, source="urbanvideo",
+                  meta={"file": str(path), "row": i, "video_id": video_id, "raw_question": raw,
+                        "options_parsed": parsed})
 
 
 # --------------------------------------------------------------------------- prompts
@@ -756,7 +780,7 @@ def build_prompt(sample: Sample, style: str = "reason") -> str:
         raise ValueError(f"sample {sample.id!r}: unknown problem_type {sample.problem_type!r}")
     if style == "reason":
         question = sample.question
-        if sample.problem_type == "multiple choice":
+        if sample.problem_type == "multiple choice" and sample.options:  # else: the options are in the question
             question = question + "Options:\n" + "".join(op + "\n" for op in sample.options)
         return QUESTION_TEMPLATE.format(Question=question) + TYPE_TEMPLATE[sample.problem_type]
     if style != "official":

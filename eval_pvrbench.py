@@ -302,7 +302,7 @@ def load_source(name, path, root, limit):
     elif name == "vsibench":  # (the loaders' default video roots: next to the annotation file)
         samples, _ = data.load_vsibench(path, root or None, require_videos=False)
     else:
-        samples, _ = data.load_urbanvideo(path, root or None, require_videos=False, skip_unparsable=True)
+        samples, _ = data.load_urbanvideo(path, root or None, require_videos=False, unparsable="raw")
     return samples[:limit] if limit else samples
 
 
@@ -812,6 +812,7 @@ def main(argv=None, ext=None):
                       "judge_stats": getattr(judge, "stats", None)},
            "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
                (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
+           "raw_question_rows": raw_question_rows(sources),
            **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
            "n_errors": results["n_errors"], "timing": {
                "total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
@@ -820,6 +821,12 @@ def main(argv=None, ext=None):
     print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
           flush=True)
     return out
+
+
+def raw_question_rows(sources):
+    """Per source, the questions asked with their raw text because their options did not parse (UrbanVideo:
+    data.load_urbanvideo(unparsable="raw"), scored by the letter as its eval.py does)."""
+    return {src: sum(not s.meta.get("options_parsed", True) for s in samples) for src, samples in sources.items()}
 
 
 def write_results(out, flat, model_dir, run_dir, ts, name, table_md):

@@ -203,10 +203,37 @@ def test_urbanvideo_missing_and_unparsable(tmp_path, urban_root, caplog):
     with pytest.raises(DataError, match=r"row 3 \(id 3\): field 'question'"):
         data.load_urbanvideo(path, urban_root)
     with caplog.at_level(logging.WARNING, logger="data"):
-        samples, missing = data.load_urbanvideo(path, urban_root, skip_unparsable=True)
+        samples, missing = data.load_urbanvideo(path, urban_root, unparsable="skip")
     assert [s.id for s in samples] == ["0", "2"]
     assert missing == [(1, os.path.normpath(str(urban_root / "RealCity_2.mp4")))]
     assert "skipped 1 row(s)" in caplog.text and "missing" in caplog.text
+
+
+def test_urbanvideo_evaluation_keeps_rows_whose_options_do_not_parse(tmp_path, urban_root, caplog):
+    """unparsable="raw" (eval_pvrbench): as UrbanVideo's eval.py, such a row is asked with its raw question and
+    scored by the letter; a row malformed otherwise is skipped and counted; nothing aborts the load."""
+    rows = URBAN_ROWS + [
+        {"Question_id": 3, "video_id": "AerialVLN_1.mp4", "question_category": "Causal",   # no marker word
+         "question": "Why do you descend? A. to land B. to avoid a bird", "answer": "B"},
+        {"Question_id": 4, "video_id": "AerialVLN_1.mp4", "question_category": "Causal",   # labels parse in part
+         "question": "What next? choose: A. left B. right D. stop", "answer": "D"},
+        {"Question_id": 5, "video_id": None, "question_category": "Causal",                  # malformed
+         "question": "What next? choose: A. left B. right", "answer": "A"}]
+    path = write_json(tmp_path / "mcq.json", rows)
+    with pytest.raises(DataError, match=r"row 3 \(id 3\): field 'question'"):
+        data.load_urbanvideo(path, urban_root)
+    with caplog.at_level(logging.WARNING, logger="data"):
+        samples, _ = data.load_urbanvideo(path, urban_root, unparsable="raw")
+    assert [s.id for s in samples] == ["0", "1", "2", "3", "4"]
+    assert "2 row(s) whose options do not parse are kept" in caplog.text and "skipped 1 row(s)" in caplog.text
+    raw = {s.id: s for s in samples if not s.meta["options_parsed"]}
+    assert sorted(raw) == ["3", "4"] and raw["3"].options == [] and raw["3"].question == rows[3]["question"]
+    prompt = data.build_prompt(raw["3"])
+    assert prompt.startswith(rows[3]["question"] + "\nPlease think") and "Options:" not in prompt
+    assert data.build_prompt(raw["4"], "official").endswith(rows[4]["question"])
+    assert data.score_sample("<think>it lands</think><answer>D</answer>", raw["4"]) == 1.0
+    assert data.score_sample("<answer>A</answer>", raw["4"]) == 0.0
+    assert all(s.meta["options_parsed"] for s in samples if s.id in "012")
 
 
 # --------------------------------------------------------------------------- malformed rows and files
