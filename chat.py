@@ -49,13 +49,22 @@ def jpegs(frames) -> list[bytes]:
     return out
 
 
-def _content(prompt: str, images: list[bytes]):
-    """The user message's content: the prompt alone, or the frames first and then the text (base64 JPEG
-    image parts, as GPT-4o-style APIs take them)."""
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+def _content(prompt: str, images: list[bytes], video: bool = False):
+    """The user message's content: the prompt alone, or the frames first and then the text. The frames go as
+    base64 JPEG image parts (as GPT-4o-style APIs take them), or, `video`, as ONE video part whose data URL
+    holds the JPEG frames comma-separated (``data:video/jpeg;base64,<f1>,<f2>,...``: what vLLM's
+    VideoMediaIO reads as a video), so that a served Qwen-VL sees a video, with temporal positions."""
     if not images:
         return prompt
-    return [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(b).decode("ascii")}}
-            for b in images] + [{"type": "text", "text": prompt}]
+    if video:
+        frames = [{"type": "video_url", "video_url": {"url": "data:video/jpeg;base64," + ",".join(map(_b64, images))}}]
+    else:
+        frames = [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + _b64(b)}} for b in images]
+    return frames + [{"type": "text", "text": prompt}]
 
 
 OPENAI_URL = "https://api.openai.com/v1"
@@ -83,6 +92,7 @@ class ChatClient:
         self.timeout, self.max_retries, self.concurrency = timeout, max(0, int(max_retries)), max(1, int(concurrency))
         self.temperature, self.backoff_base, self.backoff_max = temperature, backoff_base, backoff_max
         self.stats = {"retries": 0, "errors": 0}
+        self.rejected = None  # the last request the server refused for good (4xx): its reason
         self._stats_lock = threading.Lock()
         self._session = requests.Session()
         adapter = requests.adapters.HTTPAdapter(pool_connections=1, pool_maxsize=self.concurrency)
@@ -102,10 +112,11 @@ class ChatClient:
         key = os.environ.get(self.api_key_env)
         return text.replace(key, "***") if key else text
 
-    def complete(self, prompt: str, max_tokens: int, frames=None) -> str | None:
-        """One chat completion (frames, if any, as image parts before the text): the reply text with the
-        key masked, or None after failures (counted in stats["errors"])."""
-        return self._post(prompt, max_tokens, jpegs(frames))
+    def complete(self, prompt: str, max_tokens: int, frames=None, video_fps: float | None = None) -> str | None:
+        """One chat completion (frames, if any, before the text: image parts, or with `video_fps` one video
+        part at that frame rate, passed as ``mm_processor_kwargs.fps`` for Qwen-VL's temporal positions):
+        the reply text with the key masked, or None after failures (counted in stats["errors"])."""
+        return self._post(prompt, max_tokens, jpegs(frames), video_fps)
 
     def complete_many(self, prompts, max_tokens: int, frames=None) -> list:
         """:meth:`complete` for each prompt (the same frames with every one) on a pool of
@@ -132,10 +143,13 @@ class ChatClient:
                 return None
         return min(max(seconds, 0.0), self.backoff_max)
 
-    def _post(self, prompt: str, max_tokens: int, images: list[bytes]) -> str | None:
+    def _post(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None) -> str | None:
         """The retry loop around :meth:`_attempt`."""
-        payload = {"model": self.model, "messages": [{"role": "user", "content": _content(prompt, images)}],
+        video = video_fps is not None and bool(images)
+        payload = {"model": self.model, "messages": [{"role": "user", "content": _content(prompt, images, video)}],
                    "temperature": self.temperature, "max_tokens": max_tokens}
+        if video:
+            payload["mm_processor_kwargs"] = {"fps": float(video_fps)}
         for attempt in range(self.max_retries + 1):
             final, reply, reason, wait = self._attempt(payload, attempt)
             if final:
@@ -175,6 +189,7 @@ class ChatClient:
             return True, self._mask(reply or ""), None, None
         reason = f"HTTP {resp.status_code}: {self._mask(resp.text[:200])}"
         if resp.status_code != 429 and resp.status_code < 500:
+            self.rejected = reason
             return self._fail("request rejected, not retried (%s)", reason)
         return False, None, reason, self._retry_after(resp.headers.get("Retry-After"))
 

@@ -410,27 +410,47 @@ class HFModel:
                                    do_sample=False).texts
 
 
-class APIModel:
-    """An OpenAI-compatible chat-completions model (OpenAI, vLLM) through chat.ChatClient: the frames as
-    base64 JPEG image parts, then the prompt; temperature 0; retries with backoff; the key from
-    $OPENAI_API_KEY, never stored, logged or written; `concurrency` requests at a time."""
+VIDEO_FORMATS = ("auto", "video", "images")
 
-    def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=8):
-        self.concurrency = max(1, concurrency)
+
+def video_format(requested, base_url):
+    """--video-format auto: one video part for a self-hosted server (--base-url or $OPENAI_BASE_URL: vLLM,
+    SGLang), so that a served Qwen-VL sees a video as transformers does; image parts for OpenAI's API, which
+    takes no video (the paper evaluates GPT-4o so)."""
+    if requested != "auto":
+        return requested
+    return "video" if (base_url or os.environ.get("OPENAI_BASE_URL")) else "images"
+
+
+class APIModel:
+    """An OpenAI-compatible chat-completions model (OpenAI, vLLM, SGLang) through chat.ChatClient: the frames as
+    one video part (`video_format` "video", at the clip's fps) or as base64 JPEG image parts, then the prompt;
+    temperature 0; retries with backoff; the key from $OPENAI_API_KEY, never stored, logged or written;
+    `concurrency` requests at a time. A server that refuses the video part stops the run, saying how to switch."""
+
+    def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=8, video_format="images"):
+        self.concurrency, self.video = max(1, concurrency), video_format == "video"
         self.client = chat.ChatClient(base_url=base_url, model=name, max_retries=retries, timeout=timeout,
                                       concurrency=self.concurrency)
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         def one(k):
-            reply = self.client.complete(prompts[k], max_new_tokens, frames=list(clips[k]))
+            reply = self.client.complete(prompts[k], max_new_tokens, frames=list(clips[k]),
+                                         video_fps=fps[k] if self.video else None)
             return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
         with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(prompts))) as pool:
-            return list(pool.map(one, range(len(prompts))))
+            outs = list(pool.map(one, range(len(prompts))))
+        if self.video and self.client.rejected and all(text is None for text, _ in outs):
+            raise runtime.UserError(f"{self.client.base_url} refused the frames sent as one video part "
+                                    f"(data:video/jpeg; {self.client.rejected[:160]}): a server that takes no "
+                                    "video needs --video-format images")
+        return outs
 
 
 MODELS = {  # --model SCHEME:PATH -> factory(args, path); "" = a checkpoint folder or hub id
     "": lambda args, path: HFModel(path, args.adapter or None),
-    "openai": lambda args, name: APIModel(name, args.base_url, args.api_retries, args.api_timeout, args.batch_size),
+    "openai": lambda args, name: APIModel(name, args.base_url, args.api_retries, args.api_timeout, args.batch_size,
+                                          video_format(args.video_format, args.base_url)),
 }
 
 
@@ -495,7 +515,8 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
                 sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
                              roots.get(n, roots.get(None))] for n, p in paths.items()},
                 subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
-                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, **ext.run_key(args, spec))
+                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, **ext.run_key(args, spec),
+                **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
 
 
 # ----------------------------------------------------------------------------- the resumable store and the run
@@ -727,6 +748,9 @@ def parse_args(argv=None, ext=None):
     m("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
     m("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
     m("--api-timeout", type=float, default=120.0, help="seconds per API request")
+    m("--video-format", default="auto", choices=VIDEO_FORMATS, help="how an openai: model gets the frames: video "
+      "(one video_url part, data:video/jpeg, as vLLM reads it, with the fps) or images (one image part per frame); "
+      "auto: video for --base-url / $OPENAI_BASE_URL servers, images for OpenAI's API")
     j = ap.add_argument_group("judge", "Table 2's reasoning-quality metrics").add_argument
     j("--judge", default="local", help="local | openai:MODEL | hf:PATH | none")
     j("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")

@@ -17,6 +17,7 @@ from PIL import Image
 import data
 import eval_pvrbench as ev
 import perturb
+import runtime
 import policy
 import synthetic
 import video
@@ -383,7 +384,7 @@ def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "3", "--batch-size", "1")
     args[args.index("--model") + 1] = "openai:fake-vlm"
-    args += ["--base-url", url]
+    args += ["--base-url", url, "--video-format", "images"]   # (a --base-url server gets one video by default)
     try:
         ev.main(args + ["--judge", "openai:fake-judge", "--judge-base-url", url])
         assert len(FakeAPI.requests) == 7   # 6 samples + the one retried after the 500
@@ -413,6 +414,55 @@ def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
         FakeAPI.requests, FakeAPI.always_fail, FakeAPI.fail_first = [], False, 0
         ev.main(args + ["--out", str(tmp_path / "down")])
         assert len(FakeAPI.requests) == 6 and outputs(tmp_path / "down")[1]["n_errors"] == 0
+    finally:
+        server.shutdown()
+
+
+class FakeVideoServer(http.server.BaseHTTPRequestHandler):
+    """A vLLM-like server: answers A to a request whose frames come as one video part (refuses it with a 400
+    when `refuse` is set, as a server without video support does)."""
+    requests, refuse = [], False
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeVideoServer.requests.append(body)
+        if FakeVideoServer.refuse:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": "video_url is not supported by this model"}')
+            return
+        FakeAPI.reply(self, "<answer>A</answer>")
+
+    def log_message(self, *a):
+        pass
+
+
+def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path):
+    """--base-url (vLLM, SGLang): one video_url part, data:video/jpeg with the JPEG frames comma-separated (what
+    vLLM's VideoMediaIO decodes), and the clip's fps for Qwen-VL's temporal positions; a server that refuses
+    it stops the run with one line that says how to switch."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVideoServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    FakeVideoServer.requests, FakeVideoServer.refuse = [], False
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "2", "--judge", "none")
+    args[args.index("--model") + 1] = "openai:fake-vlm"
+    try:
+        ev.main(args + ["--base-url", url])
+        assert len(FakeVideoServer.requests) == 4
+        for body in FakeVideoServer.requests:
+            parts = body["messages"][0]["content"]
+            assert [p["type"] for p in parts] == ["video_url", "text"]
+            head, frames = parts[0]["video_url"]["url"].split(",", 1)
+            assert head == "data:video/jpeg;base64"
+            decoded = [Image.open(io.BytesIO(base64.b64decode(f))) for f in frames.split(",")]
+            assert len(decoded) == 4 and all(im.size == (56, 56) for im in decoded)
+            assert body["mm_processor_kwargs"] == {"fps": 2.0}
+        assert outputs(tmp_path / "out")[1]["n_errors"] == 0
+        FakeVideoServer.refuse = True
+        with pytest.raises(runtime.UserError, match=r"refused the frames sent as one video part .* "
+                                                    r"--video-format images"):
+            ev.main(args + ["--base-url", url, "--out", str(tmp_path / "refused"), "--api-retries", "0"])
     finally:
         server.shutdown()
 
