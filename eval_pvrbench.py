@@ -434,8 +434,13 @@ class APIModel:
                                       concurrency=self.concurrency)
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        encoded = {}  # each (video, condition) is one clip object: its JPEGs are encoded once for its questions
+        for clip in clips:
+            if id(clip) not in encoded:
+                encoded[id(clip)] = chat.jpegs(clip)
+
         def one(k):
-            reply = self.client.complete(prompts[k], max_new_tokens, frames=list(clips[k]),
+            reply = self.client.complete(prompts[k], max_new_tokens, frames=encoded[id(clips[k])],
                                          video_fps=fps[k] if self.video else None)
             return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
         with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(prompts))) as pool:

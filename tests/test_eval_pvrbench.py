@@ -437,7 +437,7 @@ class FakeVideoServer(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path):
+def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypatch):
     """--base-url (vLLM, SGLang): one video_url part, data:video/jpeg with the JPEG frames comma-separated (what
     vLLM's VideoMediaIO decodes), and the clip's fps for Qwen-VL's temporal positions; a server that refuses
     it stops the run with one line that says how to switch."""
@@ -447,9 +447,15 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path):
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "2", "--judge", "none")
     args[args.index("--model") + 1] = "openai:fake-vlm"
+    encoded = []
+    real_jpegs = ev.chat.jpegs
+    monkeypatch.setattr(ev.chat, "jpegs", lambda frames: (encoded.append(1) if not isinstance(frames[0], bytes)
+                                                          else None) or real_jpegs(frames))  # (bytes pass through)
     try:
         ev.main(args + ["--base-url", url])
         assert len(FakeVideoServer.requests) == 4
+        clips = {body["messages"][0]["content"][0]["video_url"]["url"] for body in FakeVideoServer.requests}
+        assert len(encoded) == len(clips)  # each (video, condition) encoded once, whatever its questions
         for body in FakeVideoServer.requests:
             parts = body["messages"][0]["content"]
             assert [p["type"] for p in parts] == ["video_url", "text"]
