@@ -428,13 +428,17 @@ class APIModel:
     temperature 0; retries with backoff; the key from $OPENAI_API_KEY, never stored, logged or written;
     `concurrency` requests at a time. A server that refuses the video part stops the run, saying how to switch."""
 
-    def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=8, video_format="images"):
+    def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=64, video_format="images"):
         self.concurrency, self.video = max(1, concurrency), video_format == "video"
+        self.window = 4 * self.concurrency  # samples per Runner window: the pool stays full across videos
         self.client = chat.ChatClient(base_url=base_url, model=name, max_retries=retries, timeout=timeout,
                                       concurrency=self.concurrency)
 
-    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
-        encoded = {}  # each (video, condition) is one clip object: its JPEGs are encoded once for its questions
+    def stream(self, samples, prompts, clips, fps, style, max_new_tokens):
+        """(index, (text, error)) of each request as it finishes, `concurrency` in flight: a finished request
+        is replaced at once (no batch waits for its slowest). Each (video, condition) clip is one object, so
+        its JPEGs are encoded once for all its questions. Closing the generator cancels what has not started."""
+        encoded = {}
         for clip in clips:
             if id(clip) not in encoded:
                 encoded[id(clip)] = chat.jpegs(clip)
@@ -443,19 +447,28 @@ class APIModel:
             reply = self.client.complete(prompts[k], max_new_tokens, frames=encoded[id(clips[k])],
                                          video_fps=fps[k] if self.video else None)
             return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
-        with concurrent.futures.ThreadPoolExecutor(min(self.concurrency, len(prompts))) as pool:
-            outs = list(pool.map(one, range(len(prompts))))
-        if self.video and self.client.rejected and all(text is None for text, _ in outs):
-            raise runtime.UserError(f"{self.client.base_url} refused the frames sent as one video part "
-                                    f"(data:video/jpeg; {self.client.rejected[:160]}): a server that takes no "
-                                    "video needs --video-format images")
-        return outs
+        pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, max(1, len(prompts))))
+        futures = {pool.submit(one, k): k for k in range(len(prompts))}
+        try:
+            for fut in concurrent.futures.as_completed(futures):
+                out = fut.result()
+                if self.video and out[0] is None and self.client.rejected:
+                    raise runtime.UserError(f"{self.client.base_url} refused the frames sent as one video part "
+                                            f"(data:video/jpeg; {self.client.rejected[:160]}): a server that takes "
+                                            "no video needs --video-format images")
+                yield futures[fut], out
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        outs = dict(self.stream(samples, prompts, clips, fps, style, max_new_tokens))
+        return [outs[k] for k in range(len(prompts))]
 
 
 MODELS = {  # --model SCHEME:PATH -> factory(args, path); "" = a checkpoint folder or hub id
     "": lambda args, path: HFModel(path, args.adapter or None),
-    "openai": lambda args, name: APIModel(name, args.base_url, args.api_retries, args.api_timeout, args.batch_size,
-                                          video_format(args.video_format, args.base_url)),
+    "openai": lambda args, name: APIModel(name, args.base_url, args.api_retries, args.api_timeout,
+                                          args.api_concurrency, video_format(args.video_format, args.base_url)),
 }
 
 
@@ -621,7 +634,7 @@ class Runner:
         for k, g in enumerate(groups):
             window.append(g)
             size += sum(len(c) for _, c in g.items)
-            if size >= self.args.batch_size or k == len(groups) - 1:
+            if size >= getattr(self.model, "window", self.args.batch_size) or k == len(groups) - 1:
                 if not self.window(window):
                     return False
                 window, size = [], 0
@@ -653,6 +666,8 @@ class Runner:
         return self.clips[(g.video_id, cond)]
 
     def generate(self, todo):
+        if hasattr(self.model, "stream"):
+            return self.generate_stream(todo)
         args = self.args
         for start in range(0, len(todo), args.batch_size):
             batch = todo[start:start + args.batch_size]
@@ -672,6 +687,30 @@ class Runner:
                 self.bar.update(len(batch))
             if args.stop_after and self.generated >= args.stop_after:
                 return False
+        return True
+
+    def generate_stream(self, todo):
+        """A served model: every pending sample of the window in flight (up to its concurrency), each finished
+        one stored at once, so that a killed run neither loses nor repeats a finished request."""
+        if not todo:
+            return True
+        clips = [self.clip(g, c) for g, _, c in todo]
+        prompts = [data.build_prompt(s, self.args.style) for _, s, _ in todo]
+        t0 = time.perf_counter()
+        results = self.model.stream([s for _, s, _ in todo], prompts, [v for v, _ in clips], [f for _, f in clips],
+                                    self.args.style, self.args.max_new_tokens)
+        try:
+            for k, (text, err) in results:
+                g, s, c = todo[k]
+                self.store.append("samples", g.source, [record(g, s, c, prompts[k], text, err)])
+                self.generated += 1
+                if self.bar is not None:
+                    self.bar.update(1)
+                if self.args.stop_after and self.generated >= self.args.stop_after:
+                    return False
+        finally:
+            results.close()
+            self.sec_generate += time.perf_counter() - t0
         return True
 
     def judge_window(self, groups):
@@ -748,11 +787,13 @@ def parse_args(argv=None, ext=None):
     m("--model-name", default="", help="name of the results folder (default: from --model)")
     m("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
     m("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
-    m("--batch-size", type=int, default=None, help="samples per generate call / API concurrency (default 8; "
-      "synthetic 32)")
+    m("--batch-size", type=int, default=None, help="samples per generate call of a local model (default 8; "
+      "synthetic 32); an openai: model keeps --api-concurrency requests in flight instead")
     m("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
     m("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
     m("--api-timeout", type=float, default=120.0, help="seconds per API request")
+    m("--api-concurrency", type=int, default=64, help="requests of an openai: model kept in flight (a finished one is "
+      "replaced at once)")
     m("--video-format", default="auto", choices=VIDEO_FORMATS, help="how an openai: model gets the frames: video "
       "(one video_url part, data:video/jpeg, as vLLM reads it, with the fps) or images (one image part per frame); "
       "auto: video for --base-url / $OPENAI_BASE_URL servers, images for OpenAI's API")

@@ -473,6 +473,28 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
         server.shutdown()
 
 
+def test_a_served_run_stopped_with_requests_in_flight_repeats_nothing_it_stored(assets, tmp_path):
+    """--api-concurrency requests in flight, each finished one stored at once: stopped after 3 (as if killed
+    with 4 in flight), the rerun asks only for what was not stored, and every sample ends up stored once."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVideoServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    FakeVideoServer.requests, FakeVideoServer.refuse = [], False
+    args = cli(assets, tmp_path / "out", "--limit", "6", "--subtypes", "fog", "--judge", "none")
+    args[args.index("--model") + 1] = "openai:fake-vlm"
+    args += ["--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1", "--api-concurrency", "4"]
+    try:
+        assert ev.main(args + ["--stop-after", "3"]) is None
+        (store,) = (tmp_path / "out" / "fake-vlm").glob("run_*/samples_synthetic.jsonl")
+        stored, asked = len(store.read_text().splitlines()), len(FakeVideoServer.requests)
+        assert stored == 3 and asked >= stored  # (those in flight when it stopped finish unstored)
+        ev.main(args)
+        rows = lines(store)
+        assert len(rows) == 12 and len({(r["doc_id"], r["condition"]) for r in rows}) == 12
+        assert len(FakeVideoServer.requests) - asked == 12 - stored  # nothing stored was asked again
+    finally:
+        server.shutdown()
+
+
 # ----------------------------------------------------------------------------- a user's first hour, through the CLI
 
 ROOT = Path(__file__).resolve().parents[1]
