@@ -88,7 +88,8 @@ def drop(orig, avg):
 def benchmark_score(records, source):
     """Official aggregate of one condition's records ({"task", "score", "error"}) of one source.
     vsibench/synthetic: lmms-eval's vsibench_aggregate_results (rel_direction levels merged, unweighted mean
-    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total."""
+    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total (empty outputs scored 0:
+    urban_official)."""
     by_task = defaultdict(list)
     for r in records:
         if r.get("error") is None:
@@ -96,14 +97,23 @@ def benchmark_score(records, source):
     per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
     if source == "urbanvideo":
         tasks, overall = dict(per_type), mean([s for v in by_task.values() for s in v])
-    else:
-        tasks = {t: m for t, m in per_type.items() if t not in REL_DIRECTION}
-        levels = [per_type[t] for t in REL_DIRECTION if t in per_type]
-        if levels:
-            tasks["object_rel_direction"] = float(np.mean(levels))
-        overall = mean(tasks.values())
+        return {"overall": overall, "tasks": tasks, "question_types": per_type, "n": len(records),
+                "n_errors": sum(r.get("error") is not None for r in records), **urban_official(records)}
+    tasks = {t: m for t, m in per_type.items() if t not in REL_DIRECTION}
+    levels = [per_type[t] for t in REL_DIRECTION if t in per_type]
+    if levels:
+        tasks["object_rel_direction"] = float(np.mean(levels))
+    overall = mean(tasks.values())
     return {"overall": overall, "tasks": tasks, "question_types": per_type, "n": len(records),
             "n_errors": sum(r.get("error") is not None for r in records)}
+
+
+def urban_official(records):
+    """UrbanVideo's eval.py drops an empty output from numerator and denominator (empty -> NaN -> dropna); here it
+    scores 0, the honest choice. Beside it: how many outputs were empty, and the total under eval.py's rule."""
+    ok = [r for r in records if r.get("error") is None]
+    answered = [r["score"] for r in ok if (r.get("response") or "").strip()]
+    return {"n_empty": len(ok) - len(answered), "overall_official_rule": mean(answered)}
 
 
 def accuracy_block(overall, subtypes):

@@ -200,6 +200,15 @@ def test_the_12_subtype_mean_misses_rows_of_table2():
     assert round(acc["avg_subtypes"] + 1e-9, 2) == .28 and round(acc["avg"] + 1e-9, 2) == .27
 
 
+def test_urbanvideo_empty_outputs_score_0_with_the_official_rule_total_beside():
+    recs = [{"task": "t", "score": 1.0, "response": "Option: [A]"}, {"task": "t", "score": 0.0, "response": "  "},
+            {"task": "t", "score": 0.0, "response": "Option: [B]"}, {"task": "t", "score": None, "error": "x"}]
+    got = ev.benchmark_score(recs, "urbanvideo")
+    assert got["overall"] == pytest.approx(1 / 3) and got["n_empty"] == 1   # ours: the empty output scores 0
+    assert got["overall_official_rule"] == pytest.approx(1 / 2)            # eval.py: dropped from both
+    assert "n_empty" not in ev.benchmark_score(recs, "vsibench")
+
+
 def test_urbanvideo_and_pvrbench_combination_by_hand():
     urban = scored("urbanvideo", URBAN)
     assert [r["filtered_resps"] for r in urban] == ["A", "B", "D", "E", "C", "E"]
