@@ -108,6 +108,17 @@ def benchmark_score(records, source):
             "n_errors": sum(r.get("error") is not None for r in records)}
 
 
+SCORING = {  # written into results.json: which rules scored it (docs/DESIGN.md, "Readings of the paper")
+    "answer_extraction": "the <answer>...</answer> content when present (every source), else the whole output; "
+                         "then the source's official rule",
+    "vsibench_numeric": "MRA on the first space-separated token (lmms-eval <= 0.7.2, thinking-in-space)",
+    "urbanvideo": "eval.py's Option: regex, else the first character; an empty output scores 0 (eval.py drops "
+                  "it: overall_official_rule, n_empty)",
+    "ocr_free_form": "Video-R1 grpo.py's rules (1 - WER; mean ROUGE-1/2/L F)",
+    "avg": "the mean of the four category columns (Table 2)",
+}
+
+
 def urban_official(records):
     """UrbanVideo's eval.py drops an empty output from numerator and denominator (empty -> NaN -> dropna); here it
     scores 0, the honest choice. Beside it: how many outputs were empty, and the total under eval.py's rule."""
@@ -892,7 +903,7 @@ def main(argv=None, ext=None):
                       "judge_stats": getattr(judge, "stats", None)},
            "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
                (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
-           "raw_question_rows": raw_question_rows(sources),
+           "raw_question_rows": raw_question_rows(sources), "scoring": SCORING,
            **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
            "n_errors": results["n_errors"], "timing": {
                "total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,

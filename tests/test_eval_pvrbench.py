@@ -259,6 +259,7 @@ def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
         assert key in res
     assert res["n_samples"] == 16 and res["n_errors"] == 0 and counted["n"] == 16   # 8 questions x (clean + 1)
     assert res["raw_question_rows"] == {"synthetic": 0}  # (UrbanVideo rows asked with their raw question)
+    assert "lmms-eval <= 0.7.2" in res["scoring"]["vsibench_numeric"] and "<answer>" in res["scoring"]["answer_extraction"]
     assert res["config"]["max_pixels"] == 56 * 56 and res["config"]["fps"] == 2.0   # the synthetic defaults
     pvr = res["results"]["pvrbench"]
     for key in ("categories", "avg", "orig", "drop"):
