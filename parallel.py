@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+import policy
 import runtime
 
 MODES = ("auto", "fsdp", "ddp", "none")
@@ -53,13 +54,6 @@ def choose(requested: str, world: int, lora: bool, load_in_4bit: bool = False, c
     return requested
 
 
-def param_dtype(device) -> torch.dtype:
-    """The dtype forward and backward run in under FSDP2: bf16 on a GPU that has it, else fp32 (CPU tests)."""
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return torch.float32
-
-
 def units(model):
     """The modules that become FSDP2 units: those transformers says must not be split (decoder layers, vision
     blocks: the model's `_no_split_modules`), in module order."""
@@ -71,7 +65,7 @@ def units(model):
 
 def shard(model, device, dtype=None):
     """FSDP2 over this process group, in place: each unit, then the root. The model must hold fp32 weights
-    (the sharded master copy); `dtype` (default param_dtype(device)) is what they are gathered in.
+    (the sharded master copy); `dtype` (default policy.compute_dtype(device)) is what they are gathered in.
     `generate` goes through the root's hooks (transformers encodes the video outside forward())."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
@@ -83,10 +77,10 @@ def shard(model, device, dtype=None):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=dtype or param_dtype(device), reduce_dtype=torch.float32)
+    mixed = MixedPrecisionPolicy(param_dtype=dtype or policy.compute_dtype(device), reduce_dtype=torch.float32)
     for unit in units(model):
-        fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(unit, mesh=mesh, mp_policy=mixed)
+    fully_shard(model, mesh=mesh, mp_policy=mixed)
     register_fsdp_forward_method(model, "generate")
     return model
 

@@ -207,7 +207,9 @@ def _default_device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _default_dtype(device):
+def compute_dtype(device):
+    """What models load and compute in by default: bf16 on a GPU that has it, else float32 (the CPU tests). Under
+    FSDP2 the fp32 master weights are gathered in it (parallel.shard)."""
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float32
@@ -230,7 +232,7 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
     device = torch.device(device) if device is not None else _default_device()
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    dtype = dtype if dtype is not None else _default_dtype(device)
+    dtype = dtype if dtype is not None else compute_dtype(device)
     kwargs = dict(dtype=dtype, device_map={"": device})  # straight onto the device, no CPU copy of the weights
     if load_in_4bit:
         from transformers import BitsAndBytesConfig
@@ -662,15 +664,6 @@ def target_ids(processor, target_texts):
         ids[i, :len(t)] = torch.tensor(t)
         mask[i, :len(t)] = 1
     return ids, mask
-
-
-def teacher_forced_nll(model, processor, inputs, target_texts):
-    """Mean -log p(target + <|im_end|> | prompt) over the target tokens of a batch (`inputs` from
-    make_inputs, one target per row). (Training micro-batches it: train.sft_backward.)"""
-    ids, mask = target_ids(processor, target_texts)
-    model.train()
-    logp = token_logprobs(model, inputs, ids, mask)
-    return -(logp * mask.to(logp.device)).sum() / mask.sum()
 
 
 @torch.no_grad()

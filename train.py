@@ -777,7 +777,7 @@ class Run:
         weights = parallel.full_state_dict(self.model) if self.sharding == "fsdp" else None
         if self.rank == 0:
             policy.save(parallel.unwrap(self.model), self.processor, folder, state_dict=weights,
-                        dtype=parallel.param_dtype(self.device) if self.sharding == "fsdp" else None)
+                        dtype=policy.compute_dtype(self.device) if self.sharding == "fsdp" else None)
 
     def killed(self):
         """--stop-after (testing): exit as if killed after that many steps of this run."""
@@ -840,7 +840,7 @@ def reference_model(run):
         run.save_model(ref_dir)
     runtime.barrier()
     with runtime.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
-        ref = policy.load_policy(str(ref_dir), device=run.device, dtype=parallel.param_dtype(run.device))[0]
+        ref = policy.load_policy(str(ref_dir), device=run.device, dtype=policy.compute_dtype(run.device))[0]
     if run.sharding == "fsdp":
         parallel.shard(ref, run.device)
     return policy.frozen_copy(ref, deep=False)

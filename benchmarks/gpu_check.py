@@ -63,16 +63,12 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     process: G rollouts on a clean and a corrupted 16-frame video (App. D's 128x28x28 pixels per frame) in one
     shared-prefix generate call inside parallel.gathered, the GRPO update of the G perturbed rows in
     micro-batches with activation checkpointing, fused AdamW. Returns (peak GiB, s/step, the plan's GiB)."""
-    import torch.distributed as dist
     from transformers import AutoModelForImageTextToText
 
     import grpo
     import memory
     import parallel
 
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1)
     _, proc = policy.load_policy(vlm_dir, device=device)
     proc.video_processor.size = {"shortest_edge": 56 * 56, "longest_edge": 128 * 28 * 28}  # App. D's budget
     tok = policy.tokenizer_of(proc)
