@@ -46,6 +46,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -396,12 +397,16 @@ def export(groups, manifest, args, read_kwargs):
 
 class HFModel:
     """Any AutoModelForImageTextToText checkpoint (policy.load_policy), optionally with a peft LoRA adapter;
-    batched greedy generation (policy.rollout, do_sample=False)."""
+    greedy generation. `share_clips`: the Runner gives it each (video, condition)'s questions together, and
+    the clip is encoded and its prefix prefilled once for all of them (policy.answer_same_video, decoding
+    `batch_size` at a time); off (what benchmarks/bench_eval.py measures it against): batches of `batch_size`
+    prompts, each with its own copy of the video (policy.rollout). Both give the same greedy texts."""
     failure = "generation failed"  # the reason recorded for a sample that fails alone
+    share_clips = True
 
-    def __init__(self, path, adapter=None):
+    def __init__(self, path, adapter=None, batch_size=8):
         import policy
-        self.policy = policy
+        self.policy, self.batch_size = policy, batch_size
         self.model, self.processor = policy.load_policy(path)
         if adapter:
             from peft import PeftModel
@@ -425,8 +430,11 @@ class HFModel:
                 samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
 
     def _texts(self, samples, clips, fps, style, max_new_tokens):
-        inputs = self.policy.make_inputs(self.processor, [data.build_messages(s, style) for s in samples], clips,
-                                         fps=fps)
+        messages = [data.build_messages(s, style) for s in samples]
+        if self.share_clips and len({id(c) for c in clips}) == 1 and len(samples) > 1:   # one clip's questions
+            return self.policy.answer_same_video(self.model, self.processor, messages, clips[0], fps[0],
+                                                 max_new_tokens, self.batch_size)
+        inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
         return self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
                                    do_sample=False).texts
 
@@ -451,25 +459,31 @@ class APIModel:
 
     def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=64, video_format="images"):
         self.concurrency, self.video = max(1, concurrency), video_format == "video"
-        self.window = 4 * self.concurrency  # samples per Runner window: the pool stays full across videos
+        self.window = 2 * self.concurrency  # samples per Runner window: the pool stays full across videos
         self.client = chat.ChatClient(base_url=base_url, model=name, max_retries=retries, timeout=timeout,
                                       concurrency=self.concurrency)
 
     def stream(self, samples, prompts, clips, fps, style, max_new_tokens):
         """(index, (text, error)) of each request as it finishes, `concurrency` in flight: a finished request
-        is replaced at once (no batch waits for its slowest). Each (video, condition) clip is one object, so
-        its JPEGs are encoded once for all its questions. Closing the generator cancels what has not started."""
-        encoded = {}
-        for clip in clips:
-            if id(clip) not in encoded:
-                encoded[id(clip)] = chat.jpegs(clip)
+        is replaced at once (no batch waits for its slowest). `clips`: frames, or futures of frames (the Runner
+        corrupts the window's clips while the first requests are in flight); each clip is one object, its
+        JPEGs encoded once for all its questions, by the pool, ahead of their requests (first in, first
+        out: a request never waits for an encoding that has not started). Closing the generator cancels what
+        has not started."""
+        pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, max(1, len(prompts))))
+        encoded, futures = {}, {}
+
+        def encode(clip):
+            return chat.jpegs(clip.result() if isinstance(clip, concurrent.futures.Future) else clip)
 
         def one(k):
-            reply = self.client.complete(prompts[k], max_new_tokens, frames=encoded[id(clips[k])],
+            reply = self.client.complete(prompts[k], max_new_tokens, frames=encoded[id(clips[k])].result(),
                                          video_fps=fps[k] if self.video else None)
             return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
-        pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, max(1, len(prompts))))
-        futures = {pool.submit(one, k): k for k in range(len(prompts))}
+        for k, clip in enumerate(clips):
+            if id(clip) not in encoded:
+                encoded[id(clip)] = pool.submit(encode, clip)
+            futures[pool.submit(one, k)] = k
         try:
             for fut in concurrent.futures.as_completed(futures):
                 out = fut.result()
@@ -487,7 +501,7 @@ class APIModel:
 
 
 MODELS = {  # --model SCHEME:PATH -> factory(args, path); "" = a checkpoint folder or hub id
-    "": lambda args, path: HFModel(path, args.adapter or None),
+    "": lambda args, path: HFModel(path, args.adapter or None, args.batch_size),
     "openai": lambda args, name: APIModel(name, args.base_url, args.api_retries, args.api_timeout,
                                           args.api_concurrency, video_format(args.video_format, args.base_url)),
 }
@@ -571,7 +585,7 @@ class Store:
 
     def __init__(self, run_dir, judge_tag):
         self.dir, self.tag = Path(run_dir), judge_tag
-        self.gen, self.jdg = defaultdict(dict), defaultdict(dict)
+        self.gen, self.jdg, self.lock = defaultdict(dict), defaultdict(dict), threading.Lock()
         for kind, table in (("samples", self.gen), (f"judge-{judge_tag}", self.jdg)):
             for f in self.dir.glob(f"{kind}_*.jsonl"):
                 for line in f.read_text().splitlines():
@@ -590,15 +604,17 @@ class Store:
         if not rows:
             return
         path = self.dir / f"{kind}_{src}.jsonl"
-        torn = False
-        if path.exists() and path.stat().st_size:
-            with open(path, "rb") as f:
-                torn = f.seek(-1, 2) >= 0 and f.read(1) != b"\n"
-        with open(path, "a") as f:
-            f.write(("\n" if torn else "") + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-            f.flush()
-            os.fsync(f.fileno())
-        (self.gen if kind == "samples" else self.jdg)[src].update({(r["doc_id"], r["condition"]): r for r in rows})
+        with self.lock:   # (the judge appends from its own thread)
+            torn = False
+            if path.exists() and path.stat().st_size:
+                with open(path, "rb") as f:
+                    torn = f.seek(-1, 2) >= 0 and f.read(1) != b"\n"
+            with open(path, "a") as f:
+                f.write(("\n" if torn else "") + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+                f.flush()
+                os.fsync(f.fileno())
+            table = self.gen if kind == "samples" else self.jdg
+            table[src].update({(r["doc_id"], r["condition"]): r for r in rows})
 
     def pending(self, g):
         """(sample, condition) of a group still to generate."""
@@ -639,8 +655,12 @@ def record(g, s, cond, prompt, text, error):
 
 
 class Runner:
-    """Generation and judging, a window of videos (about --batch-size samples) at a time: each video decoded
-    once, its pending samples generated in batches (appended per batch), then the window's pairs judged."""
+    """Generation and judging, a window of videos at a time (about --batch-size samples; 4 x --api-concurrency
+    for a served model): each video decoded once and each (video, condition) corrupted once; its pending
+    samples generated clip by clip, in (video, condition) order (a server's prefix cache sees one clip's
+    questions together), each stored as it finishes. A window's pairs are judged in the background while the
+    next window generates (`overlap_judge`; at most one window waits for its judge)."""
+    overlap_judge = True   # off: each window judged before the next generates (benchmarks/bench_eval.py)
 
     def __init__(self, args, store, model, judge, manifest, read_kwargs, pending):
         from tqdm import tqdm
@@ -648,55 +668,78 @@ class Runner:
         self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
         self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
+        self.judging = None   # the background judge of the last window: (thread, {"error": ...})
 
     def run(self, groups):
         """Every window; False when --stop-after is reached."""
         window, size = [], 0
-        for k, g in enumerate(groups):
-            window.append(g)
-            size += sum(len(c) for _, c in g.items)
-            if size >= getattr(self.model, "window", self.args.batch_size) or k == len(groups) - 1:
-                if not self.window(window):
-                    return False
-                window, size = [], 0
-        if self.bar is not None:
-            self.bar.close()
+        try:   # (a kill does not wait for the judge in the background: what it had not stored is asked again)
+            for k, g in enumerate(groups):
+                window.append(g)
+                size += sum(len(c) for _, c in g.items)
+                if size >= getattr(self.model, "window", self.args.batch_size) or k == len(groups) - 1:
+                    if not self.window(window):
+                        self.wait_judge()
+                        return False
+                    window, size = [], 0
+            self.wait_judge()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
         return True
 
     def window(self, groups):
         self.clips, todo = {}, []
-        for g in groups:
+        groups = [g for g in groups if self.store.pending(g) or self.store.to_judge(g, self.judge)]
+        with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:   # (decoding and
+            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs) for g in groups]  # resizing run in C)
+        for g, read in zip(groups, reads):
             pend = self.store.pending(g)
-            if not pend and not self.store.to_judge(g, self.judge):
-                continue
             try:
-                self.clips[(g.video_id, "clean")] = read_clip(g, self.args, self.read_kwargs)
+                self.clips[(g.video_id, "clean")] = read.result()
             except Exception as e:  # noqa: BLE001 - an unreadable video is an error record, never fatal
                 reason = f"{type(e).__name__}: {e}"
                 self.store.append("samples", g.source, [record(g, s, c, None, None, reason) for s, c in pend])
                 continue
-            todo += [(g, s, c) for s, c in pend]
-        return self.generate(todo) and self.judge_window(groups)
+            conds = list(dict.fromkeys(c for _, c in pend))   # clip by clip: clean, then each subtype
+            todo += [(g, s, c) for cond in conds for s, c in pend if c == cond]
+        if not self.generate(todo):
+            return False
+        self.start_judge(groups, self.clips)
+        return True
 
-    def clip(self, g, cond):
-        """(frames, fps) under a condition: a perturbed clip is rebuilt from the manifest's spec (Sec. 4)."""
-        if (g.video_id, cond) not in self.clips:
-            frames, fps = self.clips[(g.video_id, "clean")]
+    def clip(self, g, cond, clips=None):
+        """(frames, fps) under a condition, kept in `clips` (the window's): a perturbed clip is rebuilt from
+        the manifest's spec (Sec. 4)."""
+        clips = self.clips if clips is None else clips
+        if (g.video_id, cond) not in clips:
+            frames, fps = clips[(g.video_id, "clean")]
             spec = perturb.PerturbSpec.from_dict(self.manifest[(g.source, g.video_id, cond)]["spec"])
-            self.clips[(g.video_id, cond)] = (perturb.apply(frames, spec), fps)
-        return self.clips[(g.video_id, cond)]
+            clips[(g.video_id, cond)] = (perturb.apply(frames, spec), fps)
+        return clips[(g.video_id, cond)]
+
+    def batches(self, todo):
+        """The model's calls: each clip's questions in one call for a model that shares a clip's prefill
+        (HFModel.share_clips), --batch-size samples otherwise."""
+        if not getattr(self.model, "share_clips", False):
+            return [todo[k:k + self.args.batch_size] for k in range(0, len(todo), self.args.batch_size)]
+        runs = []
+        for item in todo:
+            if runs and (runs[-1][-1][0].video_id, runs[-1][-1][2]) == (item[0].video_id, item[2]):
+                runs[-1].append(item)
+            else:
+                runs.append([item])
+        return runs
 
     def generate(self, todo):
         if hasattr(self.model, "stream"):
             return self.generate_stream(todo)
-        args = self.args
-        for start in range(0, len(todo), args.batch_size):
-            batch = todo[start:start + args.batch_size]
+        for batch in self.batches(todo):
             clips = [self.clip(g, c) for g, _, c in batch]
-            prompts = [data.build_prompt(s, args.style) for _, s, _ in batch]
+            prompts = [data.build_prompt(s, self.args.style) for _, s, _ in batch]
             t0 = time.perf_counter()
             outs = self.model.generate([s for _, s, _ in batch], prompts, [v for v, _ in clips],
-                                       [f for _, f in clips], args.style, args.max_new_tokens)
+                                       [f for _, f in clips], self.args.style, self.args.max_new_tokens)
             self.sec_generate += time.perf_counter() - t0
             rows = defaultdict(list)
             for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
@@ -706,7 +749,7 @@ class Runner:
             self.generated += len(batch)
             if self.bar is not None:
                 self.bar.update(len(batch))
-            if args.stop_after and self.generated >= args.stop_after:
+            if self.args.stop_after and self.generated >= self.args.stop_after:
                 return False
         return True
 
@@ -715,11 +758,16 @@ class Runner:
         one stored at once, so that a killed run neither loses nor repeats a finished request."""
         if not todo:
             return True
-        clips = [self.clip(g, c) for g, _, c in todo]
+        prep, ready = concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)), {}
+        for g, _, c in todo:   # the clips corrupted in order, while the first requests are in flight
+            if (g.video_id, c) not in ready:
+                ready[(g.video_id, c)] = prep.submit(lambda g=g, c=c: self.clip(g, c)[0])
+        clips = [ready[(g.video_id, c)] for g, _, c in todo]
+        fps = [self.clips[(g.video_id, "clean")][1] for g, _, _ in todo]
         prompts = [data.build_prompt(s, self.args.style) for _, s, _ in todo]
         t0 = time.perf_counter()
-        results = self.model.stream([s for _, s, _ in todo], prompts, [v for v, _ in clips], [f for _, f in clips],
-                                    self.args.style, self.args.max_new_tokens)
+        results = self.model.stream([s for _, s, _ in todo], prompts, clips, fps, self.args.style,
+                                    self.args.max_new_tokens)
         try:
             for k, (text, err) in results:
                 g, s, c = todo[k]
@@ -731,31 +779,77 @@ class Runner:
                     return False
         finally:
             results.close()
+            prep.shutdown(wait=True, cancel_futures=True)
             self.sec_generate += time.perf_counter() - t0
         return True
 
-    def judge_window(self, groups):
-        """An openai: judge sees --judge-frames frames of the clip it rates: its pairs are asked per condition."""
+    def start_judge(self, groups, clips):
+        """Judge a window: in a background thread (the next window generates meanwhile) after the previous
+        window's judge has finished, or at once without `overlap_judge`. A judge's failure stops the run."""
+        self.wait_judge()
+        if self.judge is None:
+            return
+        if not self.overlap_judge:
+            return self.judge_window(groups, clips)
+        state = {"error": None}
+
+        def work():
+            try:
+                self.judge_window(groups, clips)
+            except BaseException as e:  # noqa: BLE001 - raised again in the main thread by wait_judge
+                state["error"] = e
+        thread = threading.Thread(target=work, name="judge", daemon=True)  # (a kill does not wait for it)
+        thread.start()
+        self.judging = (thread, state)
+
+    def wait_judge(self):
+        if self.judging is not None:
+            thread, state = self.judging
+            thread.join()
+            self.judging = None
+            if state["error"] is not None:
+                raise state["error"]
+
+    def judge_window(self, groups, clips):
+        """A window's pairs (Store.to_judge), each verdict stored as it comes. An openai: judge: every pair in
+        flight at once, --judge-concurrency at a time, each with --judge-frames frames of the clip it rates
+        (encoded once per clip); another judge: one batch per video."""
         t0 = time.perf_counter()
-        vision = isinstance(self.judge, judges.OpenAIJudge) and self.args.judge_frames > 0
+        served, jobs = isinstance(self.judge, judges.OpenAIJudge), []
         for g in groups:
             pend = self.store.to_judge(g, self.judge)
-            if not pend or (g.video_id, "clean") not in self.clips:   # (nothing to judge, or an unreadable video)
+            if not pend or (g.video_id, "clean") not in clips:   # (nothing to judge, or an unreadable video)
                 continue
-            by_cond = defaultdict(list)
+            if not served:
+                jobs.append((g.source, pend, None))
+                continue
+            shown = {}
             for p in pend:
-                by_cond[p[0][1] if vision else None].append(p)
-            for cond, ps in by_cond.items():
-                images = None
-                if vision:
-                    frames = self.clip(g, cond)[0]
-                    images = list(frames[np.linspace(0, len(frames) - 1, self.args.judge_frames).round().astype(int)])
-                verdicts = self.judge.reasoning_quality_batch([p[1:] for p in ps], images=images)
-                self.store.append(f"judge-{self.store.tag}", g.source, [
-                    {"doc_id": k[0], "condition": k[1], "judge": v} for (k, *_), v in zip(ps, verdicts)
-                    if any(x is not None for x in v.values())])
+                cond = p[0][1]
+                if cond not in shown:
+                    shown[cond] = self.judge_images(g, cond, clips)
+                jobs.append((g.source, [p], shown[cond]))
+
+        def one(job):
+            src, ps, images = job
+            verdicts = self.judge.reasoning_quality_batch([p[1:] for p in ps], images=images)
+            self.store.append(f"judge-{self.store.tag}", src, [
+                {"doc_id": k[0], "condition": k[1], "judge": v} for (k, *_), v in zip(ps, verdicts)
+                if any(x is not None for x in v.values())])
+        if served and len(jobs) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(len(jobs), self.args.judge_concurrency)) as pool:
+                list(pool.map(one, jobs))
+        else:
+            for job in jobs:
+                one(job)
         self.sec_judge += time.perf_counter() - t0
-        return True
+
+    def judge_images(self, g, cond, clips):
+        """--judge-frames frames of the clip, evenly spaced, as JPEG (None: a text-only judge)."""
+        if self.args.judge_frames <= 0:
+            return None
+        frames = self.clip(g, cond, clips)[0]
+        return chat.jpegs(list(frames[np.linspace(0, len(frames) - 1, self.args.judge_frames).round().astype(int)]))
 
 
 # ----------------------------------------------------------------------------- extensions and main
@@ -822,6 +916,8 @@ def parse_args(argv=None, ext=None):
     j("--judge", default="local", help="local | openai:MODEL | hf:PATH | none")
     j("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")
     j("--judge-frames", type=int, default=4, help="frames shown to an openai: judge (0: text only)")
+    j("--judge-concurrency", type=int, default=32, help="requests of an openai: judge kept in flight (each window is "
+      "judged while the next one generates)")
     out_group = ap.add_argument_group("output", "results, resuming, comparing")
     o = out_group.add_argument
     o("--out", default="runs/eval", help="results go to OUT/<model>/; the same command run again continues an "
@@ -880,8 +976,9 @@ def main(argv=None, ext=None):
     print(f"PVRBench: {len(groups)} videos, {sum(len(c) for g in groups for _, c in g.items)} (question, condition) "
           f"samples, {pending} to generate; model {spec}; store {run_dir}", flush=True)
     model = models[scheme](args, path) if pending else None
+    served = {"concurrency": max(1, args.judge_concurrency)} if args.judge.startswith("openai:") else {}
     judge = None if args.judge == "none" else judges.make_judge(
-        args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"))
+        args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"), **served)
     runner = Runner(args, store, model, judge, manifest, ext.read_kwargs(args), pending)
     if not runner.run(groups):
         print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")

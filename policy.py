@@ -556,6 +556,29 @@ def _generate_shared(model, inputs, index, config):
                           position_ids=_select_positions(positions, rows), generation_config=config)
 
 
+def _generation_config(processor, model, max_new_tokens, temperature, top_p, do_sample):
+    """(GenerationConfig, end token ids, pad id) of a rollout: greedy when ``do_sample`` is False or ``temperature``
+    is 0; vision special tokens suppressed; the checkpoint's own sampling defaults overridden."""
+    from transformers import GenerationConfig
+
+    vision, eos, pad = _token_ids(processor, model)
+    greedy = (not do_sample) or temperature == 0
+    sampling = {} if greedy else dict(temperature=float(temperature), top_p=float(top_p), top_k=0)
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, repetition_penalty=1.0,
+                              eos_token_id=eos, pad_token_id=pad, suppress_tokens=vision, use_cache=True, **sampling)
+    return config, eos, pad
+
+
+def _completions(processor, seq, prompt_len, eos, pad):
+    """(completion ids padded after their end, completion mask, texts) of generate()'s sequences."""
+    completion_ids = seq[:, prompt_len:]
+    mask = make_completion_mask(completion_ids, eos)
+    completion_ids = completion_ids.masked_fill(mask == 0, pad)
+    texts = tokenizer_of(processor).batch_decode([row[m.bool()] for row, m in zip(completion_ids, mask)],
+                                                 skip_special_tokens=True)
+    return completion_ids, mask, texts
+
+
 @torch.no_grad()
 def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top_p=1.0, do_sample=True,
             share_prefix=True):
@@ -570,16 +593,9 @@ def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top
     otherwise). The checkpoint's own sampling defaults (Qwen's top_k=1, repetition_penalty=1.05 ...) are
     overridden: this samples from the plain policy.
     """
-    from transformers import GenerationConfig
-
-    tok = tokenizer_of(processor)
-    vision, eos, pad = _token_ids(processor, model)
+    config, eos, pad = _generation_config(processor, model, max_new_tokens, temperature, top_p, do_sample)
     inputs = _to(inputs, model_device(model))
     index = completion_index(n, inputs["input_ids"].shape[0])
-    greedy = (not do_sample) or temperature == 0
-    sampling = {} if greedy else dict(temperature=float(temperature), top_p=float(top_p), top_k=0)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=not greedy, repetition_penalty=1.0,
-                              eos_token_id=eos, pad_token_id=pad, suppress_tokens=vision, use_cache=True, **sampling)
     share_prefix = share_prefix and inputs["input_ids"].shape[1] > 1  # a prefill needs one token to spare
     was_training = model.training
     model.eval()
@@ -591,12 +607,112 @@ def rollout(model, processor, inputs, n, max_new_tokens=64, temperature=1.0, top
             seq = model.generate(**take_rows_for(model, inputs, index), generation_config=config, synced_gpus=False)
     finally:
         model.train(was_training)
-    completion_ids = seq[:, inputs["input_ids"].shape[1]:]
-    mask = make_completion_mask(completion_ids, eos)
-    completion_ids = completion_ids.masked_fill(mask == 0, pad)
-    texts = tok.batch_decode([row[m.bool()] for row, m in zip(completion_ids, mask)], skip_special_tokens=True)
+    completion_ids, mask, texts = _completions(processor, seq, inputs["input_ids"].shape[1], eos, pad)
     return Rollout(texts=texts, completion_ids=completion_ids, completion_mask=mask, inputs=inputs, index=index,
                    vision=vision_ids(model))
+
+
+# ----------------------------------------------------------------------------- many questions on one video
+def _common_length(rows):
+    """Length of the longest common prefix of several token lists."""
+    n = min(map(len, rows))
+    for k in range(n):
+        if any(r[k] != rows[0][k] for r in rows[1:]):
+            return k
+    return n
+
+
+def split_shared_prefix(processor, prompts, video, fps=None):
+    """Several chat prompts on ONE video as (prefix, suffixes): ``prefix`` the :func:`make_inputs` batch of the
+    tokens all prompts share, the video and everything before it (one row, the video processed once);
+    ``suffixes`` the rest of each prompt's token ids (at least one token each). None when the prompts share
+    no video prefix (a prompt with text before or vision tokens after it), or when the processor's tokens are
+    not the tokenizer's with the video expanded (then :func:`answer_same_video` asks them as a plain batch).
+
+    The prompts are tokenised as text (a video stays one placeholder token), their common tokens found, and
+    the first prompt alone goes through the processor; its ids must end with its own suffix."""
+    tok = tokenizer_of(processor)
+    texts = [processor.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    plain = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    common = min(_common_length(plain), min(map(len, plain)) - 1)   # every prompt keeps its last token
+    suffixes = [row[common:] for row in plain]
+    first = make_inputs(processor, prompts[:1], [video], fps=fps)
+    ids = first["input_ids"][0].tolist()
+    size = len(ids) - len(suffixes[0])
+    vision = set(_token_ids(processor, None)[0])
+    if size <= 0 or ids[size:] != suffixes[0] or any(vision.intersection(s) for s in suffixes):
+        return None
+    if not first["mm_token_type_ids"][0, :size].any():   # no video in the shared part: nothing to gain
+        return None
+    prefix = dict(first, input_ids=first["input_ids"][:, :size], attention_mask=first["attention_mask"][:, :size],
+                  mm_token_type_ids=first["mm_token_type_ids"][:, :size])
+    return prefix, suffixes
+
+
+def _suffix_batch(prefix, suffixes, pad, rows):
+    """The prompt batch [shared prefix | each suffix left-padded to the longest] of ``rows`` copies: the padding
+    sits between the prefix and the suffix, masked out, so that every row's positions are those of its prompt
+    alone. The video's per-video tensors are repeated per row (what the position helper counts)."""
+    width = max(map(len, suffixes))
+    tail = torch.full((rows, width), pad, dtype=torch.long)
+    tail_mask = torch.zeros((rows, width), dtype=torch.long)
+    for i, s in enumerate(suffixes):
+        tail[i, width - len(s):] = torch.as_tensor(s)
+        tail_mask[i, width - len(s):] = 1
+    ids, mask = prefix["input_ids"].cpu(), prefix["attention_mask"].cpu()
+    batch = {"input_ids": torch.cat([ids.expand(rows, -1), tail], 1),
+             "attention_mask": torch.cat([mask.expand(rows, -1), tail_mask], 1),
+             "mm_token_type_ids": torch.cat([prefix["mm_token_type_ids"].cpu().expand(rows, -1),
+                                             torch.zeros_like(tail)], 1)}
+    for key in ("video_grid_thw", "second_per_grid_ts"):
+        if prefix.get(key) is not None:
+            batch[key] = prefix[key].cpu().repeat(rows, *[1] * (prefix[key].ndim - 1))
+    return batch
+
+
+@torch.no_grad()
+def answer_same_video(model, processor, prompts, video, fps=None, max_new_tokens=64, batch_size=8):
+    """Greedy completions (texts, in order) of several prompts on ONE video: the video encoded and the
+    prompts' shared prefix (:func:`split_shared_prefix`) prefilled once; each batch of ``batch_size`` prompts
+    then appends its own tokens to copies of that KV cache and decodes. The texts are those of
+    :func:`rollout` on the same prompts as a batch (greedy: identical tokens); prompts that share no video
+    prefix are asked exactly so.
+
+    Positions are computed by generate()'s own helper over the [prefix | padded suffix] layout (the padding is
+    masked, so each row's positions are its prompt's), and passed explicitly, as in :func:`_generate_shared`."""
+    import copy
+
+    split = split_shared_prefix(processor, prompts, video, fps)
+    if split is None:
+        inputs = make_inputs(processor, prompts, [video] * len(prompts), fps=fps)
+        return rollout(model, processor, inputs, n=1, max_new_tokens=max_new_tokens, do_sample=False).texts
+    prefix, suffixes = split
+    config, eos, pad = _generation_config(processor, model, max_new_tokens, 1.0, 1.0, False)
+    device, size = model_device(model), prefix["input_ids"].shape[1]
+    was_training = model.training
+    model.eval()
+    try:
+        prefix = _to(prefix, device)
+        prefix["position_ids"] = _prompt_positions(model, prefix)
+        cache = model(**prefix, use_cache=True, logits_to_keep=1).cache   # the ViT and the prefix, once
+        texts = []
+        for start in range(0, len(suffixes), batch_size):
+            part = suffixes[start:start + batch_size]
+            batch = _to(_suffix_batch(prefix, part, pad, len(part)), device)
+            positions = _prompt_positions(model, batch)
+            rows = cache if start + batch_size >= len(suffixes) else copy.deepcopy(cache)  # the last batch takes it
+            rows.batch_select_indices(torch.zeros(len(part), dtype=torch.long, device=device))
+            ids, mask = batch["input_ids"], batch["attention_mask"]
+            if ids.shape[1] - size > 1:   # the suffixes but their last token, after the prefix
+                rows = model(input_ids=ids[:, size:-1], attention_mask=mask[:, :-1], cache=rows, use_cache=True,
+                             position_ids=positions[..., size:-1], mm_token_type_ids=batch["mm_token_type_ids"][:, size:-1],
+                             logits_to_keep=1).cache
+            seq = model.generate(input_ids=ids, attention_mask=mask, cache=rows, synced_gpus=False,
+                                 position_ids=positions, generation_config=config)
+            texts += _completions(processor, seq, ids.shape[1], eos, pad)[2]
+    finally:
+        model.train(was_training)
+    return texts
 
 
 # ----------------------------------------------------------------------------- log-probs

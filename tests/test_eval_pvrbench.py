@@ -8,6 +8,7 @@ import io
 import json
 import shutil
 import threading
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -331,6 +332,64 @@ def test_kill_and_resume_gives_the_same_results(assets, tmp_path, monkeypatch, c
     counted["n"] = 0   # the same command once more: nothing left to do
     ev.main(cli(assets, tmp_path / "cut", "--judge", "stub", "--batch-size", "4"))
     assert counted["n"] == 0
+
+
+def test_questions_on_one_clip_share_its_prefill(assets, tmp_path, monkeypatch):
+    """HFModel gets each (video, condition)'s questions in one call and encodes and prefills the clip once for
+    them (policy.answer_same_video); the results are those of batches of --batch-size prompts."""
+    calls, real = [], policy.answer_same_video
+
+    def counted_answer(model, processor, prompts, video, *a, **kw):
+        calls.append(len(prompts))
+        return real(model, processor, prompts, video, *a, **kw)
+    monkeypatch.setattr(policy, "answer_same_video", counted_answer)
+    args = cli(assets, tmp_path / "shared", "--assign", "all", "--subtypes", "fog,dusk", "--batch-size", "2")
+    ev.main(args)
+    model_dir, shared = outputs(tmp_path / "shared")
+    store = lines(next(model_dir.glob("run_*/samples_synthetic.jsonl")))
+    per_clip = Counter((r["video_id"], r["condition"]) for r in store)
+    assert sorted(calls) == sorted(n for n in per_clip.values() if n > 1) and max(calls) > 2  # (> --batch-size)
+    monkeypatch.setattr(ev.HFModel, "share_clips", False)
+    calls.clear()
+    ev.main(cli(assets, tmp_path / "plain", "--assign", "all", "--subtypes", "fog,dusk", "--batch-size", "2"))
+    plain_dir, plain = outputs(tmp_path / "plain")
+    assert calls == [] and plain["results"] == shared["results"]
+    again = lines(next(plain_dir.glob("run_*/samples_synthetic.jsonl")))
+    assert {(r["doc_id"], r["condition"]): r["response"] for r in again} == \
+        {(r["doc_id"], r["condition"]): r["response"] for r in store}
+
+
+def test_the_judge_runs_while_the_next_window_generates(assets, tmp_path, monkeypatch):
+    """A window is judged in a background thread while the next one generates; a judge that fails stops the
+    run with its error, the samples generated so far kept."""
+    generating, seen = threading.Event(), {}
+    real = ev.HFModel.generate
+
+    def generate(self, *a, **kw):
+        generating.set()
+        return real(self, *a, **kw)
+    monkeypatch.setattr(ev.HFModel, "generate", generate)
+
+    class SlowJudge(StubJudge):
+        def reasoning_quality_batch(self, items, images=None):
+            if not seen:   # the first window's verdicts wait until the next window generates
+                generating.clear()
+                seen["overlap"] = generating.wait(timeout=20)
+                seen["thread"] = threading.current_thread().name
+            return super().reasoning_quality_batch(items, images)
+    stub = SlowJudge()
+    monkeypatch.setattr(ev.judges, "make_judge", lambda spec, **kw: stub)
+    ev.main(cli(assets, tmp_path / "out", "--judge", "stub", "--batch-size", "2"))
+    assert seen == {"overlap": True, "thread": "judge"} and stub.items == 16
+    assert outputs(tmp_path / "out")[1]["results"]["pvrbench"]["reasoning"]["avg_dagger"] == 3.0
+
+    class BrokenJudge(StubJudge):
+        def reasoning_quality_batch(self, items, images=None):
+            raise RuntimeError("the judge is down")
+    monkeypatch.setattr(ev.judges, "make_judge", lambda spec, **kw: BrokenJudge())
+    with pytest.raises(RuntimeError, match="the judge is down"):
+        ev.main(cli(assets, tmp_path / "broken", "--judge", "stub", "--batch-size", "2"))
+    assert lines(next((tmp_path / "broken" / "tiny").glob("run_*/samples_synthetic.jsonl")))
 
 
 def test_corrupt_video_is_an_error_not_a_crash(assets, tmp_path, counted):

@@ -263,6 +263,34 @@ def test_shared_prefix_rollout_matches_repeated_prompts(arch, tmp_path, monkeypa
     assert torch.allclose(part, got[2:], atol=1e-5)
 
 
+@pytest.mark.parametrize("arch", [a for a in policy.ARCHS if a != "qwen2"])
+def test_many_questions_on_one_video_match_a_plain_batch(arch, tmp_path):
+    """answer_same_video (the video encoded and the shared prefix prefilled once, each question's own tokens
+    appended to copies of that cache, 2 decoded at a time) gives the greedy texts of the questions asked as one
+    plain batch; questions of different lengths, one a single word; prompts whose text comes before the
+    video share no video prefix and are asked as a plain batch."""
+    model, processor = policy.load_policy(policy.build_tiny(tmp_path / arch, arch=arch), **F32)
+    _sharpen(model)
+    size = 64 if arch == "qwen3_vl" else 56
+    clip = np.random.default_rng(1).integers(0, 256, (8, size, size, 3), dtype=np.uint8)
+    questions = ["How many?", QUESTION, "Is there a chair in the room, and where is it standing?", "A?", "Boxes?"]
+    prompts = [_prompt(q) for q in questions]
+    plain = policy.make_inputs(processor, prompts, [clip] * len(prompts), fps=2.0)
+    want = policy.rollout(model, processor, plain, n=1, max_new_tokens=10, do_sample=False).texts
+    assert len(set(want)) > 1   # (the questions matter)
+    prefix, suffixes = policy.split_shared_prefix(processor, prompts, clip, fps=2.0)
+    assert prefix["input_ids"].shape[0] == 1 and prefix["mm_token_type_ids"][0, -1] == 0   # the video, then text
+    for row, s in zip(plain["input_ids"], suffixes):   # prefix + suffix = the prompt's own tokens
+        assert row[row != processor.tokenizer.pad_token_id].tolist()[-len(s):] == s
+    got = policy.answer_same_video(model, processor, prompts, clip, fps=2.0, max_new_tokens=10, batch_size=2)
+    assert got == want
+    text_first = [[{"role": "user", "content": [{"type": "text", "text": q}, {"type": "video"}]}] for q in questions]
+    assert policy.split_shared_prefix(processor, text_first, clip, fps=2.0) is None
+    plain = policy.make_inputs(processor, text_first, [clip] * len(prompts), fps=2.0)
+    want = policy.rollout(model, processor, plain, n=1, max_new_tokens=10, do_sample=False).texts
+    assert policy.answer_same_video(model, processor, text_first, clip, fps=2.0, max_new_tokens=10) == want
+
+
 def test_completion_index_checks_counts():
     assert policy.completion_index(2, 3).tolist() == [0, 0, 1, 1, 2, 2]
     assert policy.completion_index([0, 2, 1], 3).tolist() == [1, 1, 2]

@@ -31,9 +31,10 @@ class PerceiverModel(ev.HFModel):
     `perceiver`'s text of each clip, clean or corrupted, in the video's place (perceive.py; texts cached in
     `perception_cache`, keyed by frame content, question and perceiver)."""
 
-    def __init__(self, path, adapter=None, perceiver="", perception_cache=None):
+    def __init__(self, path, adapter=None, perceiver="", perception_cache=None, batch_size=8):
         self.perceiver_spec = perceiver
-        super().__init__(path, adapter)
+        super().__init__(path, adapter, batch_size)
+        self.share_clips = not self.text   # (a text LM reads each question's own perception: batches)
         if self.text:
             self.perceiver = perceive.make_perceiver(perceiver)
             self.cache = perceive.PerceptionCache(perception_cache)
@@ -160,7 +161,7 @@ def run_key(args, spec):
 EXTENSION = ev.Extension(
     add_arguments=add_arguments, check=check, prepare=prepare, run_key=run_key,
     models={"": lambda args, path: PerceiverModel(path, args.adapter or None, args.perceiver, args.perception_cache
-                                                  or str(Path(args.out) / "perception_cache.sqlite"))},
+                                                  or str(Path(args.out) / "perception_cache.sqlite"), args.batch_size)},
     read_kwargs=lambda args: ({"sampler": keyframes.keyframe_sampler(args.keyframe_eps)}
                               if args.frame_sampler == "keyframes" else {}))
 main = functools.partial(ev.main, ext=EXTENSION)

@@ -44,6 +44,7 @@ class AgentModel(ev.HFModel):
     of the frames read, the k most reliable and relevant (reliability.select_frames), decomposition,
     tools, three-tier synthesis; the synthesis is the response scored. Errors as HFModel's."""
     failure = "agent failed"
+    share_clips = False   # (the agent selects frames per question: batches of --batch-size)
 
     def __init__(self, path, adapter=None, k=4, synthesis="policy", synthesis_tokens=0):
         from extensions.robust_to import orchestrate
