@@ -902,8 +902,8 @@ def parse_args(argv=None, ext=None):
     m("--model-name", default="", help="name of the results folder (default: from --model)")
     m("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
     m("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
-    m("--batch-size", type=int, default=None, help="samples per generate call of a local model (default 8; "
-      "synthetic 32); an openai: model keeps --api-concurrency requests in flight instead")
+    m("--batch-size", type=int, default=None, help="questions a local model decodes at once (default 8; synthetic "
+      "32; a clip's questions share one prefill); an openai: model keeps --api-concurrency requests in flight")
     m("--base-url", default="", help="chat-completions server of an openai: model (default $OPENAI_BASE_URL or OpenAI)")
     m("--api-retries", type=int, default=5, help="retries of a failed API request (with backoff)")
     m("--api-timeout", type=float, default=120.0, help="seconds per API request")
