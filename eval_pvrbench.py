@@ -691,22 +691,31 @@ class Runner:
     def window(self, groups):
         self.clips, todo = {}, []
         groups = [g for g in groups if self.store.pending(g) or self.store.to_judge(g, self.judge)]
-        with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:   # (decoding and
-            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs) for g in groups]  # resizing run in C)
-        for g, read in zip(groups, reads):
+        for g, clip in zip(groups, self.read(groups)):
             pend = self.store.pending(g)
-            try:
-                self.clips[(g.video_id, "clean")] = read.result()
-            except Exception as e:  # noqa: BLE001 - an unreadable video is an error record, never fatal
-                reason = f"{type(e).__name__}: {e}"
-                self.store.append("samples", g.source, [record(g, s, c, None, None, reason) for s, c in pend])
+            if isinstance(clip, str):   # an unreadable video: error records (its reason), never fatal
+                self.store.append("samples", g.source, [record(g, s, c, None, None, clip) for s, c in pend])
                 continue
+            self.clips[(g.video_id, "clean")] = clip
             conds = list(dict.fromkeys(c for _, c in pend))   # clip by clip: clean, then each subtype
             todo += [(g, s, c) for cond in conds for s, c in pend if c == cond]
         if not self.generate(todo):
             return False
         self.start_judge(groups, self.clips)
         return True
+
+    def read(self, groups):
+        """Each group's clean clip (frames, fps), or the reason it cannot be read; in parallel (decoding and
+        resizing run in C)."""
+        with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs) for g in groups]
+        out = []
+        for r in reads:
+            try:
+                out.append(r.result())
+            except Exception as e:  # noqa: BLE001 - recorded per sample
+                out.append(f"{type(e).__name__}: {e}")
+        return out
 
     def clip(self, g, cond, clips=None):
         """(frames, fps) under a condition, kept in `clips` (the window's): a perturbed clip is rebuilt from

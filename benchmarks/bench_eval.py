@@ -210,7 +210,8 @@ def api_part(bench, out, latency, judge_frames=4):
     try:
         for name, before in (("before", True), ("after", False)):
             start = asked(url)
-            res, wall, (responses, lines) = run_eval(base + ["--out", str(out / name)], before)
+            old = ["--judge-concurrency", "8"] if before else []   # (the judge's thread pool before)
+            res, wall, (responses, lines) = run_eval(base + old + ["--out", str(out / name)], before)
             now = asked(url) - start
             runs[name] = (res, responses)
             report[name] = dict(wall=wall, samples=res["n_samples"], qps=res["n_samples"] / wall,
