@@ -42,6 +42,7 @@ import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torc
 import argparse
 import concurrent.futures
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -655,12 +656,11 @@ def record(g, s, cond, prompt, text, error):
 
 
 class Runner:
-    """Generation and judging, a window of videos at a time (about --batch-size samples; 4 x --api-concurrency
+    """Generation and judging, a window of videos at a time (about --batch-size samples; 2 x --api-concurrency
     for a served model): each video decoded once and each (video, condition) corrupted once; its pending
     samples generated clip by clip, in (video, condition) order (a server's prefix cache sees one clip's
     questions together), each stored as it finishes. A window's pairs are judged in the background while the
-    next window generates (`overlap_judge`; at most one window waits for its judge)."""
-    overlap_judge = True   # off: each window judged before the next generates (benchmarks/bench_eval.py)
+    next window generates (at most one window waits for its judge)."""
 
     def __init__(self, args, store, model, judge, manifest, read_kwargs, pending):
         from tqdm import tqdm
@@ -732,13 +732,7 @@ class Runner:
         (HFModel.share_clips), --batch-size samples otherwise."""
         if not getattr(self.model, "share_clips", False):
             return [todo[k:k + self.args.batch_size] for k in range(0, len(todo), self.args.batch_size)]
-        runs = []
-        for item in todo:
-            if runs and (runs[-1][-1][0].video_id, runs[-1][-1][2]) == (item[0].video_id, item[2]):
-                runs[-1].append(item)
-            else:
-                runs.append([item])
-        return runs
+        return [list(run) for _, run in itertools.groupby(todo, key=lambda t: (t[0].video_id, t[2]))]
 
     def generate(self, todo):
         if hasattr(self.model, "stream"):
@@ -793,13 +787,11 @@ class Runner:
         return True
 
     def start_judge(self, groups, clips):
-        """Judge a window: in a background thread (the next window generates meanwhile) after the previous
-        window's judge has finished, or at once without `overlap_judge`. A judge's failure stops the run."""
+        """Judge a window in a background thread (the next window generates meanwhile), once the previous
+        window's judge has finished. A judge's failure stops the run."""
         self.wait_judge()
         if self.judge is None:
             return
-        if not self.overlap_judge:
-            return self.judge_window(groups, clips)
         state = {"error": None}
 
         def work():

@@ -249,12 +249,9 @@ def sharpened_tiny(folder):
     import torch
 
     import policy
+    from bench_rollout import sharpen
     model, processor = policy.load_policy(policy.build_tiny(folder / "build"), dtype=torch.float32)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    sharpen(model, std=0.2)
     policy.save(model, processor, folder / "sharpened", dtype=torch.float32)
     return folder / "sharpened"
 
