@@ -36,6 +36,7 @@ import textwrap
 import time
 import warnings
 from collections import OrderedDict, defaultdict
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,10 @@ class Config:
     unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
                                           "difficult (Sec. 3.2); 0 ignores it")
     reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation")
+    temporal_corruption: float = _arg(0.0, "share of the perturbed clips whose frames are also permuted before the "
+                                      "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
+    updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
+                                       "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
     gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
     eval_video_root: str = _arg("", "video root of --eval-data (default: its folder)")
     eval_limit: int = _arg(96, "questions of --eval-data in the before/after report")
@@ -199,6 +204,13 @@ def _check_config(ap, cfg):
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     if cfg.temporal_grpo < 0:
         ap.error(f"--temporal-grpo must be >= 0 (0: off), got {cfg.temporal_grpo}")
+    if not 0 <= cfg.temporal_corruption <= 1:
+        ap.error(f"temporal_corruption is a share in [0, 1], got {cfg.temporal_corruption}")
+    if cfg.temporal_corruption and cfg.temporal_grpo:
+        ap.error("temporal_corruption with --temporal-grpo: T-GRPO compares the ordered clip with a shuffled one, "
+                 "and a temporally corrupted clip is already shuffled (the same permutation); use one of them")
+    if cfg.updates_per_generation < 1:
+        ap.error(f"updates_per_generation must be >= 1, got {cfg.updates_per_generation}")
     if bool(cfg.model) != bool(cfg.data):
         raise runtime.UserError("give both --model and --data (or neither, for the demo)")
 
@@ -412,13 +424,15 @@ class RL:
 
     def corrupt_videos(self, todo, spec_rng):
         """Sec. 3.1, Eq. 2: the dynamic protocol samples a spec per video (in every mode, so that all modes
-        see the same spec stream for a given seed); Eq. 1's shuffle on top for T-GRPO."""
+        see the same spec stream for a given seed), a share `temporal_corruption` of them with Eq. 1's frame
+        permutation before the masks (decided from the spec's own seed: the stream is the same at any
+        share); Eq. 1's shuffle alone for T-GRPO's group."""
         items = []
         for s, spec, promoted in todo:
             frames = self.clips.get(s)
             if frames is None:
                 continue
-            spec = spec or perturb.sample_spec(spec_rng, eta=self.cfg.eta)
+            spec = spec or self.fresh_spec(spec_rng)
             it = Item(s, spec, promoted, clean=frames, pert=perturb.apply(frames, spec) if self.corrupt else frames)
             if self.cfg.temporal_grpo:  # alone for --mode grpo
                 shuffled = perturb.PerturbSpec(spec.subtype if self.corrupt else None, spec.eta, spec.seed, True,
@@ -426,6 +440,13 @@ class RL:
                 it.shuffled = perturb.apply(frames, shuffled)
             items.append(it)
         return items
+
+    def fresh_spec(self, spec_rng):
+        spec = perturb.sample_spec(spec_rng, eta=self.cfg.eta)
+        share = self.cfg.temporal_corruption
+        if share and np.random.default_rng([spec.seed, 0xE2]).random() < share:   # Eq. 2: f_pi(t) (.) P_t
+            spec = dataclasses.replace(spec, shuffle=True)
+        return spec
 
     def _rollout(self, samples, views, n):
         inputs = self.observer.inputs(self.processor, [data.build_messages(s) for s in samples], views)
@@ -509,22 +530,28 @@ class RL:
         """An extension's reward terms added to R_j (recorded in it.comp); the core has none."""
         return rewards
 
-    def grpo_loss(self, inputs, ids, mask, adv):
-        """Eq. 7 on completions `ids` (mask) of the prompts `inputs` (one per row), summed over the rows.
-        One update per generation (as Video-R1): old = current policy, so the ratio is 1 at the update."""
+    def grpo_loss(self, inputs, ids, mask, adv, old=None, ref=None):
+        """Eq. 7 on completions `ids` (mask) of the prompts `inputs` (one per row), summed over the rows, and
+        the (old, ref) log-probs it used. `old` (F_theta_old) and `ref` (F_ref): kept from the first of the
+        updates_per_generation updates; None: F_theta_old is the current policy (the ratio is 1, as in
+        Video-R1's one update per generation) and F_ref is computed here."""
         logp = policy.token_logprobs(self.train_model, inputs, ids, mask, temperature=self.cfg.temperature)
-        ref = (policy.reference_logprobs(parallel.unwrap(self.train_model), inputs, ids, mask,
-                                         ref_model=self.ref_model, temperature=self.cfg.temperature)
-               if self.cfg.beta > 0 else logp.detach())
-        parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
-        loss, stats = grpo.grpo_loss(logp, logp.detach(), ref, adv.to(logp.device), mask.to(logp.device),
+        if ref is None and self.cfg.beta > 0:
+            ref = policy.reference_logprobs(parallel.unwrap(self.train_model), inputs, ids, mask,
+                                            ref_model=self.ref_model, temperature=self.cfg.temperature)
+            parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
+        old = logp.detach() if old is None else old.to(logp.device)
+        ref = logp.detach() if ref is None else ref.to(logp.device)   # (beta = 0: no KL term)
+        loss, stats = grpo.grpo_loss(logp, old, ref, adv.to(logp.device), mask.to(logp.device),
                                      self.cfg.clip_eps, self.cfg.beta)
-        return loss * len(ids), stats
+        return loss * len(ids), stats, old, ref
 
-    def grpo_backward(self, rollout, rows, adv, share=1.0):
+    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None):
         """Eq. 7's loss on the completions `rows` of `rollout` (advantages `adv`, one per row), backward in
         micro-batches: the gradient is `share` x the mean over every rank's trained completions
-        (parallel.backward_micro_batches). Returns (this rank's mean loss and stats, the rows of all ranks)."""
+        (parallel.backward_micro_batches). `kept` (several updates per generation): a dict that the first
+        update fills with each row's log-probs under the policy before it (F_theta_old) and the reference,
+        and the later ones read. Returns (this rank's mean loss and stats, the rows of all ranks)."""
         self.train_model.train()
         rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
         base = parallel.unwrap(self.train_model)
@@ -538,8 +565,12 @@ class RL:
 
         def backward(part, weight):
             x, ids, mask, a = batch(part)
-            loss, stats = self.grpo_loss(policy._to(x, policy.model_device(base)), ids, mask, a)
+            reuse = kept is not None and part is not None and part.start in kept
+            old, ref = kept[part.start] if reuse else (None, None)
+            loss, stats, old, ref = self.grpo_loss(policy._to(x, policy.model_device(base)), ids, mask, a, old, ref)
             (loss * weight).backward()
+            if kept is not None and part is not None and not reuse:
+                kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
             if part is not None:
                 for key, v in {"loss": loss.item() / len(ids), **stats}.items():
                     sums[key] += v * len(ids)
@@ -551,14 +582,21 @@ class RL:
         return stand_in(self.cfg, self.processor, self.observer, self.shard[0])
 
     def update(self, selected, rollout):
-        """Eq. 7-8 on the perturbed branch of the selected samples (group advantages of their rewards),
-        then one optimiser step. Returns (loss stats, trained completions of this rank). Every rank runs it,
-        also one that selected nothing (its micro-batches then have zero weight)."""
+        """Eq. 7-8 on the perturbed branch of the selected samples (group advantages of their rewards), then
+        mu = updates_per_generation optimiser steps on these rollouts (TRL's num_iterations): F_theta_old of
+        Eq. 7 is the policy that generated them, so the ratio moves from 1 and the clip binds from the
+        second step on. Returns (loss stats, the mean over the mu steps; trained completions of this rank).
+        Every rank runs it, also one that selected nothing (its micro-batches then have zero weight)."""
         rows = [r for it in selected for r in range(it.rows.start, it.rows.stop)]
         adv = grpo.group_advantages([it.rewards for it in selected]).view(-1) if selected else torch.zeros(0)
-        loss_stats, total = self.grpo_backward(rollout, rows, adv)
-        self.optim.step(total > 0)
-        return loss_stats, len(rows)
+        mu = self.cfg.updates_per_generation
+        kept, sums = ({} if mu > 1 else None), defaultdict(float)
+        for _ in range(mu):
+            stats, total = self.grpo_backward(rollout, rows, adv, kept=kept)
+            self.optim.step(total > 0)
+            for key, v in stats.items():
+                sums[key] += v / mu
+        return dict(sums), len(rows)
 
     def reevaluate(self, step):
         """Eq. 5-6, Alg. 2 l.12-21 (--mode rova, when due): re-assess the buffer, queue what it promotes.
@@ -853,7 +891,7 @@ def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_mod
     ext = ext or Extension()
     judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
         if ext.judge_needed(cfg) else None
-    optim = Optim.make(cfg, model, cfg.lr, cfg.rl_steps, device)
+    optim = Optim.make(cfg, model, cfg.lr, cfg.rl_steps * cfg.updates_per_generation, device)
     return ext.rl(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
                   ref_model, judge, optim, observer or ext.observer(cfg), train_model=train_model)
 

@@ -245,3 +245,108 @@ def test_ctrl_c_says_how_to_continue_and_the_rerun_does(assets, tmp_path, capsys
     capsys.readouterr()
     train.main(a, stop_after=1)  # (stop_after changes no result: the same config)
     assert "continuing the unfinished run" in capsys.readouterr().out
+
+
+def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_binds(assets, tmp_path, monkeypatch):
+    """updates_per_generation = 2 (TRL's num_iterations): two optimiser steps on one generation's rollouts, both
+    against the log-probs of the policy that generated them (F_theta_old) and the reference's, computed once. The
+    second step's loss equals Eq. 7 written out here (TRL's loss_type="grpo": per-token clipped surrogate plus
+    beta k3-KL, masked mean per completion, mean over completions), and its clip binds (clip_fraction > 0)."""
+    import types
+
+    import data
+
+    root, tiny, train_json = assets
+    cfg = train.parse_args(args(assets, tmp_path / "out", "--lr", "3e-2", "--micro-batch-size", "2"),
+                           settings={"updates_per_generation": 2})
+    device = torch.device("cpu")
+    model, processor = train.load_model(cfg, "none", 1, device, None)
+    ref = policy.frozen_copy(policy.load_policy(tiny, dtype=torch.float32)[0], deep=False)
+    samples, _ = data.load_video_r1(train_json)
+    clips = train.Clips(cfg, [], len(samples))
+    rl = train.build_rl(cfg, 0, 1, device, samples, clips, model, processor, ref)
+    chosen = samples[:2]
+    inputs = policy.make_inputs(processor, [data.build_messages(s) for s in chosen], [clips.get(s) for s in chosen])
+    torch.manual_seed(0)
+    rollout = policy.rollout(model, processor, inputs, n=2, max_new_tokens=6)
+    selected = [types.SimpleNamespace(rows=slice(0, 2), rewards=[1.0, 0.0]),
+                types.SimpleNamespace(rows=slice(2, 4), rewards=[0.0, 2.0])]
+    ids, mask, x = rollout.completion_ids, rollout.completion_mask, rollout.prompt_inputs
+    model.train()
+    with torch.no_grad():
+        old = policy.token_logprobs(model, x, ids, mask)
+        ref_logp = policy.token_logprobs(ref, x, ids, mask)
+    seen, step, ref_calls = [], rl.optim.step, []
+    real_ref = policy.reference_logprobs
+
+    def after_step(trained):
+        step(trained)
+        with torch.no_grad():
+            seen.append(policy.token_logprobs(model, x, ids, mask))
+    monkeypatch.setattr(rl.optim, "step", after_step)
+    monkeypatch.setattr(policy, "reference_logprobs", lambda *a, **k: ref_calls.append(1) or real_ref(*a, **k))
+    stats, n = rl.update(selected, rollout)
+
+    def eq7(logp):   # written out independently of grpo.grpo_loss
+        a1, a2 = 0.5 / (0.5 ** 0.5 + 1e-4), 1 / (2 ** 0.5 + 1e-4)   # Eq. 8 by hand: rewards (1, 0) and (0, 2)
+        a = torch.tensor([a1, -a1, -a2, a2]).unsqueeze(1)
+        r = torch.exp(logp - old)
+        per_token = -torch.min(r * a, r.clamp(0.8, 1.2) * a) + 0.01 * (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1)
+        m = mask.float()
+        clipped = (((r < 0.8) & (a < 0)) | ((r > 1.2) & (a > 0))).float()
+        return ((per_token * m).sum(1) / m.sum(1)).mean(), (clipped * m).sum() / m.sum()
+    loss1, clip1 = eq7(old)
+    loss2, clip2 = eq7(seen[0])
+    assert n == 4 and len(seen) == 2 and len(ref_calls) == 2   # two micro-batches, the reference asked once each
+    assert clip1 == 0 and clip2 > 0 and stats["clip_fraction"] == pytest.approx(float(clip2) / 2, abs=1e-6)
+    assert stats["loss"] == pytest.approx((float(loss1) + float(loss2)) / 2, abs=1e-5)
+
+
+def test_promotions_leave_the_fresh_draws_and_their_specs_aligned_across_modes(assets, tmp_path, monkeypatch):
+    """The k-th fresh sample of a run gets the same video and the same corruption spec in every mode: a promoted
+    sample comes back with its stored spec and draws none (rova draws fewer fresh samples per step, not others).
+    Every sample is deferred here (a_min above 1) and every re-evaluation promotes (reeval_period 1)."""
+    fresh, real = [], train.RL.corrupt_videos
+
+    def corrupt_videos(self, todo, spec_rng):
+        items = real(self, todo, spec_rng)
+        fresh.extend((it.sample.id, json.dumps(it.spec.to_dict(), sort_keys=True)) for it in items if not it.promoted)
+        return items
+    monkeypatch.setattr(train.RL, "corrupt_videos", corrupt_videos)
+    monkeypatch.setattr(train.RL, "assess_entries", lambda self, entries: ["informative"] * len(entries))
+    draws = {}
+    for mode in ("dual", "rova"):
+        fresh.clear()
+        out = tmp_path / mode
+        train.main(args(assets, out, "--mode", mode, "--rl-steps", "4", "--reeval-period", "1", "--a-min", "1.5"))
+        draws[mode] = list(fresh)
+        if mode == "rova":
+            assert sum(r["promoted"] for r in records(out)) > 0 and sum(r["selected"] for r in records(out)) > 0
+    assert len(draws["rova"]) < len(draws["dual"]) and draws["rova"] == draws["dual"][:len(draws["rova"])]
+
+
+def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(assets, tmp_path):
+    """temporal_corruption = 1 is Eq. 2 as written: every perturbed clip's frames permuted (Eq. 1) before the
+    masks, under the same subtypes and seeds as at 0 (the share is decided from each spec's own seed, so the
+    spec stream is the same at any share); it is refused beside T-GRPO's shuffled group."""
+    import numpy as np
+
+    import data
+    import perturb
+
+    root, tiny, train_json = assets
+    samples, _ = data.load_video_r1(train_json)
+    model, processor = policy.load_policy(tiny, dtype=torch.float32)
+    items = {}
+    for share in (0.0, 1.0):
+        cfg = train.parse_args(args(assets, tmp_path / str(share)), settings={"temporal_corruption": share})
+        clips = train.Clips(cfg, [], len(samples))
+        rl = train.build_rl(cfg, 0, 1, torch.device("cpu"), samples, clips, model, processor, None)
+        items[share] = rl.corrupt_videos([(s, None, False) for s in samples[:4]], np.random.default_rng(0))
+    for a, b in zip(items[0.0], items[1.0]):
+        assert not a.spec.shuffle and b.spec.shuffle and (a.spec.subtype, a.spec.seed) == (b.spec.subtype, b.spec.seed)
+        order = perturb.temporal_permutation(len(a.clean), b.spec.seed)
+        assert np.array_equal(b.clean, a.clean) and np.array_equal(b.pert, perturb.apply(a.clean, b.spec))
+        assert not np.array_equal(b.pert, a.pert) and not np.array_equal(order, np.arange(len(order)))
+    with pytest.raises(SystemExit):
+        train.parse_args(args(assets, tmp_path / "x", "--temporal-grpo", "2"), settings={"temporal_corruption": 0.5})
