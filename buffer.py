@@ -63,7 +63,7 @@ class Assessment:
     difficulty: str          # "easy" | "informative" | "difficult"
     confidence: float        # c = P(YES | answerability prompt), normalised over YES/NO
     decision: str            # "discard" | "defer" | "train"
-    accuracy: float          # mean accuracy of the perturbed rollouts
+    accuracy: float | None   # mean accuracy of the perturbed rollouts (None: the verdict rule uses none)
     agreement: bool | None   # clean and perturbed majority answers agree (None: no clean rollouts)
 
 
@@ -109,6 +109,23 @@ def self_assess(perturbed_accuracy, p_yes, perturbed_answers=None, clean_answers
         d = "informative"
     decision = "discard" if (d == "easy" and c > tau) else ("defer" if d == "difficult" else "train")
     return Assessment(d, c, decision, accuracy, agreement)
+
+
+def self_assess_verdict(p_yes, *, tau: float = 0.8, yes_at: float = 0.5) -> Assessment:
+    """Eq. 3 read as App. C.2 uses the verdict of Fig. 10's prompt, with no ground truth: NO (c < `yes_at`,
+    the argmax of YES vs NO) -> difficult, deferred to the buffer; YES with c > tau -> easy, discarded ("the
+    confidence score controls the sample discard rate via tau"); YES with c <= tau -> informative, trained.
+    Eq. 5's re-assessment of a buffered sample is the same rule on its regenerated video (YES with c <= tau
+    promotes it, NO keeps it, YES with c > tau evicts it as mastered)."""
+    c = float(p_yes)
+    if not 0.0 <= c <= 1.0:
+        raise ValueError(f"p_yes must be a probability in [0, 1], got {p_yes!r}")
+    d = "difficult" if c < yes_at else ("easy" if c > tau else "informative")
+    decision = {"difficult": "defer", "easy": "discard", "informative": "train"}[d]
+    return Assessment(d, c, decision, None, None)
+
+
+ASSESS_RULES = ("accuracy", "verdict")   # train.py's `assess`: self_assess (default for now) or self_assess_verdict
 
 
 YES_WORDS = ("YES", "Yes", "yes", " YES", " Yes", " yes")

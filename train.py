@@ -152,6 +152,9 @@ class Config:
     unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
                                           "difficult (Sec. 3.2); 0 ignores it")
     reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation")
+    assess: str = _arg("accuracy", "Eq. 3's rule (--mode rova): accuracy (the rollouts' accuracy against the ground "
+                       "truth, a_min / a_max, the answerability verdict a veto) or verdict (App. C.2: Fig. 10's "
+                       "verdict alone; NO -> defer, YES with c > tau -> discard, else train)")
     temporal_corruption: float = _arg(0.0, "share of the perturbed clips whose frames are also permuted before the "
                                       "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
     updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
@@ -204,6 +207,8 @@ def _check_config(ap, cfg):
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     if cfg.temporal_grpo < 0:
         ap.error(f"--temporal-grpo must be >= 0 (0: off), got {cfg.temporal_grpo}")
+    if cfg.assess not in curriculum.ASSESS_RULES:
+        ap.error(f"assess must be one of {', '.join(curriculum.ASSESS_RULES)}, got {cfg.assess!r}")
     if not 0 <= cfg.temporal_corruption <= 1:
         ap.error(f"temporal_corruption is a share in [0, 1], got {cfg.temporal_corruption}")
     if cfg.temporal_corruption and cfg.temporal_grpo:
@@ -494,14 +499,20 @@ class RL:
         if judged:
             conf = self.confidences([it.pert for it in judged], [it.sample for it in judged])
             for it, c in zip(judged, conf):
-                a = curriculum.self_assess(it.acc, c, answers_of(it.texts, it.sample),
-                                           answers_of(it.clean_texts, it.sample), tau=self.cfg.tau,
-                                           a_min=self.cfg.a_min, a_max=self.cfg.a_max,
-                                           unanswerable_below=self.cfg.unanswerable_below)
+                a = self.assess(c, it.acc, answers_of(it.texts, it.sample), answers_of(it.clean_texts, it.sample))
                 it.decision = a.decision
                 if a.decision == "defer":  # Alg. 2 l.7-8, Eq. 4
                     self.buffer.add(it.sample.id, it.spec.to_dict(), step)
         return [it for it in items if it.decision == "train"]
+
+    def assess(self, c, acc=None, answers=None, clean_answers=None):
+        """Eq. 3's verdict by the configured rule (`assess`): "verdict", App. C.2's (the answerability verdict
+        and its confidence c alone: buffer.self_assess_verdict), or "accuracy" (the rollouts' accuracy
+        against the ground truth, the verdict a veto: buffer.self_assess)."""
+        if self.cfg.assess == "verdict":
+            return curriculum.self_assess_verdict(c, tau=self.cfg.tau)
+        return curriculum.self_assess(acc, c, answers, clean_answers, tau=self.cfg.tau, a_min=self.cfg.a_min,
+                                      a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below)
 
     def weights(self):
         """(w_format, w_acc, w_alignment) of Alg. 1 l.13 (App. D: 1, 1 and r^A at 1); an extension may
@@ -615,9 +626,9 @@ class RL:
         return len(up), len(out)
 
     def assess_entries(self, entries):
-        """Eq. 5 / Alg. 2 l.15: d' of buffered samples, each on its regenerated corrupted video, in one
-        batched rollout (reeval_rollouts each) and one answerability forward; an unreadable video
-        gives its entry an exception (evicted by the buffer)."""
+        """Eq. 5 / Alg. 2 l.15: d' of buffered samples, each on its regenerated corrupted video, from one
+        answerability forward (and, for the accuracy rule, one batched rollout of reeval_rollouts each); an
+        unreadable video gives its entry an exception (evicted by the buffer)."""
         out, todo = [], []
         for entry in entries:
             s = self.by_id[entry.sample_id]
@@ -627,13 +638,13 @@ class RL:
                 view = self.observer(s, perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec)))
                 todo.append((len(out) - 1, s, view))
         if todo:
-            k = self.cfg.reeval_rollouts
-            roll = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k)
             conf = self.confidences([v for _, _, v in todo], [s for _, s, _ in todo])
+            k, texts = self.cfg.reeval_rollouts, None
+            if self.cfg.assess == "accuracy":
+                texts = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k).texts
             for n, ((i, s, _), c) in enumerate(zip(todo, conf)):
-                out[i] = curriculum.self_assess(
-                    self.accuracy(roll.texts[n * k:(n + 1) * k], s), c, tau=self.cfg.tau, a_min=self.cfg.a_min,
-                    a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below).difficulty
+                acc = self.accuracy(texts[n * k:(n + 1) * k], s) if texts is not None else None
+                out[i] = self.assess(c, acc).difficulty
         return out
 
     def record(self, items, selected, loss_stats, n_rows, *, missing=0, promoted=0, evicted=0, extra=None):

@@ -42,6 +42,23 @@ def test_accuracy_is_the_mean_over_rollouts_and_agreement_uses_majorities():
         assess([1.0], 1.5)
 
 
+@pytest.mark.parametrize("p_yes, want_d, want_decision", [
+    (0.0, "difficult", "defer"),      # NO: the masked video does not answer the question (App. C.2: the buffer)
+    (0.49, "difficult", "defer"),
+    (0.5, "informative", "train"),    # YES (the argmax), not confident: trained
+    (0.8, "informative", "train"),    # c = tau is not above it
+    (0.81, "easy", "discard"),        # YES with c > tau: "the confidence score controls the discard rate"
+    (1.0, "easy", "discard"),
+])
+def test_the_verdict_rule_of_app_c2_at_its_thresholds(p_yes, want_d, want_decision):
+    from buffer import self_assess_verdict
+    a = self_assess_verdict(p_yes, tau=0.8)
+    assert (a.difficulty, a.decision, a.confidence, a.accuracy) == (want_d, want_decision, p_yes, None)
+    assert self_assess_verdict(0.7, tau=0.6).decision == "discard"   # tau moves the discard line only
+    with pytest.raises(ValueError, match="probability"):
+        self_assess_verdict(-0.1)
+
+
 def test_answerability_confidence_normalises_over_yes_and_no():
     logits = np.full(10, -5.0)
     logits[[1, 2]] = [2.0, 1.0]   # two YES spellings

@@ -350,3 +350,18 @@ def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(
         assert not np.array_equal(b.pert, a.pert) and not np.array_equal(order, np.arange(len(order)))
     with pytest.raises(SystemExit):
         train.parse_args(args(assets, tmp_path / "x", "--temporal-grpo", "2"), settings={"temporal_corruption": 0.5})
+
+
+@pytest.mark.parametrize("c, rates", [(0.2, (0.0, 1.0, 0.0)), (0.6, (1.0, 0.0, 0.0)), (0.9, (0.0, 0.0, 1.0))])
+def test_the_verdict_rule_selects_from_the_answerability_confidence_alone(assets, tmp_path, monkeypatch, c, rates):
+    """assess=verdict (App. C.2): NO -> deferred, YES with c > tau -> discarded, else trained, whatever the
+    rollouts' accuracy; the buffer is re-assessed from the answerability forward alone (no rollouts)."""
+    calls = []
+    real = train.RL._rollout
+    monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: [c] * len(samples))
+    monkeypatch.setattr(train.RL, "_rollout", lambda self, *a: calls.append(1) or real(self, *a))
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1"), assess="verdict")
+    recs = records(out)
+    assert [(r["rho"], r["defer_rate"], r["discard_rate"]) for r in recs] == [rates, rates]
+    assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)   # one rollout call per step, none to re-assess
