@@ -934,15 +934,17 @@ def run_rl(run, state, ckpt, per_rank):
 def finish(run, rl):
     """The final weights, summary.json and the before/after table."""
     checksum = parallel.checksum(run.model, run.device)  # replicas (DDP): equal on every rank
-    gathered = [(checksum, run.clips.bad)] * run.world
+    mine = (checksum, run.clips.bad, len(rl.queue))   # (promoted samples still queued: never trained)
+    gathered = [mine] * run.world
     if dist.is_initialized():
-        dist.all_gather_object(gathered, (checksum, run.clips.bad))
+        dist.all_gather_object(gathered, mine)
     run.save_model(run.out / "final")
     after = run.evaluate(None)  # every rank enters (FSDP2 gathers the weights), rank 0 evaluates
     if run.rank == 0:
-        bad = {path: why for _, b in gathered for path, why in b.items()}  # every rank's skipped videos
+        bad = {path: why for _, b, _ in gathered for path, why in b.items()}  # every rank's skipped videos
         summary = {"config": asdict(run.cfg), "buffer": rl.buffer.stats(), "bad_videos": len(bad),
-                   "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _ in gathered]}
+                   "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _, _ in gathered],
+                   "promotions_untrained": sum(q for _, _, q in gathered)}
         if run.eval_samples:
             for key, name in (("before", "eval_before.json"), ("after_sft", "eval_after_sft.json")):
                 if (run.out / name).is_file():
