@@ -152,6 +152,9 @@ class Config:
     unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
                                           "difficult (Sec. 3.2); 0 ignores it")
     reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation")
+    answerability_epochs: float = _arg(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
+                                       "training clip, clean and corrupted, the target YES where the SFT model's "
+                                       "greedy answer on that clip is right, else NO (0: none)")
     assess: str = _arg("accuracy", "Eq. 3's rule (--mode rova): accuracy (the rollouts' accuracy against the ground "
                        "truth, a_min / a_max, the answerability verdict a veto) or verdict (App. C.2: Fig. 10's "
                        "verdict alone; NO -> defer, YES with c > tau -> discard, else train)")
@@ -848,26 +851,41 @@ class Run:
 
 
 def run_sft(run, state, ckpt, per_rank):
-    """Stage 1: the SFT warm-up on the chain-of-thought data (App. D: 1 epoch). Returns False if killed."""
+    """Stage 1: the SFT warm-up on the chain-of-thought data (App. D: 1 epoch), then, with
+    answerability_epochs, the answerability warm-up on its labels (one optimiser and schedule over both).
+    Returns False if killed."""
     cfg = run.cfg
-    total = int(math.ceil(cfg.sft_epochs * (len(run.samples) // run.world) / cfg.sft_batch_size))
+    per_rank_n = len(run.samples) // run.world
+    task = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size))
+    total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / cfg.sft_batch_size))
     optim = Optim.make(cfg, run.model, cfg.sft_lr, total, run.device)
     cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
+    labels, ans_cursor = None, None
     if ckpt:
         run.resume(per_rank, optim, ckpt)
         cursor.load(per_rank[0]["cursor"])
     run.log.open_bar(total, state["step"], "SFT")
     while state["step"] < total:
         t0 = time.perf_counter()
-        batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
-        nll, n = run.ext.sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
+        if state["step"] < task:
+            batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
+            nll, n = run.ext.sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
+        else:
+            if labels is None:   # once, after the task SFT (a resumed run reads them back)
+                labels = answerability_labels(run)
+                ans_cursor = runtime.Cursor(len(labels), cfg.seed * 1000 + 2 * run.rank + 7)
+                if ckpt and "answerability_cursor" in per_rank[0]:
+                    ans_cursor.load(per_rank[0]["answerability_cursor"])
+            batch = [labels[i] for i in ans_cursor.take(cfg.sft_batch_size)]
+            nll, n = answerability_step(run, batch)
         nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
         run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0], "nll": nll,
                  "bad_videos": len(run.clips.bad), "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == total:
-            run.checkpoint(state, optim, {"cursor": cursor.state()})
+            run.checkpoint(state, optim, {"cursor": cursor.state(), **(
+                {"answerability_cursor": ans_cursor.state()} if ans_cursor is not None else {})})
         if run.killed():
             return False
     run.log.close_bar()
@@ -876,6 +894,52 @@ def run_sft(run, state, ckpt, per_rank):
     if total > 0:
         run.evaluate("eval_after_sft.json")
     return True
+
+
+def answerability_labels(run):
+    """The answerability warm-up's examples of this rank's shard: each clip clean and under one corruption
+    (spec seeded by (seed, rank, index): the same on a rerun), the target YES where the SFT model's greedy
+    answer on it is right, NO otherwise (the rule is fixed before anything is measured, on training data
+    only). Written to OUT/answerability_labels_rank<r>.json and read back by a resumed run."""
+    path = run.out / f"answerability_labels_rank{run.rank}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    cfg, todo = run.cfg, []
+    for i, s in enumerate(run.shard):
+        frames = run.clips.get(s)
+        if frames is None:
+            continue
+        spec = perturb.sample_spec(np.random.default_rng([cfg.seed, run.rank, 0xA5, i]), eta=cfg.eta)
+        todo += [(s, None, frames), (s, spec.to_dict(), perturb.apply(frames, spec))]
+    labels = []
+    with parallel.gathered(run.model):
+        for k in range(0, len(todo), cfg.sft_batch_size):
+            part = todo[k:k + cfg.sft_batch_size]
+            inputs = run.observer.inputs(run.processor, [data.build_messages(s) for s, _, _ in part],
+                                         [run.observer(s, v) for s, _, v in part])
+            texts = policy.rollout(run.model, run.processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens,
+                                   do_sample=False).texts
+            labels += [{"id": s.id, "spec": spec, "target": "YES" if data.score_sample(t, s) >= 0.5 else "NO"}
+                       for (s, spec, _), t in zip(part, texts)]
+    path.write_text(json.dumps(labels))
+    yes = sum(x["target"] == "YES" for x in labels)
+    log(f"answerability warm-up: {len(labels)} examples on rank {run.rank}, {yes} YES / {len(labels) - yes} NO")
+    return labels
+
+
+def answerability_step(run, batch):
+    """-log p(YES or NO | Fig. 10's prompt, the clip) on a batch of answerability examples (sft_backward)."""
+    rows, by_id = [], {s.id: s for s in run.shard}
+    for x in batch:
+        s = by_id[x["id"]]
+        frames = run.clips.get(s)
+        if frames is not None:
+            view = frames if x["spec"] is None else perturb.apply(frames, perturb.PerturbSpec.from_dict(x["spec"]))
+            rows.append((s, run.observer(s, view), x["target"]))
+    inputs = run.observer.inputs(run.processor, curriculum.answerability_messages(
+        [data.question_text(s) for s, _, _ in rows]), [v for _, v, _ in rows]) if rows else None
+    return sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
+                        lambda: stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
 
 
 def reference_model(run):

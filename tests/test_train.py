@@ -367,3 +367,54 @@ def test_the_verdict_rule_selects_from_the_answerability_confidence_alone(assets
     recs = records(out)
     assert [(r["rho"], r["defer_rate"], r["discard_rate"]) for r in recs] == [rates, rates]
     assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)   # one rollout call per step, none to re-assess
+
+
+def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_resumes(assets, tmp_path):
+    """answerability_epochs: after the task SFT, Fig. 10's prompt on every training clip clean and under one
+    corruption, trained toward YES / NO; a run killed inside it resumes with the same labels to the weights of
+    an uninterrupted run."""
+    import data
+
+    n = len(data.load_video_r1(assets[2])[0])
+    common = ["--mode", "rova", "--rl-steps", "1", "--save-every", "2", "--sft-epochs", "0.5", "--sft-batch-size",
+              "2", "--sft-lr", "1e-3"]
+    task = -(-n // 4)   # ceil(0.5 n / 2)
+    train.main(args(assets, tmp_path / "a", *common), answerability_epochs=1.0)
+    train.main(args(assets, tmp_path / "b", *common), answerability_epochs=1.0, stop_after=task + 2)
+    labels = json.loads((tmp_path / "b" / "answerability_labels_rank0.json").read_text())
+    train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"), answerability_epochs=1.0)
+    assert len(records(tmp_path / "a", "sft")) == task + n and len(labels) == 2 * n
+    assert [x["spec"] is None for x in labels] == [True, False] * n and {x["target"] for x in labels} <= {"YES", "NO"}
+    assert json.loads((tmp_path / "a" / "answerability_labels_rank0.json").read_text()) == labels
+    a, b = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_path, monkeypatch):
+    """The rule, fixed before measuring: YES where the model's greedy answer on that clip is right, NO where
+    it is wrong (here the model is made to answer right on clean clips and wrong on corrupted ones)."""
+    import types
+
+    import data
+
+    samples, _ = data.load_video_r1(assets[2])
+    cfg = train.parse_args(args(assets, tmp_path / "out"))
+    model, processor = policy.load_policy(assets[1], dtype=torch.float32)
+
+    def rollout(model, processor, inputs, n, **kw):
+        videos = inputs["video_grid_thw"].shape[0]
+        return types.SimpleNamespace(texts=[f"<answer>{samples[k // 2].answer if k % 2 == 0 else 'zzz'}</answer>"
+                                            for k in range(seen["k"], seen["k"] + videos)])
+    seen = {"k": 0}
+    real = rollout
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        seen["k"] += len(out.texts)
+        return out
+    monkeypatch.setattr(policy, "rollout", counted)
+    run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples, clips=train.Clips(cfg, [], len(samples)),
+                                model=model, processor=processor, observer=train.Observer(cfg))
+    labels = train.answerability_labels(run)
+    assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
+    assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
