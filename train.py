@@ -288,10 +288,14 @@ class Optim:
     max_grad_norm: float
 
     @classmethod
-    def make(cls, cfg, model, lr, total_steps, device):
+    def make(cls, cfg, model, lr, total_steps, device, restart=0):
+        """`restart`: the schedule starts again from lr at that step (SFT's answerability part)."""
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
-        cosine = lambda step: 0.5 * (1 + math.cos(math.pi * min(step, total_steps) / max(total_steps, 1)))  # noqa: E731
+
+        def cosine(step):
+            start, end = (restart, total_steps) if 0 < restart <= step else (0, restart or total_steps)
+            return 0.5 * (1 + math.cos(math.pi * min(step - start, end - start) / max(end - start, 1)))
         return cls(params, opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine), cfg.max_grad_norm)
 
     def step(self, trained: bool):
@@ -856,9 +860,9 @@ def run_sft(run, state, ckpt, per_rank):
     Returns False if killed."""
     cfg = run.cfg
     per_rank_n = len(run.samples) // run.world
-    task = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size))
-    total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / cfg.sft_batch_size))
-    optim = Optim.make(cfg, run.model, cfg.sft_lr, total, run.device)
+    task, half = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size)), max(1, cfg.sft_batch_size // 2)
+    total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
+    optim = Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
     labels, ans_cursor = None, None
     if ckpt:
@@ -876,8 +880,9 @@ def run_sft(run, state, ckpt, per_rank):
                 ans_cursor = runtime.Cursor(len(labels), cfg.seed * 1000 + 2 * run.rank + 7)
                 if ckpt and "answerability_cursor" in per_rank[0]:
                     ans_cursor.load(per_rank[0]["answerability_cursor"])
-            batch = [labels[i] for i in ans_cursor.take(cfg.sft_batch_size)]
-            nll, n = answerability_step(run, batch)
+            batch = [labels[i] for i in ans_cursor.take(half)]   # half answerability, half the task (replayed:
+            task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]   # alone, it forgets it)
+            nll, n = answerability_step(run, batch, task_batch)
         nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
@@ -927,17 +932,23 @@ def answerability_labels(run):
     return labels
 
 
-def answerability_step(run, batch):
-    """-log p(YES or NO | Fig. 10's prompt, the clip) on a batch of answerability examples (sft_backward)."""
+def answerability_step(run, batch, task_batch):
+    """One step of the answerability warm-up: -log p(YES or NO | Fig. 10's prompt, the clip) on `batch`
+    (answerability examples) and -log p(process + solution | prompt, video) on `task_batch` (SFT samples, so
+    that the task is not forgotten: trained alone on YES / NO, the tiny model answers nothing else after it)."""
     rows, by_id = [], {s.id: s for s in run.shard}
     for x in batch:
         s = by_id[x["id"]]
         frames = run.clips.get(s)
         if frames is not None:
             view = frames if x["spec"] is None else perturb.apply(frames, perturb.PerturbSpec.from_dict(x["spec"]))
-            rows.append((s, run.observer(s, view), x["target"]))
-    inputs = run.observer.inputs(run.processor, curriculum.answerability_messages(
-        [data.question_text(s) for s, _, _ in rows]), [v for _, v, _ in rows]) if rows else None
+            rows.append((curriculum.answerability_messages([data.question_text(s)])[0], run.observer(s, view),
+                         x["target"]))
+    for s in task_batch:
+        frames = run.clips.get(s)
+        if frames is not None:
+            rows.append((data.build_messages(s), run.observer(s, frames), data.sft_target(s)))
+    inputs = run.observer.inputs(run.processor, [m for m, _, _ in rows], [v for _, v, _ in rows]) if rows else None
     return sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
                         lambda: stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
 

@@ -383,7 +383,7 @@ def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_res
     train.main(args(assets, tmp_path / "b", *common), answerability_epochs=1.0, stop_after=task + 2)
     labels = json.loads((tmp_path / "b" / "answerability_labels_rank0.json").read_text())
     train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"), answerability_epochs=1.0)
-    assert len(records(tmp_path / "a", "sft")) == task + n and len(labels) == 2 * n
+    assert len(records(tmp_path / "a", "sft")) == task + 2 * n and len(labels) == 2 * n   # (1 example + 1 task per step)
     assert [x["spec"] is None for x in labels] == [True, False] * n and {x["target"] for x in labels} <= {"YES", "NO"}
     assert json.loads((tmp_path / "a" / "answerability_labels_rank0.json").read_text()) == labels
     a, b = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final")
