@@ -856,7 +856,8 @@ class Run:
 
 def run_sft(run, state, ckpt, per_rank):
     """Stage 1: the SFT warm-up on the chain-of-thought data (App. D: 1 epoch), then, with
-    answerability_epochs, the answerability warm-up on its labels (one optimiser and schedule over both).
+    answerability_epochs, the answerability warm-up on its labels (one optimiser; the cosine schedule restarts
+    for the answerability part, which at the tail of SFT's would train at almost no learning rate).
     Returns False if killed."""
     cfg = run.cfg
     per_rank_n = len(run.samples) // run.world
@@ -926,7 +927,9 @@ def answerability_labels(run):
                                    do_sample=False).texts
             labels += [{"id": s.id, "spec": spec, "target": "YES" if data.score_sample(t, s) >= 0.5 else "NO"}
                        for (s, spec, _), t in zip(part, texts)]
-    path.write_text(json.dumps(labels))
+    tmp = path.with_suffix(".tmp")   # (written whole or not at all: a kill never leaves half a file to read back)
+    tmp.write_text(json.dumps(labels))
+    tmp.replace(path)
     yes = sum(x["target"] == "YES" for x in labels)
     log(f"answerability warm-up: {len(labels)} examples on rank {run.rank}, {yes} YES / {len(labels) - yes} NO")
     return labels
