@@ -690,9 +690,10 @@ class Runner:
 
     def window(self, groups):
         self.clips, todo = {}, []
-        groups = [g for g in groups if self.store.pending(g) or self.store.to_judge(g, self.judge)]
-        for g, clip in zip(groups, self.read(groups)):
-            pend = self.store.pending(g)
+        pending = [(g, self.store.pending(g)) for g in groups]
+        pending = [(g, pend) for g, pend in pending if pend or self.store.to_judge(g, self.judge)]
+        groups = [g for g, _ in pending]
+        for (g, pend), clip in zip(pending, self.read(groups)):
             if isinstance(clip, str):   # an unreadable video: error records (its reason), never fatal
                 self.store.append("samples", g.source, [record(g, s, c, None, None, clip) for s, c in pend])
                 continue

@@ -865,7 +865,7 @@ def run_sft(run, state, ckpt, per_rank):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
-    labels, ans_cursor = None, None
+    labels, ans_cursor, by_id = None, None, {s.id: s for s in run.shard}
     if ckpt:
         run.resume(per_rank, optim, ckpt)
         cursor.load(per_rank[0]["cursor"])
@@ -883,7 +883,7 @@ def run_sft(run, state, ckpt, per_rank):
                     ans_cursor.load(per_rank[0]["answerability_cursor"])
             batch = [labels[i] for i in ans_cursor.take(half)]   # half answerability, half the task (replayed:
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]   # alone, it forgets it)
-            nll, n = answerability_step(run, batch, task_batch)
+            nll, n = answerability_step(run, [(by_id[x["id"]], x) for x in batch], task_batch)
         nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
@@ -937,11 +937,10 @@ def answerability_labels(run):
 
 def answerability_step(run, batch, task_batch):
     """One step of the answerability warm-up: -log p(YES or NO | Fig. 10's prompt, the clip) on `batch`
-    (answerability examples) and -log p(process + solution | prompt, video) on `task_batch` (SFT samples, so
+    ((sample, answerability example) pairs) and -log p(process + solution | prompt, video) on `task_batch` (SFT samples, so
     that the task is not forgotten: trained alone on YES / NO, the tiny model answers nothing else after it)."""
-    rows, by_id = [], {s.id: s for s in run.shard}
-    for x in batch:
-        s = by_id[x["id"]]
+    rows = []
+    for s, x in batch:
         frames = run.clips.get(s)
         if frames is not None:
             view = frames if x["spec"] is None else perturb.apply(frames, perturb.PerturbSpec.from_dict(x["spec"]))
