@@ -151,13 +151,19 @@ class Config:
     temperature: float = _arg(1.0, "sampling temperature of rollouts")
     unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
                                           "difficult (Sec. 3.2); 0 ignores it")
-    reeval_rollouts: int = _arg(2, "perturbed rollouts per buffered sample at re-evaluation")
+    reeval_rollouts: int = _arg(0, "perturbed rollouts per buffered sample at re-evaluation by the accuracy rule "
+                                "(0: G, as at assessment)")
     answerability_epochs: float = _arg(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
                                        "training clip, clean and corrupted, the target YES where the SFT model's "
                                        "greedy answer on that clip is right, else NO (0: none)")
-    assess: str = _arg("accuracy", "Eq. 3's rule (--mode rova): accuracy (the rollouts' accuracy against the ground "
-                       "truth, a_min / a_max, the answerability verdict a veto) or verdict (App. C.2: Fig. 10's "
-                       "verdict alone; NO -> defer, YES with c > tau -> discard, else train)")
+    assess: str = _arg("verdict", "Eq. 3's rule (--mode rova): verdict (App. C.2: Fig. 10's verdict alone; NO -> "
+                       "defer, YES with c > tau -> discard, else train) or accuracy (the rollouts' accuracy against "
+                       "the ground truth, a_min / a_max, the answerability verdict a veto)")
+    assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
+                                     "before the self-assessment (l.6), which then only fills the buffer; default "
+                                     "App. G's order (assessed first, only the selected trained)")
+    snapshot_every: int = _arg(0, "also save the full weights to OUT/snapshots/step_N every this many RL steps "
+                               "(0: never), to evaluate a run part-way")
     temporal_corruption: float = _arg(0.0, "share of the perturbed clips whose frames are also permuted before the "
                                       "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
     updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
@@ -173,17 +179,18 @@ class Config:
 
 
 # The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. These replace the
-# defaults above (flags given on the command line still win). The tiny model was never taught the
-# answerability question, so its P(YES) is noise and is not used to defer samples.
+# defaults above (flags given on the command line still win). The tiny model is taught Fig. 10's
+# answerability question after its task SFT (answerability_epochs), so that App. C.2's verdict has
+# something to read; the accuracy rule's veto (unanswerable_below) stays off.
 DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sft_lr=3e-3, lr=1e-4, rl_steps=100,
             batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0,
-            video_cache=4096, eval_limit=120, micro_batch_size=0)
+            answerability_epochs=1.0, video_cache=4096, eval_limit=120, micro_batch_size=0)
 MODES = ("rova", "dual", "grpo", "grpo-aug")
 # Config fields that change nothing a run computes: an unfinished run continues across a change of these.
-NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "keep_checkpoints", "video_cache",
-                   "max_bad_fraction", "judge_cache", "perception_cache")
+NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
+                   "video_cache", "max_bad_fraction", "judge_cache", "perception_cache")
 RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
-RUN_FOLDERS = ("checkpoints", "reference", "final", "tensorboard")  # the demo's tiny/ and synthetic/ are kept
+RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # the demo's tiny/ and synthetic/ are kept
 
 
 def parse_args(argv=None, ext=None, settings=None) -> Config:
@@ -385,8 +392,17 @@ def _flat(lists):
 
 
 def _decisions(items, selected):
-    return {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
-            selected), "deferred": sum(it.decision == "defer" for it in items)}
+    """The curriculum's counts of a step, overall and per corruption category (Table 12's rates by category:
+    `cat_<category>_<samples | trained | deferred | discarded>`)."""
+    out = {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
+           selected), "deferred": sum(it.decision == "defer" for it in items)}
+    trained = {id(it) for it in selected}
+    for cat in perturb.CATEGORIES:  # every key on every rank (runtime.reduce_record sums them in order)
+        mine = [it for it in items if perturb.CATEGORY_OF.get(it.spec.subtype) == cat]
+        out |= {f"cat_{cat}_samples": len(mine), f"cat_{cat}_trained": sum(id(it) in trained for it in mine),
+                f"cat_{cat}_deferred": sum(it.decision == "defer" for it in mine),
+                f"cat_{cat}_discarded": sum(it.decision == "discard" for it in mine)}
+    return out
 
 
 def answers_of(texts, sample):
@@ -414,14 +430,18 @@ class RL:
         self.timer = runtime.Timer()
         with self.timer("perturbation"):
             items = self.corrupt_videos(self.next_samples(), spec_rng)   # Sec. 3.1, Eq. 1-2 (l.2)
+        literal = self.cfg.assess_after_update                           # Alg. 2's order: l.5 before l.6
         with parallel.gathered(self.model):                               # FSDP2: weights gathered once to generate
             rollout = self.dual_rollouts(items)                           # l.3
             with self.timer("self_assessment"):
-                selected = self.select(items, step)                       # Eq. 3, l.6-10
+                selected = items if literal else self.select(items, step)  # Eq. 3, l.6-10
         with self.timer("alignment_reward"):
             missing = self.rewards(selected)                              # Alg. 1 (selected only: App. G)
         with self.timer("backward"):
             loss_stats, n_rows = self.update(selected, rollout)           # Eq. 7-8
+        if literal:
+            with parallel.gathered(self.model), self.timer("self_assessment"):
+                self.select(items, step)                                  # l.6-10 by the updated policy
         with self.timer("memory_reevaluation"):
             promoted, evicted = self.reevaluate(step)                     # Eq. 5-6, l.12-21
         return self.record(items, selected, loss_stats, n_rows, missing=missing, promoted=promoted, evicted=evicted)
@@ -619,7 +639,7 @@ class RL:
     def reevaluate(self, step):
         """Eq. 5-6, Alg. 2 l.12-21 (--mode rova, when due): re-assess the buffer, queue what it promotes.
         Batched as a step's rollouts: batch_size x group_size sequences per generate call."""
-        if self.cfg.mode != "rova":
+        if self.cfg.mode != "rova" or step + 1 >= self.cfg.rl_steps:  # the last step's promotions: never trained
             return 0, 0
         due = self.buffer.due(step + 1)  # per rank: its buffer may be full, or empty
         if not runtime.all_sum([float(due)], self.device)[0]:
@@ -628,7 +648,7 @@ class RL:
             if not due:
                 return 0, 0
             up, out = self.buffer.reevaluate(assess_batch=self.assess_entries, batch_size=max(
-                1, self.cfg.batch_size * self.cfg.group_size // max(1, self.cfg.reeval_rollouts)))
+                1, self.cfg.batch_size * self.cfg.group_size // self.reeval_rollouts()))
         self.queue.extend((e.sample_id, e.spec) for e in up)
         return len(up), len(out)
 
@@ -646,13 +666,18 @@ class RL:
                 todo.append((len(out) - 1, s, view))
         if todo:
             conf = self.confidences([v for _, _, v in todo], [s for _, s, _ in todo])
-            k, texts = self.cfg.reeval_rollouts, None
+            k, texts = self.reeval_rollouts(), None
             if self.cfg.assess == "accuracy":
                 texts = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k).texts
             for n, ((i, s, _), c) in enumerate(zip(todo, conf)):
                 acc = self.accuracy(texts[n * k:(n + 1) * k], s) if texts is not None else None
                 out[i] = self.assess(c, acc).difficulty
         return out
+
+    def reeval_rollouts(self):
+        """Rollouts per buffered sample when the accuracy rule re-assesses it: reeval_rollouts, 0 meaning G
+        (the same estimate as its first assessment); the verdict rule needs none (one forward)."""
+        return self.cfg.reeval_rollouts or self.cfg.group_size
 
     def record(self, items, selected, loss_stats, n_rows, *, missing=0, promoted=0, evicted=0, extra=None):
         """This rank's sums and counts (`key_sum`, `key_n`) of the step, reduced over ranks by
@@ -1002,6 +1027,8 @@ def run_rl(run, state, ckpt, per_rank):
                                                               "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
             run.checkpoint(state, rl.optim, {"rl": rl.state()})
+        if cfg.snapshot_every and state["step"] % cfg.snapshot_every == 0 and state["step"] < cfg.rl_steps:
+            run.save_model(run.out / "snapshots" / f"step_{state['step']}")
         if run.killed() and state["step"] < cfg.rl_steps:
             return None
     run.log.close_bar()

@@ -305,7 +305,8 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
 def test_promotions_leave_the_fresh_draws_and_their_specs_aligned_across_modes(assets, tmp_path, monkeypatch):
     """The k-th fresh sample of a run gets the same video and the same corruption spec in every mode: a promoted
     sample comes back with its stored spec and draws none (rova draws fewer fresh samples per step, not others).
-    Every sample is deferred here (a_min above 1) and every re-evaluation promotes (reeval_period 1)."""
+    Every sample is deferred here (the accuracy rule, a_min above 1) and every re-evaluation promotes
+    (reeval_period 1), except the last step's: no step would be left to train what it promotes."""
     fresh, real = [], train.RL.corrupt_videos
 
     def corrupt_videos(self, todo, spec_rng):
@@ -318,13 +319,52 @@ def test_promotions_leave_the_fresh_draws_and_their_specs_aligned_across_modes(a
     for mode in ("dual", "rova"):
         fresh.clear()
         out = tmp_path / mode
-        train.main(args(assets, out, "--mode", mode, "--rl-steps", "3", "--reeval-period", "1", "--a-min", "1.5"))
+        train.main(args(assets, out, "--mode", mode, "--rl-steps", "3", "--reeval-period", "1", "--a-min", "1.5"),
+                   assess="accuracy")
         draws[mode] = list(fresh)
         if mode == "rova":
-            assert sum(r["promoted"] for r in records(out)) > 0 and sum(r["selected"] for r in records(out)) > 0
-            # the last step's re-evaluation promotes what no step is left to train: counted, not hidden
-            assert json.loads((out / "summary.json").read_text())["promotions_untrained"] == 2
+            recs = records(out)
+            assert [r["promoted"] for r in recs] == [2, 0, 0] and [r["promoted_trained"] for r in recs] == [0, 2, 0]
+            assert json.loads((out / "summary.json").read_text())["promotions_untrained"] == 0
     assert len(draws["rova"]) < len(draws["dual"]) and draws["rova"] == draws["dual"][:len(draws["rova"])]
+
+
+def test_the_accuracy_rule_re_assesses_with_g_rollouts(assets, tmp_path, monkeypatch):
+    """assess=accuracy: a buffered sample is re-assessed from G perturbed rollouts (reeval_rollouts 0), the
+    same estimate as its first assessment, not from 2."""
+    ns, real = [], train.RL._rollout
+    monkeypatch.setattr(train.RL, "_rollout", lambda self, samples, views, n: ns.append(n) or real(self, samples,
+                                                                                                   views, n))
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--a-min", "1.5", "--group-size", "3"),
+               assess="accuracy")
+    assert ns == [[3] * 4, 3, [3] * 4]   # step 1: both branches of 2 videos; its re-evaluation, 3 each; step 2 (the last: no re-evaluation)
+
+
+def test_alg2_literal_order_trains_every_fresh_sample_then_assesses_it(assets, tmp_path, monkeypatch):
+    """assess_after_update (Alg. 2 as printed): l.5's GRPO step on every fresh sample, then l.6's
+    self-assessment by the updated policy, which only fills the buffer; the per-category counts add up."""
+    order, update, conf = [], train.RL.update, train.RL.confidences
+    monkeypatch.setattr(train.RL, "update", lambda self, *a: order.append("update") or update(self, *a))
+    monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: order.append("assess")
+                        or [0.2] * len(samples))   # NO: difficult
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "5"), assess_after_update=True)
+    recs = records(out)
+    assert order == ["update", "assess"] * 2
+    assert [(r["rho"], r["defer_rate"], r["buffer_size"]) for r in recs] == [(1.0, 1.0, 2), (1.0, 1.0, 4)]
+    for r in recs:
+        cats = ("lighting", "occlusion", "camera", "weather")
+        for key, total in (("samples", "samples"), ("trained", "selected"), ("deferred", "deferred")):
+            assert sum(r[f"cat_{c}_{key}"] for c in cats) == r[total]
+
+
+def test_snapshots_hold_the_weights_part_way(assets, tmp_path):
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "grpo", "--rl-steps", "3"), snapshot_every=1)
+    assert sorted(p.name for p in (out / "snapshots").iterdir()) == ["step_1", "step_2"]
+    policy.load_policy(str(out / "snapshots" / "step_2"), dtype=torch.float32)   # a model folder, as final/ is
+    assert set(weights(out / "snapshots" / "step_1")) == set(weights(out / "final"))
 
 
 def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(assets, tmp_path):

@@ -98,8 +98,8 @@ def _records(out):
 
 def test_embodied_r_plus_rova_perceives_both_branches_and_trains(assets, tmp_path, scripted):
     out = tmp_path / "rova"
-    er.main(_args(assets, out, "--mode", "rova", "--a-min", "0", "--set", "unanswerable_below=0", "--sft-epochs",
-                  "0.5", "--sft-batch-size", "2"))
+    er.main(_args(assets, out, "--mode", "rova", "--set", "assess=accuracy", "--a-min", "0", "--set",
+                  "unanswerable_below=0", "--sft-epochs", "0.5", "--sft-batch-size", "2"))   # every sample trained
     recs = _records(out)
     assert [r["step"] for r in recs] == [1, 2]
     assert all(r["sec_perception"] is not None for r in recs) and any(r["selected"] for r in recs)
