@@ -66,6 +66,7 @@ import video
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
 SYNTH_CLIPS = 480                       # train.py's demo_clips: both build the same benchmark
+SHARE_MIN = 4   # questions on one (video, condition) from which HFModel shares its prefill (Runner.batches)
 SYNTH_DEFAULTS = dict(frames=8, max_pixels=56 * 56, max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
 DEMO_CHECKPOINT = "runs/rova/final"
 CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
@@ -729,11 +730,20 @@ class Runner:
         return clips[(g.video_id, cond)]
 
     def batches(self, todo):
-        """The model's calls: each clip's questions in one call for a model that shares a clip's prefill
-        (HFModel.share_clips), --batch-size samples otherwise."""
+        """The model's calls: --batch-size samples each; for a model that shares a clip's prefill
+        (HFModel.share_clips), a clip with at least SHARE_MIN questions gets a call of its own, and the
+        clips with fewer are batched together (one question per clip, a call each decoded ~10x slower)."""
+        size = self.args.batch_size
         if not getattr(self.model, "share_clips", False):
-            return [todo[k:k + self.args.batch_size] for k in range(0, len(todo), self.args.batch_size)]
-        return [list(run) for _, run in itertools.groupby(todo, key=lambda t: (t[0].video_id, t[2]))]
+            return [todo[k:k + size] for k in range(0, len(todo), size)]
+        out, rest = [], []
+        for _, run in itertools.groupby(todo, key=lambda t: (t[0].video_id, t[2])):
+            run = list(run)
+            if len(run) >= SHARE_MIN:
+                out.append(run)
+            else:
+                rest.extend(run)
+        return out + [rest[k:k + size] for k in range(0, len(rest), size)]
 
     def generate(self, todo):
         if hasattr(self.model, "stream"):
