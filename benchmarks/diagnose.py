@@ -44,7 +44,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", required=True, help="policy checkpoint (the state RL starts from)")
-    a("--data", required=True, help="Video-R1 JSON of the training questions")
+    a("--data", required=True, help="Video-R1 JSON of the training questions, or a VSI-Bench-format .jsonl (the "
+      "synthetic benchmark's held-out eval.jsonl, its videos in videos/ beside it)")
     a("--samples", type=int, default=96, help="training questions measured")
     a("--seed", type=int, default=0)
     a("--json", default="", help="also write the figures to this JSON file")
@@ -84,7 +85,10 @@ def measure(args):
     torch.manual_seed(args.seed)
     model, processor = policy.load_policy(args.model, device="cpu")
     model.eval()
-    samples, _ = data.load_video_r1(args.data)
+    if args.data.endswith(".jsonl"):
+        samples, _ = data.load_vsibench(args.data, Path(args.data).parent / "videos")
+    else:
+        samples, _ = data.load_video_r1(args.data)
     order = np.random.default_rng(args.seed).permutation(len(samples))[:args.samples]
     spec_rng = np.random.default_rng([args.seed, 0, 0xC0DE])
     judge = judges.make_judge(args.judge)
@@ -115,7 +119,8 @@ def measure(args):
                                    unanswerable_below=args.unanswerable_below)
             groups.append(dict(category=perturb.CATEGORY_OF[spec.subtype], subtype=spec.subtype, acc_clean=acc_c,
                                acc_pert=comp["accuracy"], r_align=comp["alignment"], base=base, total=rew,
-                               c=conf[k], decision=a.decision))
+                               c=conf[k], decision=a.decision,
+                               verdict=buffer.self_assess_verdict(conf[k], tau=args.tau).decision))
         print(f"{len(groups)}/{len(order)} samples", flush=True)
     return groups
 
@@ -150,6 +155,11 @@ def summarise(groups, args):
     deferred = [g for g in groups if g["decision"] == "defer"]
     out["deferred_mixed"] = share(varies(g["acc_pert"]) for g in deferred)
     out["deferred_any_right"] = share(max(g["acc_pert"]) > 0 for g in deferred)
+    verdicts = [g["verdict"] for g in groups]   # App. C.2's rule (train.py's default) on the same groups
+    out["curriculum_verdict"] = {d: verdicts.count(d) / len(verdicts) for d in ("train", "defer", "discard")}
+    for d in ("train", "defer", "discard"):
+        mine = [np.mean(g["acc_pert"]) for g in groups if g["verdict"] == d]
+        out["curriculum_verdict"][f"acc_pert_{d}"] = statistics.fmean(mine) if mine else None
     cs = [g["c"] for g in groups]
     out["c_mean"], out["c_min"], out["c_max"] = statistics.fmean(cs), min(cs), max(cs)
     out["corr_c_acc_pert"] = corr(cs, [np.mean(g["acc_pert"]) for g in groups])
@@ -172,11 +182,16 @@ def report(d):
               f"within {f(d['align_varies_when_acc_constant'])} of the accuracy-constant ones; within-group "
               f"corr(r^A, r^Acc) = {f(d['corr_align_acc_within'])}; corr(advantages with r^A, without) = "
               f"{f(d['corr_adv_with_without_align'])}",
-              f"  curriculum: train {f(d['curriculum']['train'])}, defer {f(d['curriculum']['defer'])}, discard "
-              f"{f(d['curriculum']['discard'])}; of the deferred, mixed {f(d['deferred_mixed'])}, any rollout right "
-              f"{f(d['deferred_any_right'])}",
-              f"  answerability c: mean {f(d['c_mean'])} (min {f(d['c_min'])}, max {f(d['c_max'])}), "
-              f"corr(c, corrupted accuracy) = {f(d['corr_c_acc_pert'])}"]
+              f"  curriculum (accuracy rule): train {f(d['curriculum']['train'])}, defer {f(d['curriculum']['defer'])}, "
+              f"discard {f(d['curriculum']['discard'])}; of the deferred, mixed {f(d['deferred_mixed'])}, any rollout "
+              f"right {f(d['deferred_any_right'])}"]
+    v = d.get("curriculum_verdict")
+    if v:
+        lines.append(f"  curriculum (verdict rule, App. C.2): train {f(v['train'])} (corrupted accuracy "
+                     f"{f(v['acc_pert_train'])}), defer {f(v['defer'])} ({f(v['acc_pert_defer'])}), discard "
+                     f"{f(v['discard'])} ({f(v['acc_pert_discard'])})")
+    lines.append(f"  answerability c: mean {f(d['c_mean'])} (min {f(d['c_min'])}, max {f(d['c_max'])}), "
+                 f"corr(c, corrupted accuracy) = {f(d['corr_c_acc_pert'])}")
     return "\n".join(lines)
 
 
