@@ -28,7 +28,10 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
     text = results.read_text()
     assert text.startswith("# Results\n\nhand-written discussion\n") and text.rstrip().endswith("tail")
     assert "\nold\n" not in text
-    for row in ("| SFT checkpoint", "| + grpo-aug |", "| + rova |", "rova_over_grpo=", "rova_over_dual="):
+    for row in ("| SFT checkpoint", "| + grpo-aug |", "| + rova |", "rova_over_grpo=", "rova_over_dual=",
+                "### RL budget", "| 0.0001 (chosen) |", "### At equal trained completions", "| + rova (end) |",
+                "### The paper's claims, seed by seed", "ROVA's Avg. above GRPO on corrupted clips",
+                "### The curriculum per corruption category", "| rova | "):
         assert row in text, row
     bench = json.loads((tmp_path / "r" / "bench_step.json").read_text())
     assert set(bench["modes"]) == {"grpo", "dual", "rova"}
@@ -37,11 +40,32 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
         assert r["components"]["rollout"] > 0  # both branches in one generation call
     assert bench["rova_over_grpo"] == bench["modes"]["rova"]["sec_per_step"] / bench["modes"]["grpo"]["sec_per_step"]
     timings = json.loads((tmp_path / "r" / "timings.json").read_text())
-    assert set(timings) == {"sft", "rl-grpo-aug-s0", "rl-rova-s0", "eval-sft", "eval-grpo-aug-s0", "eval-rova-s0",
-                            "bench-step", "diagnose"}
+    equal = [k for k in timings if k.startswith("eval-grpo-aug-s0-at")]   # the snapshot at rova's completions
+    assert len(equal) == 1 and equal[0][len("eval-grpo-aug-s0-at"):] in ("1", "2")
+    assert set(timings) - set(equal) == {"sft", "eval-sft", "rl-budget-lr0.0001", "eval-budget-lr0.0001",
+                                         "rl-grpo-aug-s0", "rl-rova-s0", "eval-grpo-aug-s0", "eval-rova-s0",
+                                         "bench-step", "diagnose"}
+    budget = lines_of(tmp_path / "r" / "eval" / "budget-lr0.0001")
+    assert budget == {"clean"}   # the budget stage evaluates clean videos only
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done already, skipped") == len(timings)
     assert json.loads((tmp_path / "r" / "timings.json").read_text()) == timings
+
+
+def lines_of(folder):
+    """The conditions of an evaluation's stored samples."""
+    return {json.loads(x)["condition"] for f in folder.glob("run_*/samples_*.jsonl") for x in f.read_text().splitlines()}
+
+
+def test_paired_claims_follow_the_stated_rule():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+    assert reproduce.paired([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])[1] == "holds"
+    assert reproduce.paired([0.5, 0.6, 0.3], [0.4, 0.5, 0.35])[1] == "mixed"        # +.1, +.1, -.05
+    assert reproduce.paired([0.4, 0.6], [0.5, 0.55])[1] == "does not hold"          # -.1, +.05
+    diff, verdict = reproduce.paired([None, 0.2], [0.1, 0.1])
+    assert verdict == "holds" and diff.startswith("+0.100 ± 0.000")                 # a missing seed is left out
+    assert reproduce.paired([], []) == ("–", "not measured")
 
 
 def test_diagnose_within_group_correlation_by_hand():
