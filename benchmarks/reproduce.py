@@ -122,19 +122,25 @@ def parse_args(argv=None):
         args.lr = args.rl["lr"] if args.lr is None else args.lr
     args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
     args.lrs = [float(x) for x in str(args.lrs).split(",") if x.strip()]
+    args.rows = parse_rows(ap, args)
+    return args
+
+
+def parse_rows(ap, args):
+    """--modes (rows of ROWS) and --variant (extra rows) -> {label: (train.py mode, extra flags)}."""
     modes = args.modes or ",".join(MODES if args.policy == "text" else ROWS)
     args.modes = [m.strip() for m in modes.split(",") if m.strip()]
     bad = set(args.modes) - set(ROWS)
     if bad:
         ap.error(f"unknown rows {sorted(bad)}; choose from {', '.join(ROWS)}")
-    args.rows = {m: ROWS[m] for m in args.modes}
+    rows = {m: ROWS[m] for m in args.modes}
     for v in args.variant:
         label, _, spec = v.partition("=")
         words = spec.split()
-        if not label or not words or words[0] not in MODES or label in args.rows:
+        if not label or not words or words[0] not in MODES or label in rows:
             ap.error(f"--variant wants NAME='MODE [train.py flags]' with a new NAME and a mode of {MODES}, got {v!r}")
-        args.rows[label] = (words[0], words[1:])
-    return args
+        rows[label] = (words[0], words[1:])
+    return rows
 
 
 # train.py's settings without a flag of their own go through --set NAME=VALUE
