@@ -125,7 +125,7 @@ def self_assess_verdict(p_yes, *, tau: float = 0.8, yes_at: float = 0.5) -> Asse
     return Assessment(d, c, decision, None, None)
 
 
-ASSESS_RULES = ("accuracy", "verdict")   # train.py's `assess`: self_assess (default for now) or self_assess_verdict
+ASSESS_RULES = ("accuracy", "verdict")   # train.py's `assess`: self_assess (the default) or self_assess_verdict
 
 
 YES_WORDS = ("YES", "Yes", "yes", " YES", " Yes", " yes")

@@ -156,9 +156,10 @@ class Config:
     answerability_epochs: float = _arg(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
                                        "training clip, clean and corrupted, the target YES where the SFT model's "
                                        "greedy answer on that clip is right, else NO (0: none)")
-    assess: str = _arg("verdict", "Eq. 3's rule (--mode rova): verdict (App. C.2: Fig. 10's verdict alone; NO -> "
-                       "defer, YES with c > tau -> discard, else train) or accuracy (the rollouts' accuracy against "
-                       "the ground truth, a_min / a_max, the answerability verdict a veto)")
+    assess: str = _arg("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
+                       "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
+                       "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
+                       "defer, YES with c > tau -> discard, else train)")
     assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
                                      "before the self-assessment (l.6), which then only fills the buffer; default "
                                      "App. G's order (assessed first, only the selected trained)")
@@ -180,8 +181,8 @@ class Config:
 
 # The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. These replace the
 # defaults above (flags given on the command line still win). The tiny model is taught Fig. 10's
-# answerability question after its task SFT (answerability_epochs), so that App. C.2's verdict has
-# something to read; the accuracy rule's veto (unanswerable_below) stays off.
+# answerability question after its task SFT (answerability_epochs), so that its confidence c means
+# something (tau's discard of easy samples); its verdict does not also veto (unanswerable_below 0).
 DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sft_lr=3e-3, lr=1e-4, rl_steps=100,
             batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0,
             answerability_epochs=1.0, video_cache=4096, eval_limit=120, micro_batch_size=0)

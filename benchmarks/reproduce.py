@@ -1,7 +1,7 @@
 """The paper's claims at CPU scale (Table 2, 3, 13, 14), version 2: an RL budget in which standard GRPO
-measurably learns, then standard GRPO, GRPO on corrupted clips, naive dual-branch, ROVA with App. C.2's
-self-assessment and with the accuracy rule, and the ablations that explain them, trained from one SFT
-checkpoint over several seeds, each evaluated on PVRBench (static protocol) of the synthetic benchmark;
+measurably learns, then standard GRPO, GRPO on corrupted clips, naive dual-branch, ROVA with its
+self-assessment by the accuracy rule (Sec. 3.2) and by App. C.2's verdict, and the ablations that explain
+them, trained from one SFT checkpoint over several seeds, each evaluated on PVRBench (static protocol) of the synthetic benchmark;
 then the step-cost benchmark and the per-claim verdicts.
 
     python benchmarks/reproduce.py                 # about 100 minutes on a 2-core laptop; writes docs/RESULTS.md
@@ -66,8 +66,8 @@ ROWS = {
     "grpo": ("grpo", []),
     "grpo-aug": ("grpo-aug", []),
     "dual": ("dual", []),
-    "rova": ("rova", []),                                                       # App. C.2's verdict (default)
-    "rova-accuracy": ("rova", ["--set", "assess=accuracy"]),                    # rollouts' accuracy, a_min / a_max
+    "rova": ("rova", []),                                                       # Sec. 3.2's accuracy rule (default)
+    "rova-verdict": ("rova", ["--set", "assess=verdict"]),                      # App. C.2's YES / NO alone
     "rova+temporal": ("rova", ["--set", "temporal_corruption=1"]),              # Eq. 2 with its frame permutation
     "rova+tgrpo": ("rova", ["--temporal-grpo", "4"]),                           # T-GRPO's G~ = 4 (App. D)
     "rova-alg2-order": ("rova", ["--set", "assess_after_update=true"]),         # Alg. 2 l.5 before l.6

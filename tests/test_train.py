@@ -349,7 +349,7 @@ def test_alg2_literal_order_trains_every_fresh_sample_then_assesses_it(assets, t
     monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: order.append("assess")
                         or [0.2] * len(samples))   # NO: difficult
     out = tmp_path / "out"
-    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "5"), assess_after_update=True)
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "5"), assess_after_update=True, assess="verdict")
     recs = records(out)
     assert order == ["update", "assess"] * 2
     assert [(r["rho"], r["defer_rate"], r["buffer_size"]) for r in recs] == [(1.0, 1.0, 2), (1.0, 1.0, 4)]
