@@ -191,7 +191,7 @@ MODES = ("rova", "dual", "grpo", "grpo-aug")
 NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
                    "video_cache", "max_bad_fraction", "judge_cache", "perception_cache")
 RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
-RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # the demo's tiny/ and synthetic/ are kept
+RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
 
 def parse_args(argv=None, ext=None, settings=None) -> Config:
@@ -648,8 +648,9 @@ class RL:
         with parallel.gathered(self.model):  # every rank enters (FSDP2's all-gather), each re-evaluates its own
             if not due:
                 return 0, 0
-            up, out = self.buffer.reevaluate(assess_batch=self.assess_entries, batch_size=max(
-                1, self.cfg.batch_size * self.cfg.group_size // self.reeval_rollouts()))
+            per_entry = self.reeval_rollouts() if self.cfg.assess == "accuracy" else 1   # sequences per entry
+            up, out = self.buffer.reevaluate(assess_batch=self.assess_entries,
+                                             batch_size=max(1, self.cfg.batch_size * self.cfg.group_size // per_entry))
         self.queue.extend((e.sample_id, e.spec) for e in up)
         return len(up), len(out)
 
@@ -677,7 +678,7 @@ class RL:
 
     def reeval_rollouts(self):
         """Rollouts per buffered sample when the accuracy rule re-assesses it: reeval_rollouts, 0 meaning G
-        (the same estimate as its first assessment); the verdict rule needs none (one forward)."""
+        (the same estimate as its first assessment); the verdict rule needs none (one forward per entry)."""
         return self.cfg.reeval_rollouts or self.cfg.group_size
 
     def record(self, items, selected, loss_stats, n_rows, *, missing=0, promoted=0, evicted=0, extra=None):

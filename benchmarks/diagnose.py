@@ -155,7 +155,7 @@ def summarise(groups, args):
     deferred = [g for g in groups if g["decision"] == "defer"]
     out["deferred_mixed"] = share(varies(g["acc_pert"]) for g in deferred)
     out["deferred_any_right"] = share(max(g["acc_pert"]) > 0 for g in deferred)
-    verdicts = [g["verdict"] for g in groups]   # App. C.2's rule (train.py's default) on the same groups
+    verdicts = [g["verdict"] for g in groups]   # App. C.2's rule (train.py --set assess=verdict), same groups
     out["curriculum_verdict"] = {d: verdicts.count(d) / len(verdicts) for d in ("train", "defer", "discard")}
     for d in ("train", "defer", "discard"):
         mine = [np.mean(g["acc_pert"]) for g in groups if g["verdict"] == d]
@@ -182,8 +182,8 @@ def report(d):
               f"within {f(d['align_varies_when_acc_constant'])} of the accuracy-constant ones; within-group "
               f"corr(r^A, r^Acc) = {f(d['corr_align_acc_within'])}; corr(advantages with r^A, without) = "
               f"{f(d['corr_adv_with_without_align'])}",
-              f"  curriculum (accuracy rule): train {f(d['curriculum']['train'])}, defer {f(d['curriculum']['defer'])}, "
-              f"discard {f(d['curriculum']['discard'])}; of the deferred, mixed {f(d['deferred_mixed'])}, any rollout "
+              f"  curriculum (accuracy rule): train {f(d['curriculum']['train'])}, defer "
+              f"{f(d['curriculum']['defer'])}, discard {f(d['curriculum']['discard'])}; of the deferred, mixed {f(d['deferred_mixed'])}, any rollout "
               f"right {f(d['deferred_any_right'])}"]
     v = d.get("curriculum_verdict")
     if v:

@@ -1,8 +1,8 @@
 """The paper's claims at CPU scale (Table 2, 3, 13, 14), version 2: an RL budget in which standard GRPO
 measurably learns, then standard GRPO, GRPO on corrupted clips, naive dual-branch, ROVA with its
 self-assessment by the accuracy rule (Sec. 3.2) and by App. C.2's verdict, and the ablations that explain
-them, trained from one SFT checkpoint over several seeds, each evaluated on PVRBench (static protocol) of the synthetic benchmark;
-then the step-cost benchmark and the per-claim verdicts.
+them, trained from one SFT checkpoint over several seeds, each evaluated on PVRBench (static protocol)
+of the synthetic benchmark; then the step-cost benchmark and the per-claim verdicts.
 
     python benchmarks/reproduce.py                 # about 100 minutes on a 2-core laptop; writes docs/RESULTS.md
     python benchmarks/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md   # a few minutes' check
@@ -459,7 +459,8 @@ class Tables:
             return []
         by = {}
         for name, (row, seed, step, target) in self.r.equal.items():
-            by.setdefault(row, []).append((seed, step, target, accuracy_row(latest_results(self.r.out / "eval" / name))))
+            res = accuracy_row(latest_results(self.r.out / "eval" / name))
+            by.setdefault(row, []).append((seed, step, target, res))
         L = ["", "### At equal trained completions", "",
              "Each mode without a curriculum evaluated at its weights snapshot nearest to the completions `rova` "
              "trained on in the same seed (selected samples x G over its run; snapshots every "

@@ -338,13 +338,14 @@ def test_the_accuracy_rule_re_assesses_with_g_rollouts(assets, tmp_path, monkeyp
     out = tmp_path / "out"
     train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--a-min", "1.5", "--group-size", "3"),
                assess="accuracy")
-    assert ns == [[3] * 4, 3, [3] * 4]   # step 1: both branches of 2 videos; its re-evaluation, 3 each; step 2 (the last: no re-evaluation)
+    # step 1: both branches of 2 videos; its re-evaluation, 3 each; step 2 (the last: no re-evaluation)
+    assert ns == [[3] * 4, 3, [3] * 4]
 
 
 def test_alg2_literal_order_trains_every_fresh_sample_then_assesses_it(assets, tmp_path, monkeypatch):
     """assess_after_update (Alg. 2 as printed): l.5's GRPO step on every fresh sample, then l.6's
     self-assessment by the updated policy, which only fills the buffer; the per-category counts add up."""
-    order, update, conf = [], train.RL.update, train.RL.confidences
+    order, update = [], train.RL.update
     monkeypatch.setattr(train.RL, "update", lambda self, *a: order.append("update") or update(self, *a))
     monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: order.append("assess")
                         or [0.2] * len(samples))   # NO: difficult
