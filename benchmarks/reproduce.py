@@ -270,7 +270,7 @@ class Reproduction:
             for row in (r for r in COMPARED if r in self.args.rows):
                 run = self.runs[f"{row}-s{seed}"][2]
                 recs = rl_records(run)
-                per_step = trained_completions(run) / max(1, len(recs))
+                per_step = trained_completions(run, recs) / max(1, len(recs))
                 step = min(len(recs), max(every, every * round(target / per_step / every)))
                 model = run / "final" if step >= len(recs) else run / "snapshots" / f"step_{step}"
                 name = f"{row}-s{seed}-at{step}"
@@ -300,7 +300,7 @@ def main(argv=None):
     args = parse_args(argv)
     r = Reproduction(args)
     r.train_sft()
-    r.lr = r.choose_budget() if not r.text else args.lr
+    r.lr = r.choose_budget()   # (--policy text: --lr or the demo's; parse_args sets it)
     r.train_rows(r.lr)
     r.equal_completions()
     if not r.text:  # bench_step / diagnose measure the VLM's step
@@ -352,10 +352,11 @@ def first_last(recs, key):
     return mean_sd([r.get(key) for r in recs[:q]])[0], mean_sd([r.get(key) for r in recs[-q:]])[0]
 
 
-def trained_completions(run):
-    """The completions a run's GRPO updates were computed on: selected samples x G, summed over its steps."""
+def trained_completions(run, recs=None):
+    """The completions a run's GRPO updates were computed on: selected samples x G, summed over its steps
+    (`recs`: its RL records, if already read)."""
     g = json.loads((run / "summary.json").read_text())["config"]["group_size"]
-    return sum(r.get("selected", 0) for r in rl_records(run)) * g
+    return sum(r.get("selected", 0) for r in (rl_records(run) if recs is None else recs)) * g
 
 
 def training_stats(run):
@@ -371,7 +372,7 @@ def training_stats(run):
             "r_alignment": avg("r_alignment", recs), "sim_a": avg("sim_a", recs), "sim_r": avg("sim_r", recs),
             "rho": avg("rho", recs), "defer": avg("defer_rate", recs), "discard": avg("discard_rate", recs),
             "clip": avg("clip_fraction", recs), "sec_step": avg("sec_step", recs), "steps": len(recs),
-            "completions": trained_completions(run), "categories": category_rates(recs)}
+            "completions": trained_completions(run, recs), "categories": category_rates(recs)}
 
 
 def category_rates(recs):
