@@ -68,6 +68,17 @@ def test_paired_claims_follow_the_stated_rule():
     assert reproduce.paired([], []) == ("–", "not measured")
 
 
+def test_paired_gain_by_hand():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+    before = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.5}
+    after = {"a": 1.0, "b": 1.0, "c": 0.0, "e": 1.0}   # d unscored after, e unscored before: both left out
+    g, se, n = reproduce.paired_gain(after, before)
+    # differences (0, 1, 0): mean 1/3, sd sqrt(((1/3)^2 * 2 + (2/3)^2) / 2) = sqrt(1/3), SE sqrt(1/3) / sqrt(3) = 1/3
+    assert n == 3 and abs(g - 1 / 3) < 1e-12 and abs(se - 1 / 3) < 1e-12
+    assert reproduce.paired_gain({"a": 1.0}, {"a": 0.0}) == (None, None, 1)
+
+
 def test_diagnose_within_group_correlation_by_hand():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import diagnose
