@@ -165,7 +165,9 @@ def flags(d):
 
 
 class Stages:
-    """Runs commands, skipping those whose output exists; keeps wall times across resumed runs."""
+    """Runs commands, skipping those whose output exists; keeps wall times across resumed runs, and across
+    reproduce.py processes that share OUT with disjoint --seeds (the second with --lr, so that only the
+    first runs the budget stage)."""
 
     def __init__(self, out):
         self.out = out
@@ -185,9 +187,14 @@ class Stages:
             rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT).returncode
         if rc != 0 or not done():
             raise SystemExit(f"[{name}] failed (exit {rc}); see {self.out / 'logs' / (name + '.log')}")
-        self.timings[name] = self.timings.get(name, 0.0) + time.time() - t0
-        self.timings_path.write_text(json.dumps(self.timings, indent=1))
-        print(f"[{name}] {self.timings[name]:.0f} s", flush=True)
+        seconds = self.timings.get(name, 0.0) + time.time() - t0
+        # read again before writing: another reproduce.py on the same OUT (other --seeds) may have added stages
+        self.timings = json.loads(self.timings_path.read_text()) if self.timings_path.is_file() else {}
+        self.timings[name] = seconds
+        tmp = self.timings_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.timings, indent=1))
+        tmp.replace(self.timings_path)
+        print(f"[{name}] {seconds:.0f} s", flush=True)
 
     def report(self):
         """The "Commands and wall time" section of a results file: each stage's seconds, then the commands."""

@@ -68,6 +68,20 @@ def test_paired_claims_follow_the_stated_rule():
     assert reproduce.paired([], []) == ("–", "not measured")
 
 
+def test_stages_keep_the_timings_of_another_process(tmp_path):
+    """Two reproduce.py processes on one OUT (disjoint --seeds): a stage's time is added to the file as it is
+    now, not to the copy read at start, so neither loses the other's stages."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+    (tmp_path / "logs").mkdir()
+    st = reproduce.Stages(tmp_path)
+    (tmp_path / "timings.json").write_text(json.dumps({"rl-grpo-s1": 5.0}))   # the other process's stage
+    done = tmp_path / "done"
+    st.run("mine", [sys.executable, "-c", f"open({str(done)!r}, 'w')"], done.is_file)
+    timings = json.loads((tmp_path / "timings.json").read_text())
+    assert set(timings) == {"rl-grpo-s1", "mine"} and timings["rl-grpo-s1"] == 5.0 and timings["mine"] > 0
+
+
 def test_paired_gain_by_hand():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce
