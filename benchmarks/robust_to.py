@@ -5,7 +5,7 @@ corrupted videos (`python -m extensions.robust_to.eval --protocol robust-to --as
 scores rank the corruption of each frame.
 
     python benchmarks/reproduce.py              # first: the SFT checkpoint and the direct runs (runs/reproduce)
-    python benchmarks/robust_to.py              # then this, about 45 minutes on a 2-core laptop
+    python benchmarks/robust_to.py              # then this, about 45 minutes on 2 cores at --rl-steps 100 (~2 h at 300)
     python benchmarks/robust_to.py --smoke --from /tmp/r --out /tmp/rt --results /tmp/rt/RESULTS.md
 
 Stages, each one of the project's own commands run as a subprocess, skipped when its output exists
@@ -42,8 +42,9 @@ from extensions.robust_to import eval as rt_eval  # noqa: E402  (ROBUST_TO_COLUM
 
 COLUMNS = rt_eval.ROBUST_TO_COLUMNS
 BEGIN, END = "<!-- robust-to:begin -->", "<!-- robust-to:end -->"
-# The agent's training, on reproduce.py's RL settings (train.DEMO) so it gets what the direct runs got.
-AGENT_FLAGS = dict(reproduce.RL_FLAGS, synthesis_tokens=160)
+# The agent's training, on reproduce.py's RL settings (train.DEMO's, and its steps) so it gets what the direct
+# runs got.
+AGENT_FLAGS = dict(reproduce.RL_FLAGS, rl_steps=reproduce.VLM["rl_steps"], synthesis_tokens=160)
 for _k in ("reeval_period", "unanswerable_below"):  # ROVA's memory and curriculum flags: not the agent's
     AGENT_FLAGS.pop(_k)
 # The warm-up: train.DEMO's SFT epochs and batch, at a third of its learning rate (it starts from a trained
