@@ -5,7 +5,7 @@ corrupted videos (`python -m extensions.robust_to.eval --protocol robust-to --as
 scores rank the corruption of each frame.
 
     python benchmarks/reproduce.py              # first: the SFT checkpoint and the direct runs (runs/reproduce)
-    python benchmarks/robust_to.py              # then this, about 45 minutes on 2 cores at --rl-steps 100 (its results; the default 300 takes longer)
+    python benchmarks/robust_to.py              # then this: ~45 min on 2 cores at --rl-steps 100 (longer at 300)
     python benchmarks/robust_to.py --smoke --from /tmp/r --out /tmp/rt --results /tmp/rt/RESULTS.md
 
 Stages, each one of the project's own commands run as a subprocess, skipped when its output exists
