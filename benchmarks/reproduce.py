@@ -238,7 +238,7 @@ class Reproduction:
                       if self.text else [])
         self.trainer = [self.py, "-m", "extensions.embodied_r.train"] if self.text else [self.py, "train.py"]
         self.runs = {}     # name -> (row, seed, run folder)
-        self.budget = {}   # lr -> (run folder, held-out clean accuracy)
+        self.budget = {}   # lr -> (run folder, results, held-out clean scores: doc_id -> score)
         self.equal = {}    # name -> (row, seed, step, rova's trained completions)
 
     def train_sft(self):
@@ -278,10 +278,10 @@ class Reproduction:
         for lr in args.lrs:
             run = self.out / "runs" / f"budget-lr{lr:g}"
             self.train(f"budget-lr{lr:g}", "grpo", 0, run, dict(args.rl, lr=lr))
-            self.evaluate(f"budget-lr{lr:g}", run / "final", subtypes="none")
-            scores = clean_scores(self.out / "eval" / f"budget-lr{lr:g}")
-            self.budget[lr] = (run, statistics.fmean(scores.values()))
-        return max(sorted(self.budget), key=lambda lr: self.budget[lr][1])  # ties: the smaller (max keeps the first)
+            res = self.evaluate(f"budget-lr{lr:g}", run / "final", subtypes="none")
+            self.budget[lr] = (run, res, clean_scores(self.out / "eval" / f"budget-lr{lr:g}"))
+        pooled = {lr: statistics.fmean(scores.values()) for lr, (_, _, scores) in self.budget.items()}
+        return max(sorted(pooled), key=pooled.get)  # ties: the smaller (max keeps the first)
 
     def train_rows(self, lr):
         args = self.args
@@ -475,12 +475,11 @@ class Tables:
              "GRPO measurably learns where its paired gain over the SFT checkpoint (the same questions) exceeds "
              "twice its standard error.", "",
              "| lr | pooled | paired gain vs SFT ± SE (questions) | measured | Orig. |", "|---|---|---|---|---|"]
-        for lr, (run, acc) in sorted(self.r.budget.items()):
-            name = f"budget-lr{lr:g}"
-            g, se, n = paired_gain(clean_scores(self.r.out / "eval" / name), sft)
+        for lr, (_, res, scores) in sorted(self.r.budget.items()):
+            g, se, n = paired_gain(scores, sft)
             gain, yes = ("–", "–") if g is None else (f"{g:+.3f} ± {se:.3f} ({n})", "yes" if g > 2 * se else "no")
-            L.append(f"| {lr:g}{' (chosen)' if lr == self.r.lr else ''} | {acc:.3f} | {gain} | {yes} | "
-                     f"{latest_results(self.r.out / 'eval' / name)['results']['pvrbench']['accuracy']['orig']:.3f} |")
+            L.append(f"| {lr:g}{' (chosen)' if lr == self.r.lr else ''} | {statistics.fmean(scores.values()):.3f} | "
+                     f"{gain} | {yes} | {res['results']['pvrbench']['accuracy']['orig']:.3f} |")
         return L + [""]
 
     def accuracy(self):
