@@ -10,11 +10,14 @@ category and the five reasoning-quality metrics), on the sources of App. B.1 (VS
 
 Static protocol (Sec. 4). Each (video, subtype) gets one fixed spec, perturb.static_spec(video id, subtype, eta),
 seeded by SHA-256 of the video's identity (data.video_identity): every question on that video under that
-subtype sees the same corrupted clip, which the manifest (video id, subtype, spec, questions) and the clean
-frames alone regenerate (the depth proxy throughout). Conditions: "clean" and the chosen subtypes (Table 8);
-`--assign all`: every question under every subtype; `--assign cycle` (default): every question clean and under
-ONE subtype, round-robin within each task from an offset hashed from the task's name, so that every subtype
-gets an equal share (+-1) of every task and the per-category scores are not confounded by the task mix.
+subtype sees the same corrupted clip, which the manifest (video id, subtype, spec, the engine's RENDER_VERSION,
+depth, questions) and the clean frames regenerate: with the depth proxy (the default) from nothing else, with
+--depth-model NAME (depth.py: a monocular depth model, its maps cached) with the depth maps --export writes
+beside the clips. Conditions:
+"clean" and the chosen subtypes (Table 8); `--assign all`: every question under every subtype; `--assign cycle`
+(default): every question clean and under ONE subtype, round-robin within each task from an offset hashed from
+the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
+not confounded by the task mix.
 
 Scores: each source's official rules (App. B.1, data.score_sample; benchmark_score); Table 2's accuracy per
 category, Avg. (the mean of the four category columns, as in every row of Table 2), Orig. (clean) and the
@@ -58,6 +61,7 @@ import numpy as np
 
 import chat
 import data
+import depth as depths
 import judge as judges
 import perturb
 import synthetic
@@ -339,8 +343,9 @@ class Group:
     items: list   # [(sample, [conditions])]
 
 
-def make_plan(sources, subtypes, assign, eta):
-    """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs)."""
+def make_plan(sources, subtypes, assign, eta, depth="proxy"):
+    """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs; `depth`:
+    the depth source, "proxy" or depth.Source.describe())."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
         seen = Counter()
@@ -356,39 +361,56 @@ def make_plan(sources, subtypes, assign, eta):
             for sub in conds[1:]:
                 row = manifest.setdefault((src, vid, sub), {
                     "source": src, "video_id": vid, "subtype": sub,   # no local path: the same file everywhere
-                    "spec": perturb.static_spec(vid, sub, eta).to_dict(), "questions": []})
+                    "spec": perturb.static_spec(vid, sub, eta).to_dict(), "render": perturb.RENDER_VERSION,
+                    "depth": depth, "questions": []})
                 row["questions"].append(s.id)
     return list(groups.values()), list(manifest.values())
 
 
-def read_clip(group, args, read_kwargs):
-    """(frames, fps seen by the model) or a VideoError; fps: qwen-vl-utils' sample fps, or --fps.
-    read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
+def read_clip(group, args, read_kwargs, with_indices=False):
+    """(frames, fps seen by the model[, the frame indices read]) or a VideoError; fps: qwen-vl-utils' sample fps,
+    or --fps. read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
     frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels,
                                              **read_kwargs)
     if args.fps != "video":
-        return frames, float(args.fps)
-    return frames, (len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0)
+        fps = float(args.fps)
+    else:
+        fps = len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0
+    return (frames, fps, indices) if with_indices else (frames, fps)
+
+
+def export_depth(root, g, frames, indices, source):
+    """(depth for perturb.apply, the manifest's "depth") of an exported clip: "proxy", or --depth-model's maps
+    written to <video id>/depth.npy (float16 [T,H,W]: the spec, the clean frames and this file regenerate the
+    corrupted clip bit for bit, Eq. 4, without the model)."""
+    if source is None:
+        return None, "proxy"
+    d, f = source(frames, g.video_id, indices), Path(g.video_id) / "depth.npy"
+    depths.write(root / f, d)
+    return d, {**source.describe(), "file": str(f), "sha256": hashlib.sha256((root / f).read_bytes()).hexdigest()}
 
 
 def export(groups, manifest, args, read_kwargs):
-    """--export DIR: the clean and corrupted clips as mp4 (the frames the models see) plus the manifest."""
+    """--export DIR: the clean and corrupted clips as mp4 (the frames the models see), their depth maps with
+    --depth-model (export_depth), plus the manifest."""
     root, specs = Path(args.export), defaultdict(list)
+    source = depths.Source.of(args.depth_model, args.depth_cache or None)
     for row in manifest:
         specs[(row["source"], row["video_id"])].append(row)
     rows = []
     for g in groups:
         try:
-            frames, fps = read_clip(g, args, read_kwargs)
+            frames, fps, indices = read_clip(g, args, read_kwargs, with_indices=True)
         except Exception as e:  # noqa: BLE001 - recorded, never fatal
             rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
             continue
         clean = Path(g.video_id) / "clean.mp4"
         video.write_video(root / clean, frames, fps=fps)
+        d, entry = export_depth(root, g, frames, indices, source)
         for r in specs[(g.source, g.video_id)]:
             f = Path(g.video_id) / f"{r['subtype']}.mp4"
-            video.write_video(root / f, perturb.apply(frames, perturb.PerturbSpec.from_dict(r["spec"])), fps=fps)
-            rows.append(dict(r, file=str(f), clean_file=str(clean), source_video=g.path, fps=fps,
+            video.write_video(root / f, perturb.apply(frames, perturb.PerturbSpec.from_dict(r["spec"]), d), fps=fps)
+            rows.append(dict(r, file=str(f), clean_file=str(clean), source_video=g.path, fps=fps, depth=entry,
                              frames=args.frames, max_pixels=args.max_pixels))
     _write_jsonl(root / "manifest.jsonl", rows)
     print(f"exported {sum('file' in r for r in rows)} corrupted videos ({sum('error' in r for r in rows)} errors) "
@@ -570,7 +592,9 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
                 sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
                              roots.get(n, roots.get(None))] for n, p in paths.items()},
                 subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
-                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, **ext.run_key(args, spec),
+                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=perturb.RENDER_VERSION,
+                **ext.run_key(args, spec),
+                **({"depth_model": depths.model_id(args.depth_model)} if args.depth_model else {}),
                 **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
 
 
@@ -667,6 +691,8 @@ class Runner:
         from tqdm import tqdm
         self.args, self.store, self.model, self.judge, self.read_kwargs = args, store, model, judge, read_kwargs
         self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
+        self.depth = depths.Source.of(args.depth_model, args.depth_cache or None)   # None: perturb's proxy
+        self.indices = {}   # video id -> the frame indices read (the depth cache's key)
         self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
         self.judging = None   # the background judge of the last window: (thread, {"error": ...})
@@ -710,24 +736,30 @@ class Runner:
         """Each group's clean clip (frames, fps), or the reason it cannot be read; in parallel (decoding and
         resizing run in C)."""
         with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs) for g in groups]
+            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs, True) for g in groups]
         out = []
-        for r in reads:
+        for g, r in zip(groups, reads):
             try:
-                out.append(r.result())
+                frames, fps, self.indices[g.video_id] = r.result()
+                out.append((frames, fps))
             except Exception as e:  # noqa: BLE001 - recorded per sample
                 out.append(f"{type(e).__name__}: {e}")
         return out
 
     def clip(self, g, cond, clips=None):
         """(frames, fps) under a condition, kept in `clips` (the window's): a perturbed clip is rebuilt from
-        the manifest's spec (Sec. 4)."""
+        the manifest's spec (Sec. 4) and the clip's depth (clip_depth)."""
         clips = self.clips if clips is None else clips
         if (g.video_id, cond) not in clips:
             frames, fps = clips[(g.video_id, "clean")]
             spec = perturb.PerturbSpec.from_dict(self.manifest[(g.source, g.video_id, cond)]["spec"])
-            clips[(g.video_id, cond)] = (perturb.apply(frames, spec), fps)
+            clips[(g.video_id, cond)] = (perturb.apply(frames, spec, self.clip_depth(g, frames)), fps)
         return clips[(g.video_id, cond)]
+
+    def clip_depth(self, g, frames):
+        """--depth-model's depth of a clean clip (depth.Source: computed once, cached on disk; thread-safe), or
+        None: perturb's ground-plane proxy."""
+        return None if self.depth is None else self.depth(frames, g.video_id, self.indices.get(g.video_id))
 
     def batches(self, todo):
         """The model's calls: --batch-size samples each; for a model that shares a clip's prefill
@@ -901,7 +933,13 @@ def parse_args(argv=None, ext=None):
       "(round-robin within each task); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
     g("--eta", type=float, default=perturb.DEFAULT_ETA, help="perturbation intensity (App. D: 0.7)")
-    g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit")
+    g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit "
+      "(with --depth-model also each clip's depth, <video id>/depth.npy)")
+    g("--depth-model", default="", metavar="NAME", help="depth of the depth-graded corruptions from this transformers "
+      f"depth-estimation model (hub id or folder, e.g. {depths.RECOMMENDED}; depth.py); default: perturb's "
+      "ground-plane proxy")
+    g("--depth-cache", default="", metavar="DIR", help="folder of --depth-model's cached maps (default "
+      "~/.cache/rova/depth, or $XDG_CACHE_HOME/rova/depth)")
     v = ap.add_argument_group("video", "how the frames are read").add_argument
     v("--frames", type=int, default=None, help="frames per video (App. D: 32; synthetic: 8)")
     v("--max-pixels", type=int, default=None, help="pixels per frame (App. D: 256x28x28; synthetic: 56x56)")
@@ -968,11 +1006,12 @@ def main(argv=None, ext=None):
         spec, name = resolve_model(args, ext, models)
         scheme, path = split_model(spec, models)
         check_sources(args, scheme, path, ext)
+    depths.check_source(args.depth_model, args.depth_cache)   # (also for --export)
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
     subtypes = parse_subtypes(args.subtypes, args.protocol)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
     sources, reports = ext.prepare(args, sources)
-    groups, manifest = make_plan(sources, subtypes, args.assign, args.eta)
+    groups, manifest = make_plan(sources, subtypes, args.assign, args.eta, depths.describe(args.depth_model))
     if args.export:
         return export(groups, manifest, args, ext.read_kwargs(args))
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"

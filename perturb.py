@@ -20,7 +20,10 @@ Every effect is animated coherently over the frames of the clip (one animation t
 snow fall, fog drifts, shadows and occluders move on smooth paths, the camera shakes along a smooth random
 walk, light changes slowly. Nothing is re-drawn independently per frame (sensor noise excepted, as in a
 real camera). Effects are spatially aware through a depth map in [0, 1] (0 = near, 1 = far): the caller's
-true depth, or a ground-plane proxy with a sky cue.
+true depth, or a proxy (a soft sky segmentation over a ground plane whose horizon is where the sky ends),
+continuous wherever the image is: no effect shows a band or a streak at a fixed row. Occluders are painted
+procedurally (a walker with a planted-foot gait, a car), shaded by one light, in the scene's exposure, on a
+contact shadow, and out of focus by their nearness.
 
 A `PerturbSpec` (the paper's V~, Eq. 4) is a few hundred bytes of JSON; the same spec on the same frames
 gives bit-identical output in any process and in any order of calls: all randomness comes from numpy
@@ -71,6 +74,11 @@ CATEGORY_OF = {s: c for c, subs in CATEGORIES.items() for s in subs}  # + regist
 PROTOCOLS = {"pvrbench": SUBTYPES}  # + register_protocol's
 DEFAULT_ETA = 0.7  # App. D: perturbation intensity eta = 0.7
 SPEC_VERSION = 1
+# The engine's look: what a spec renders. A change that draws different pixels from the same spec bumps it, so
+# that a manifest or an evaluation store made with another look is never mixed with this one's clips
+# (eval_pvrbench.py records it per manifest row and in its run hash). 2: the image-following depth proxy, no sky
+# shadows, shaded occluders (2026-12-02).
+RENDER_VERSION = 2
 
 
 # ----------------------------------------------------------------------------- the effects registry
@@ -434,27 +442,69 @@ def _check_frames(frames):
 
 # ----------------------------------------------------------------------------- depth (spatial awareness)
 
+def _smoothstep(e0, e1, x):
+    """0 below e0, 1 above e1, a smooth (C1) cubic in between: soft thresholds, no steps."""
+    u = np.clip((np.asarray(x, np.float32) - e0) / (e1 - e0), 0, 1)
+    return u * u * (3 - 2 * u)
+
+
+# The depth proxy's ground plane: non-sky content at the horizon is at PROXY_FAR (upright structure at the
+# distance of the horizon), the ground at the bottom row at PROXY_NEAR; the sky alone is at 1.
+PROXY_FAR, PROXY_NEAR, PROXY_EYE_LEVEL = 0.72, 0.12, 0.45
+
+
+def _sky_score(f: np.ndarray) -> np.ndarray:
+    """How sky-like each pixel looks, [h,w] in [0,1], a smooth function of colour and local texture (no hard
+    threshold, so a smooth image gives a smooth score): untextured and bluish (clear, hazy or dusk sky, even
+    a dark one) or untextured, bright and grey (overcast)."""
+    lum = f.mean(-1)
+    grad = np.abs(cv2.Sobel(lum, cv2.CV_32F, 1, 0)) + np.abs(cv2.Sobel(lum, cv2.CV_32F, 0, 1))
+    smooth = 1 - _smoothstep(1.0, 3.0, cv2.blur(grad, (3, 3)))  # only strong texture: clouds are sky
+    blue = _smoothstep(0.02, 0.09, f[..., 2] - f[..., 0]) * _smoothstep(0.06, 0.16, lum)
+    grey = _smoothstep(0.6, 0.75, lum) * (1 - _smoothstep(0.1, 0.2, f.max(-1) - f.min(-1)))
+    return smooth * np.maximum(blue, grey)
+
+
+def _sky_from_top(score: np.ndarray) -> np.ndarray:
+    """Soft sky segmentation: the sky-like pixels reachable from the top edge through sky-like pixels (fuzzy
+    reconstruction: a pixel's value is the best path's weakest score, paths going down or diagonally)."""
+    conn = np.zeros((score.shape[0], score.shape[1] + 2), np.float32)  # a zero column each side
+    conn[:, 1:-1] = score
+    spread = np.empty(score.shape[1], np.float32)
+    for y in range(1, len(conn)):
+        above = conn[y - 1]
+        np.maximum(above[1:-1], above[2:], out=spread)
+        np.maximum(spread, above[:-2], out=spread)
+        np.minimum(conn[y, 1:-1], spread, out=conn[y, 1:-1])
+    return _smoothstep(0.3, 0.7, conn[:, 1:-1])  # clear sky is exactly 1, a weak candidate 0
+
+
+def _proxy(frame: np.ndarray):
+    """(depth [h,w], sky [h,w], horizon as a fraction of the height) of depth_proxy."""
+    f = frame.astype(np.float32) / 255.0
+    h, w = f.shape[:2]
+    sky = _sky_from_top(_sky_score(f))
+    extent = sky.sum(0) / h  # per column: how far down the sky reaches
+    seen = _smoothstep(0.01, 0.05, float(sky.mean()))  # blends the no-sky default in continuously
+    horizon = (1 - seen) * PROXY_EYE_LEVEL + seen * float(np.clip(np.quantile(extent, 0.8), 0.25, 0.8))
+    y = (np.arange(h, dtype=np.float32) + 0.5) / h
+    below = (y - horizon) / (1 - horizon)
+    soft = 0.04 * np.logaddexp(0, below / 0.04)  # softplus: the ground starts at the horizon without a kink
+    ground = PROXY_FAR / (1 + (PROXY_FAR / PROXY_NEAR - 1) * soft)  # ~1/(y - y_h), normalised as true depth is
+    d = sky + (1 - sky) * ground[:, None]
+    return cv2.GaussianBlur(d.astype(np.float32), (0, 0), 0.8), sky, float(horizon)
+
+
 def depth_proxy(frame: np.ndarray) -> np.ndarray:
     """Depth without a depth model, [h,w] float32 in [0,1] (0 near, 1 far), from one small RGB frame.
 
-    Ground-plane prior: below the horizon depth grows toward it as 1/(y - y_h), as for a camera over a
-    flat ground. Image cue: sky (bright, smooth, bluish or grey, connected to the top edge) is
-    infinitely far and fixes the horizon; other content above the horizon is upright structure at a
-    middle distance (0.6). With no sky the horizon sits at eye level, 0.45 H."""
-    f = frame.astype(np.float32) / 255.0
-    h, w = f.shape[:2]
-    lum = f.mean(-1)
-    grad = np.abs(cv2.Sobel(lum, cv2.CV_32F, 1, 0)) + np.abs(cv2.Sobel(lum, cv2.CV_32F, 0, 1))
-    grad = cv2.blur(grad, (3, 3))
-    sat = f.max(-1) - f.min(-1)
-    skylike = (lum > 0.35) & (grad < 1.0) & ((f[..., 2] > f[..., 0] + 0.03) | ((sat < 0.12) & (lum > 0.6)))
-    sky = np.logical_and.accumulate(skylike, axis=0)  # runs connected to the top edge
-    horizon = float(np.clip(np.median(sky.sum(0)) / h, 0.3, 0.6)) if sky.mean() > 0.03 else 0.45
-    y = ((np.arange(h) + 0.5) / h)[:, None]
-    ground = np.clip(0.12 * (1 - horizon) / np.maximum(y - horizon, 1e-3), 0, 1)
-    d = np.where(y > horizon, ground, 0.6) * np.ones((1, w), np.float32)
-    d[sky] = 1.0
-    return cv2.GaussianBlur(d.astype(np.float32), (0, 0), 0.8)
+    Sky (untextured, bluish or bright grey, connected to the top edge; a soft segmentation) is infinitely far
+    (1). Everything else stands on a ground plane seen from eye height: depth falls from PROXY_FAR at the
+    horizon to PROXY_NEAR at the bottom row as for a flat ground (~ 1/(y - y_h), normalised as a true depth
+    map is), and content above the horizon is upright structure at the horizon's distance. The horizon is
+    where the sky ends (its lower edge over most columns); with no sky, eye level (0.45 H). Depth is a
+    continuous function of the image: no step at any row, an edge only where the sky's edge is."""
+    return _proxy(frame)[0]
 
 
 def _normalise_depth(depth: np.ndarray) -> np.ndarray:
@@ -463,26 +513,53 @@ def _normalise_depth(depth: np.ndarray) -> np.ndarray:
     return d / (d + max(float(np.median(d)), 1e-6))
 
 
+def _sky_of_depth(d: np.ndarray, top: float) -> np.ndarray:
+    """Sky (or as good as infinitely far) in [0,1] from a normalised depth map whose far limit is `top`:
+    within 3-15% of the far limit, when the far limit itself is far (at least 4x the median depth)."""
+    return _smoothstep(0.85, 0.97, d / max(top, 1e-6)) * _smoothstep(0.75, 0.85, top)
+
+
 class _Context:
-    """What every effect needs: sizes, params, seeded streams, depth at frame and at working scale."""
+    """What every effect needs: sizes, params, seeded streams, depth at frame and at working scale.
+
+    Depth is the caller's true depth (normalised per clip) or the proxy of the middle frame; either is
+    computed on first use (the camera effects never need it). `sky(t)` and `sky_small(t)` are where the
+    depth used says the sky is: within a few % of its far limit (the proxy's sky is at 1; a true depth map's
+    sky at its largest values, when those are far)."""
 
     def __init__(self, frames, spec, depth, ops, out=None):
         self.spec, self.p, self.ops, self.frames, self.out = spec, spec.params, ops, frames, out
         self._luts = {}
         self.T, self.H, self.W = (int(s) for s in frames.shape[:3])
         self.sh, self.sw = max(24, round(self.H / 8)), max(24, round(self.W / 8))  # grid of the smooth maps
-        if depth is None:
-            mid = ops.host(ops.resize(frames[self.T // 2], self.sw, self.sh))
-            self._small = [depth_proxy(mid)]
-        else:
-            d = _normalise_depth(depth)
-            self._small = [cv2.resize(d[t], (self.sw, self.sh), interpolation=cv2.INTER_AREA)
-                           for t in range(self.T)]
-            self._full_given = d
-        self._full = {}
-        rows = np.median(self._small[0], axis=1)
-        below = np.nonzero(rows < 0.9)[0]
-        self.horizon = float(np.clip((below[0] if len(below) else 0.45 * self.sh) / self.sh, 0.2, 0.7))
+        self._given, self._full = depth, {}
+
+    @functools.cached_property
+    def small_frame(self):
+        """The middle frame at the smooth maps' scale, host uint8 [sh, sw, 3]."""
+        return self.ops.host(self.ops.resize(self.frames[self.T // 2], self.sw, self.sh))
+
+    @functools.cached_property
+    def _maps(self):
+        """(depth at working scale per frame, its far limit, horizon as a fraction of the height)."""
+        if self._given is None:
+            d, _, horizon = _proxy(self.small_frame)
+            return [d], 1.0, float(np.clip(horizon, 0.2, 0.8))  # the proxy's sky is at 1
+        self._full_given = _normalise_depth(self._given)
+        small = [cv2.resize(self._full_given[t], (self.sw, self.sh), interpolation=cv2.INTER_AREA)
+                 for t in range(self.T)]
+        top = max(float(m.max()) for m in small)
+        below = np.nonzero(_sky_of_depth(np.median(small[0], axis=1), top) < 0.5)[0]
+        horizon = float(np.clip((below[0] if len(below) else PROXY_EYE_LEVEL * self.sh) / self.sh, 0.2, 0.8))
+        return small, top, horizon
+
+    @property
+    def _small(self):
+        return self._maps[0]
+
+    @property
+    def horizon(self):
+        return self._maps[2]
 
     def rng(self, *tags):
         return _rng(self.spec.seed, self.spec.subtype, *tags)
@@ -503,11 +580,25 @@ class _Context:
     def depth_small(self, t):
         return self._small[t if len(self._small) > 1 else 0]
 
+    def sky_small(self, t):
+        """Where the depth used says sky, at working scale, in [0,1] (_sky_of_depth)."""
+        return self._sky(self.depth_small(t))
+
+    def sky(self, t):
+        """The same at full resolution: exactly 1 wherever depth(t) is within 3% of the far limit."""
+        return self._sky(self.depth(t))
+
+    def _sky(self, d):
+        key = ("sky", id(d))
+        if key not in self._full:
+            self._full[key] = (d, _sky_of_depth(d, self._maps[1]))  # d kept: its id stays its own
+        return self._full[key][1]
+
     def depth(self, t):
         """Full-resolution depth of frame t in [0,1]."""
         i = t if len(self._small) > 1 else 0
         if i not in self._full:
-            self._full[i] = (self._full_given[i] if hasattr(self, "_full_given") else
+            self._full[i] = (self._full_given[i] if self._given is not None else
                              cv2.resize(self._small[i], (self.W, self.H), interpolation=cv2.INTER_LINEAR))
         return self._full[i]
 
@@ -547,12 +638,16 @@ def _dusk(ctx):
     p = ctx.p
     warm = p["warmth"]
     table = _tone_table((0.62, 0.46 - 0.1 * warm, 0.36 - 0.18 * warm), gamma=1.25)
-    y = (np.arange(ctx.H, dtype=np.float32) + 0.5) / ctx.H
-    grad = np.clip(1 - p["sky_lift"] * (1 - y / max(ctx.horizon, 0.05)), 0, 1)  # lighter toward the top
-    grad_map = np.repeat(grad[:, None], ctx.W, 1).astype(np.float32)
+    y = (np.arange(ctx.sh, dtype=np.float32) + 0.5) / ctx.sh
+    above = 0.5 * np.clip(1 - y / max(ctx.horizon, 0.05), 0, 1)[:, None]
+    grads = {}  # per depth map: lighter where the depth used says sky is, and a little toward the top
     drift = ctx.drift("drift", 0.08, 0.005, 0.02)
     for t in range(ctx.T):  # grad <= 1, so the weight stays in [0, 1]
-        yield Layer(grad_map * np.float32(min(1.0, p["strength"] * drift[t])), lambda f, t=t: ctx.clip_lut(table, t))
+        sky = ctx.sky_small(t)
+        if id(sky) not in grads:
+            grads[id(sky)] = ctx.upsample(1 - p["sky_lift"] * np.maximum(sky, above))
+        w = grads[id(sky)] * np.float32(min(1.0, p["strength"] * drift[t]))
+        yield Layer(w, lambda f, t=t: ctx.clip_lut(table, t))
 
 
 def _night(ctx):
@@ -625,7 +720,8 @@ def _overexposure(ctx):
 
 def _shadow(ctx):
     """Cast shadows of out-of-view objects (clouds, trees, buildings): coherent dark regions with soft
-    penumbrae, lit only by bluish skylight, drifting slowly; never on the sky."""
+    penumbrae, lit only by bluish skylight, drifting slowly; never on the sky (where the depth used puts
+    it: C is 0 there), and nowhere else attenuated by depth (no fixed-row streak)."""
     p = ctx.p
     rng = ctx.rng("shape")
     pad = 2 * max(ctx.sh, ctx.sw)
@@ -640,8 +736,8 @@ def _shadow(ctx):
         ox, oy = start + v * t
         m = np.float32([[1, 0, ox], [0, 1, oy]])
         crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
-        alpha = np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * (ctx.depth_small(t) < 0.97)
-        yield Layer(ctx.upsample(alpha * np.float32(p["darkness"])), lambda f, t=t: ctx.clip_lut(table, t))
+        alpha = ctx.upsample(np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * np.float32(p["darkness"]))
+        yield Layer(alpha * (1 - ctx.sky(t)), lambda f, t=t: ctx.clip_lut(table, t))  # never on the sky
 
 
 # ----------------------------------------------------------------------------- camera motion
@@ -704,7 +800,8 @@ def _roi_of(alpha):
 
 def _static(ctx):
     """Lens obstruction, fixed for the whole clip: an out-of-focus foreground object (a finger, a leaf,
-    a strap) entering from the lower border, or a lens smear that blurs and veils what is behind it."""
+    a strap) entering from the lower border, rounded and shaded by one light in the scene's exposure, or a
+    lens smear that blurs and veils what is behind it."""
     p, ops, H, W = ctx.p, ctx.ops, ctx.H, ctx.W
     rng = ctx.rng("layout")
     outline = _blob(rng) * np.array([rng.uniform(0.7, 1.4), 1.0])
@@ -730,11 +827,12 @@ def _static(ctx):
     a = alpha[y0:y1, x0:x1]
     if p["style"] == "object":
         base = np.array([(70, 52, 40), (38, 52, 30), (46, 46, 50), (90, 66, 52)][int(rng.integers(4))], np.float32)
-        yy, xx = np.mgrid[y0:y1, x0:x1].astype(np.float32)
-        shade = 0.7 + 0.5 * np.clip(1 - np.hypot(yy - anchor[1], xx - anchor[0]) / (1.5 * radius), 0, 1)
         tex = 0.9 + 0.2 * cv2.resize(_noise_field(rng, 16, 16), (x1 - x0, y1 - y0))
-        img = np.clip(base * (shade * tex)[..., None], 0, 255).astype(np.uint8)
-        img = cv2.GaussianBlur(img, (0, 0), defocus)
+        light = np.array([rng.uniform(-0.8, 0.8), -0.8, 0.6])
+        shade = _rounded_shade(outline * radius + anchor - (x0, y0), (y1 - y0, x1 - x0), radius,
+                               light / np.linalg.norm(light))
+        img = _lit(base * (shade * tex)[..., None], _scene_light(ctx.small_frame))
+        img = cv2.GaussianBlur(np.clip(img, 0, 255).astype(np.uint8), (0, 0), defocus)
         w = a * np.float32(min(1.0, p["opacity"] + 0.45))  # an object on the lens is (almost) opaque
         yield from (Layer(w, img, roi) for _ in range(ctx.T))
     else:
@@ -746,6 +844,14 @@ def _static(ctx):
             yield Layer(w, lambda f: ops.blend(_wide_blur(ops, f, sigma), haze, 0.3), roi)
 
 
+def _rounded_shade(outline, shape, radius, light):
+    """[h,w] shading of a rounded object (a fingertip, a leaf) with this outline (px, in the [h,w] box): lit
+    on one side, in its own shadow on the other, computed at about 64 px across and upscaled."""
+    q = max(1.0, radius / 32)
+    small = (max(1, int(math.ceil(shape[0] / q))), max(1, int(math.ceil(shape[1] / q))))
+    return cv2.resize(_emboss(_fill(small, [outline / q]), 0.5 * radius / q, light), (shape[1], shape[0]))
+
+
 def _wide_blur(ops, f, sigma):
     """A wide Gaussian blur at a fraction of the cost: blur a downscaled copy, then upscale it."""
     h, w = f.shape[:2]
@@ -754,86 +860,349 @@ def _wide_blur(ops, f, sigma):
     return ops.resize(ops.blur(small, sigma / k), w, h)
 
 
-def _limb(img, a, b, thick, color):
-    cv2.line(img, tuple(int(v) for v in np.round(a)), tuple(int(v) for v in np.round(b)), color,
-             max(1, int(round(thick))), cv2.LINE_AA)
+def _emboss(mask, radius, light):
+    """Shading [h,w] of a rounded body whose silhouette is `mask` (0/255): Lambert under the unit light
+    direction (x right, y down, z toward the camera) on the normals of a pillow (the mask blurred over
+    `radius` px: 45 degrees at the silhouette's edge, facing the camera inside), plus an ambient 0.35."""
+    b = cv2.GaussianBlur(np.asarray(mask, np.float32), (0, 0), max(radius, 0.5), borderType=cv2.BORDER_CONSTANT)
+    b *= np.float32(2.5 * radius / (8 * 255))
+    gx, gy = cv2.Sobel(b, cv2.CV_32F, 1, 0), cv2.Sobel(b, cv2.CV_32F, 0, 1)
+    lam = (light[2] - gx * light[0] - gy * light[1]) / np.sqrt(1 + gx * gx + gy * gy)
+    return 0.35 + 0.8 * np.maximum(lam, 0)
 
 
-def _sprite(style, height, phase, rng_colors) -> tuple[np.ndarray, np.ndarray]:
-    """A foreground object at `height` px: (colour uint8 [h,w,3], alpha float32 [h,w]). Pedestrians
-    swing their limbs with the walking phase; vehicles are a body, a cabin, windows and wheels."""
-    hgt = max(8, int(round(height)))
-    c1, c2, c3 = rng_colors
-    if style == "pedestrian":
-        wid = max(4, int(round(0.5 * hgt)))
-        img, m = np.zeros((hgt, wid, 3), np.uint8), np.zeros((hgt, wid), np.uint8)
-        cx, s = wid / 2, math.sin(phase)
-        torso = np.array([[-0.13, 0.17], [0.13, 0.17], [0.11, 0.52], [-0.11, 0.52]]) * hgt + [cx, 0]
-        for canvas, col in ((img, None), (m, 255)):
-            for side in (-1, 1):  # legs and arms swing in opposition
-                _limb(canvas, (cx + side * 0.05 * hgt, 0.5 * hgt),
-                      (cx + side * (0.04 + 0.12 * s) * hgt, 0.97 * hgt), 0.085 * hgt, col or c2)
-                _limb(canvas, (cx + side * 0.12 * hgt, 0.2 * hgt),
-                      (cx + side * (0.15 * hgt) - side * 0.1 * s * hgt, 0.5 * hgt), 0.065 * hgt, col or c1)
-            cv2.fillPoly(canvas, [np.round(torso * 4).astype(np.int32)], col or c1, cv2.LINE_AA, shift=2)
-            cv2.ellipse(canvas, (int(cx), int(0.085 * hgt)), (max(1, int(0.06 * hgt)), max(1, int(0.075 * hgt))),
-                        0, 0, 360, col or c3, -1, cv2.LINE_AA)
+_HALF_TURN = np.linspace(-np.pi / 2, np.pi / 2, 7)  # a capsule's end, about its axis
+
+
+class _Paint:
+    """A sprite painted part by part, each part a rounded body shaded under the light and laid over the parts
+    before it: img float32 [h,w,3] (0-255), alpha float32 [h,w]. Coordinates are in units of `unit` px (the
+    object's height) from `origin` px."""
+
+    def __init__(self, h, w, unit, origin, light):
+        self.img, self.alpha = np.zeros((h, w, 3), np.float32), np.zeros((h, w), np.float32)
+        self.unit, self.origin, self.light = unit, np.asarray(origin, np.float64), light
+        self.canvas = np.zeros((h, w, 4), np.uint8)  # the part being drawn: colour and coverage
+
+    def _pt(self, p):  # units -> fixed point (2 fractional bits)
+        return np.rint((self.origin + self.unit * np.asarray(p, np.float64)) * 4).astype(np.int32)
+
+    @staticmethod
+    def _rgba(colour):
+        return tuple(min(255, max(0, int(v))) for v in colour) + (255,)
+
+    def poly(self, pts, colour):
+        cv2.fillPoly(self.canvas, [self._pt(pts)], self._rgba(colour), cv2.LINE_AA, shift=2)
+
+    def disc(self, c0, r, colour):
+        cv2.circle(self.canvas, tuple(self._pt(c0).tolist()), max(1, int(r * self.unit * 4)), self._rgba(colour), -1,
+                   cv2.LINE_AA, shift=2)
+
+    def ellipse(self, c0, axes, colour, angle=0.0):
+        ax = tuple(max(1, int(a * self.unit * 4)) for a in axes)
+        cv2.ellipse(self.canvas, tuple(self._pt(c0).tolist()), ax, angle, 0, 360, self._rgba(colour), -1,
+                    cv2.LINE_AA, 2)
+
+    def capsule(self, a, b, ra, rb, colour):
+        """A tapered limb from a (radius ra) to b (radius rb), in units: one outline, two half-discs joined."""
+        ang = math.atan2(b[1] - a[1], b[0] - a[0]) + _HALF_TURN
+        c, s = np.cos(ang), np.sin(ang)
+        pts = np.empty((2 * len(ang), 2))
+        pts[:len(ang), 0], pts[:len(ang), 1] = b[0] + rb * c, b[1] + rb * s
+        pts[len(ang):, 0], pts[len(ang):, 1] = a[0] - ra * c, a[1] - ra * s
+        self.poly(pts, colour)
+
+    def part(self, roundness, dim=1.0):
+        """Shade what was drawn since the last part as one body (`roundness` in units) and lay it on top."""
+        x, y, w, h = cv2.boundingRect(np.ascontiguousarray(self.canvas[..., 3]))
+        if w == 0:
+            return
+        roi = (slice(y, y + h), slice(x, x + w))  # only where it was drawn (the blur is zero-padded)
+        part, img = self.canvas[roi], self.img[roi]
+        a = part[..., 3].astype(np.float32)
+        shade = _emboss(a, roundness * self.unit, self.light) * np.float32(dim)
+        a *= np.float32(1 / 255)
+        img += a[..., None] * (part[..., :3] * shade[..., None] - img)
+        np.maximum(self.alpha[roi], a, out=self.alpha[roi])
+        part[:] = 0
+
+
+_LEG, _STEP = 0.225, 0.34  # thigh = shin length, step length: fractions of the walker's height
+
+
+def _knee(hip, ankle):
+    """Two-bone IK: the knee of a leg from hip to ankle (bones _LEG), bent forward (+x); the ankle is pulled
+    in when out of reach."""
+    d = ankle - hip
+    n = float(np.hypot(*d))
+    if n > 2 * _LEG * 0.999:
+        d, n = d * (2 * _LEG * 0.999 / n), 2 * _LEG * 0.999
+    return hip + d / 2 + np.array([d[1], -d[0]]) / max(n, 1e-6) * math.sqrt(_LEG ** 2 - (n / 2) ** 2), hip + d
+
+
+def _gait(phase):
+    """Joints of a walker at gait phase `phase` (2 pi per stride of two steps), in units of its height: x
+    forward from the hip, y down from the top of the head. Each foot is planted for half the stride (it moves
+    back under the hip exactly as fast as the body advances), then swung forward and lifted; the hip vaults
+    over the planted foot; knees bend forward; each arm swings against the leg on its side.
+    Returns {"hip", "knee", "ankle" (near, far), "elbow", "wrist" (near, far), "dy" (the body's bob)}."""
+    feet = []
+    for leg in (0, 1):  # near, far: half a stride apart
+        u = (phase + np.pi * leg) % (2 * np.pi)
+        if u < np.pi:
+            feet.append((_STEP / 2 - _STEP * u / np.pi, 0.0))
+        else:
+            s = (u - np.pi) / np.pi
+            feet.append((-_STEP / 2 + _STEP * (1 - math.cos(np.pi * s)) / 2, 0.06 * math.sin(np.pi * s)))
+    planted = min(feet, key=lambda f: f[1])[0]
+    reach = 2 * _LEG * 0.99
+    dy = reach - math.sqrt(reach ** 2 - planted ** 2)  # the hip vaults: lowest with the feet apart
+    hip = np.array([0.0, 0.965 - reach + dy])
+    j = {"hip": hip, "dy": dy - 0.015, "knee": [], "ankle": [], "elbow": [], "wrist": []}
+    shoulder = np.array([0.02, 0.195 + j["dy"]])
+    for x, lift in feet:
+        knee, ankle = _knee(hip, np.array([x, 0.965 - lift]))
+        theta = -1.5 * x  # the arm on this side swings back as the leg goes forward
+        phi = theta + 0.2 + 0.6 * max(theta, 0.0)  # the elbow bends more in the forward swing
+        elbow = shoulder + 0.17 * np.array([math.sin(theta), math.cos(theta)])
+        j["knee"].append(knee)
+        j["ankle"].append(ankle)
+        j["elbow"].append(elbow)
+        j["wrist"].append(elbow + 0.145 * np.array([math.sin(phi), math.cos(phi)]))
+    j["shoulder"] = shoulder
+    return j
+
+
+_TORSO = np.array([[-0.08, 0.18], [0.0, 0.165], [0.07, 0.195], [0.085, 0.27], [0.075, 0.38], [0.08, 0.46],
+                   [0.085, 0.535], [-0.08, 0.535], [-0.07, 0.44], [-0.06, 0.37], [-0.085, 0.27]])  # jacket
+_PELVIS = np.array([[0.075, 0.47], [0.07, 0.56], [-0.075, 0.56], [-0.07, 0.47]])
+
+
+def _walker(paint, phase, look):
+    """A walking adult in profile, facing +x, head 1/7.4 of the height: far arm and leg (in the body's own
+    shadow), near leg, torso and head, near arm; each limb a tapered, shaded capsule."""
+    j = _gait(phase)
+    jacket, trousers, skin, hair, shoes = (look[k] for k in ("jacket", "trousers", "skin", "hair", "shoes"))
+    sleeve = skin if look["short_sleeves"] else jacket
+
+    def arm(i):
+        paint.capsule(j["shoulder"], j["elbow"][i], 0.034, 0.027, jacket)
+        paint.capsule(j["elbow"][i], j["wrist"][i], 0.026, 0.02, sleeve)
+        paint.disc(j["wrist"][i] + (j["wrist"][i] - j["elbow"][i]) * 0.2, 0.022, skin)
+
+    def leg(i):
+        paint.capsule(j["hip"] + [0.0, 0.01], j["knee"][i], 0.05, 0.037, trousers)
+        paint.capsule(j["knee"][i], j["ankle"][i], 0.036, 0.027, trousers)
+        paint.capsule(j["ankle"][i] + [-0.025, 0.012], j["ankle"][i] + [0.1, 0.022], 0.024, 0.018, shoes)
+
+    arm(1)
+    leg(1)
+    paint.part(0.035, dim=0.58)
+    leg(0)
+    paint.poly(_PELVIS + [0, j["dy"]], trousers)
+    paint.part(0.04)
+    lean = np.array([0.0, j["dy"]])
+    paint.poly(_TORSO + lean, jacket)
+    paint.capsule([0.012, 0.125 + j["dy"]], [0.0, 0.19 + j["dy"]], 0.027, 0.03, skin)  # neck
+    paint.ellipse([0.012, 0.068 + j["dy"]], (0.06, 0.068), hair)  # the head, its hair at the back and top
+    paint.ellipse([0.03, 0.082 + j["dy"]], (0.047, 0.056), skin, angle=-10)
+    paint.poly([[0.07, 0.065 + j["dy"]], [0.088, 0.09 + j["dy"]], [0.066, 0.095 + j["dy"]]], skin)  # nose
+    paint.part(0.05)
+    arm(0)
+    paint.part(0.03)
+
+
+_CAR = np.array([[0.02, 0.52], [0.07, 0.4], [0.5, 0.37], [0.72, 0.08], [1.5, 0.06], [1.9, 0.36], [2.42, 0.42],
+                 [2.57, 0.5], [2.58, 0.72], [2.5, 0.84], [0.06, 0.84], [0.0, 0.72]])  # side view, front at +x
+_GLASS = np.array([[0.62, 0.36], [0.8, 0.13], [1.46, 0.12], [1.76, 0.36]])
+_WHEELS = (0.55, 2.02)  # axle x, in car heights
+
+
+def _car_body(paint, look):
+    """A car in side view, facing +x, without its wheels: a rounded body lit from above, dark wheel arches,
+    glass reflecting the sky (light at the top), door gaps, head- and tail-lights."""
+    body = look["paint"]
+    paint.poly(_CAR, body)
+    paint.poly([[0.01, 0.62], [2.58, 0.62], [2.58, 0.72], [2.5, 0.84], [0.06, 0.84], [0.0, 0.72]],
+               np.multiply(body, 0.72))  # the lower panels face the ground: darker
+    paint.poly([[0.08, 0.395], [2.3, 0.41], [2.3, 0.425], [0.08, 0.41]], np.minimum(np.multiply(body, 1.3) + 25, 255))
+    for x in _WHEELS:
+        paint.disc([x, 0.8], 0.235, np.multiply(body, 0.25))  # the arch's shadow inside the body
+    paint.part(0.14)
+    glass = _Paint(*paint.img.shape[:2], paint.unit, paint.origin, paint.light)
+    glass.poly(_GLASS, (70, 82, 96))
+    glass.part(0.02)
+    ramp = np.linspace(1.5, 0.6, len(paint.img), dtype=np.float32)[:, None, None]
+    paint.img += glass.alpha[..., None] * (glass.img * ramp - paint.img)
+    for x in (1.17, 1.8):  # door gaps
+        paint.poly([[x, 0.38], [x + 0.012, 0.38], [x + 0.012, 0.8], [x, 0.8]], np.multiply(body, 0.55))
+    paint.ellipse([2.5, 0.5], (0.06, 0.035), (235, 230, 205))
+    paint.ellipse([0.06, 0.47], (0.03, 0.045), (170, 22, 22))
+    paint.part(0.01)
+
+
+def _wheels(paint):
+    """Tyres and dished rims with a hub (a wheel rolling this fast shows no spokes on video: motion blur)."""
+    for x in _WHEELS:
+        paint.disc([x, 0.8], 0.2, (24, 24, 26))
+        paint.disc([x, 0.8], 0.125, (150, 152, 158))
+        paint.disc([x, 0.8], 0.09, (105, 107, 112))
+        paint.disc([x, 0.8], 0.035, (135, 137, 142))
+    paint.part(0.05)
+
+
+def _actor_look(rng, walker):
+    """Colours and the light direction of one actor, from its seeded stream."""
+    side = 1.0 if rng.random() < 0.5 else -1.0
+    light = np.array([side * rng.uniform(0.3, 0.8), -0.8, 0.6])
+    look = {"light": light / np.linalg.norm(light)}
+    pick = lambda options: np.asarray(options[int(rng.integers(len(options)))], np.float64)  # noqa: E731
+    if not walker:
+        look["paint"] = np.clip(pick([(215, 215, 212), (165, 168, 172), (28, 29, 32), (95, 97, 100), (150, 22, 26),
+                                      (30, 55, 125), (30, 60, 45), (170, 150, 115)]) * rng.uniform(0.9, 1.1, 3), 0, 255)
+        return look
+    import colorsys
+
+    hsv = rng.uniform(0, 1), rng.uniform(0.15, 0.7), rng.uniform(0.2, 0.8)  # any hue, muted to vivid, dark to light
+    look["jacket"] = 255 * np.array(colorsys.hsv_to_rgb(*hsv))
+    look["trousers"] = np.clip(pick([(50, 65, 100), (30, 30, 34), (140, 125, 95), (90, 90, 95), (80, 60, 45)])
+                               * rng.uniform(0.85, 1.15), 0, 255)
+    look["skin"] = (235, 195, 170) + rng.uniform(0, 1) * np.subtract((95, 62, 45), (235, 195, 170))
+    look["hair"] = pick([(25, 20, 18), (60, 40, 25), (120, 90, 50), (190, 160, 110), (140, 140, 140)])
+    look["shoes"] = pick([(30, 28, 28), (30, 28, 28), (70, 45, 30), (210, 210, 205)])
+    look["short_sleeves"] = bool(rng.random() < 0.3)
+    return look
+
+
+def _scene_light(small):
+    """What puts an actor in the scene's light, from the middle frame: a per-channel gain (its exposure and
+    colour cast: a person at dusk is as dim and as blue as the dusk around them) and a chroma factor (as
+    colourful as the scene: grey in a black-and-white clip)."""
+    f = small[len(small) // 3:].reshape(-1, 3).astype(np.float32) / 255  # the light down where it stands
+    m = f.mean(0)
+    lum = max(float(m.mean()), 1e-3)
+    gain = np.clip((lum / 0.45) ** 0.8, 0.25, 1.25) * np.clip((m / lum) ** 0.4, 0.8, 1.25)
+    return gain.astype(np.float32), np.float32(np.clip((f.max(1) - f.min(1)).mean() / 0.12, 0, 1))
+
+
+_CLOTHES = ("jacket", "trousers", "skin", "hair", "shoes")
+
+
+def _lit(img, light):
+    """Colours [..., 3] in the scene's light (_scene_light): linear in them."""
+    gain, chroma = light
+    grey = img.mean(-1, keepdims=True)
+    return (grey + chroma * (img - grey)) * gain
+
+
+def _actor_frame(walker, unit, phase, look, face, cache):
+    """One frame of an actor `unit` px tall: (img, alpha, contact shadow) float32 maps and the canvas x (px)
+    of its centre; the ground contact is the canvas row `unit`. Faces +x, mirrored when face < 0. `cache`
+    keeps what does not change between frames (the shadow)."""
+    if walker:
+        h, w, cx, origin = int(math.ceil(1.05 * unit)), int(math.ceil(0.9 * unit)), 0.45 * unit, 0.45 * unit
     else:
-        wid = max(8, int(round(2.2 * hgt)))
-        img, m = np.zeros((hgt, wid, 3), np.uint8), np.zeros((hgt, wid), np.uint8)
-        body = np.array([[0.02, 0.45], [0.2, 0.4], [0.3, 0.08], [0.75, 0.08], [0.88, 0.4], [0.98, 0.48],
-                         [0.98, 0.8], [0.02, 0.8]]) * [wid, hgt]
-        glass = np.array([[0.34, 0.14], [0.7, 0.14], [0.8, 0.4], [0.27, 0.4]]) * [wid, hgt]
-        for canvas, col, g in ((img, c1, (45, 55, 65)), (m, 255, 255)):
-            cv2.fillPoly(canvas, [np.round(body).astype(np.int32)], col, cv2.LINE_AA)
-            cv2.fillPoly(canvas, [np.round(glass).astype(np.int32)], g, cv2.LINE_AA)
-            if canvas is img:  # the pillar between the doors
-                cv2.line(canvas, (int(0.53 * wid), int(0.14 * hgt)), (int(0.53 * wid), int(0.4 * hgt)), col,
-                         max(1, int(0.03 * wid)))
-            for x in (0.22, 0.8):
-                cv2.circle(canvas, (int(x * wid), int(0.8 * hgt)), max(1, int(0.17 * hgt)),
-                           col if canvas is m else (20, 20, 22), -1, cv2.LINE_AA)
-    shade = np.repeat(np.linspace(147, 96, hgt).astype(np.uint8)[:, None, None], 3, 2)  # lit from above
-    return cv2.multiply(img, np.broadcast_to(shade, img.shape), scale=1 / 128), m.astype(np.float32) / 255
+        h, w, cx, origin = int(math.ceil(1.06 * unit)), int(math.ceil(2.75 * unit)), 1.37 * unit, 0.08 * unit
+    light = look["light"] * [face, 1, 1]
+    paint = _Paint(h, w, unit, (origin, 0), light)
+    if walker:
+        _walker(paint, phase, look)
+    else:
+        _car_body(paint, look)
+        _wheels(paint)
+    if "shadow" not in cache:  # on the ground under it, offset away from the light
+        half, thick, dark = (0.25, 0.03, 0.6) if walker else (1.3, 0.06, 0.75)
+        shadow = np.zeros((h, w), np.uint8)
+        cv2.ellipse(shadow, (int((cx - light[0] * 0.08 * unit) * 4), int(0.995 * unit * 4)),
+                    (int(half * unit * 4), max(1, int(thick * unit * 4))), 0, 0, 360, 255, -1, cv2.LINE_AA, 2)
+        cache["shadow"] = cv2.GaussianBlur(shadow.astype(np.float32) * np.float32(dark / 255), (0, 0),
+                                           max(0.7, 0.02 * unit))
+    img, alpha, shadow = paint.img, paint.alpha, cache["shadow"]
+    img *= np.linspace(1.08, 0.85, h, dtype=np.float32)[:, None, None]  # lit from above: darker toward the ground
+    if face < 0:
+        img, alpha, shadow, cx = img[:, ::-1], alpha[:, ::-1], shadow[:, ::-1], w - cx
+    return img, alpha, shadow, cx
+
+
+def _defocus(img, alpha, shadow, sigma, streak, k):
+    """The actor out of focus (sigma px) and motion-blurred (a horizontal streak px), cropped to where it
+    weighs anything and upscaled k times: the Layer's weight (the actor over its darkened contact shadow),
+    its effect (premultiplied colour over that weight: the blur leaves no dark fringe), and the crop's
+    offset (x, y) from the canvas's corner in upscaled px (it reaches past the canvas by the blur)."""
+    sx = math.sqrt(sigma ** 2 + streak ** 2 / 12)
+    px, py = int(math.ceil(3 * sx)), int(math.ceil(3 * sigma))  # room for the blur around the canvas
+    h, w = alpha.shape
+    stack = np.zeros((h + 2 * py, w + 2 * px, 5), np.float32)
+    inner = stack[py:py + h, px:px + w]
+    inner[..., :3] = img * alpha[..., None]
+    inner[..., 3], inner[..., 4] = alpha, shadow
+    stack = cv2.GaussianBlur(stack, (0, 0), sigmaX=sx, sigmaY=sigma)
+    a, s = np.clip(stack[..., 3], 0, 1), np.clip(stack[..., 4], 0, 1)
+    weight = a + (1 - a) * s
+    x, y, cw, ch = cv2.boundingRect((weight > 1e-3).view(np.uint8))
+    if cw == 0:
+        return None, None, (0, 0)
+    weight, stack = weight[y:y + ch, x:x + cw], stack[y:y + ch, x:x + cw]
+    effect = np.clip(stack[..., :3] / np.maximum(weight, 1e-3)[..., None] + 0.5, 0, 255).astype(np.uint8)
+    size = (max(1, int(round(cw * k))), max(1, int(round(ch * k))))
+    return (cv2.resize(weight, size, interpolation=cv2.INTER_LINEAR),
+            cv2.resize(effect, size, interpolation=cv2.INTER_LINEAR),
+            (int(round((x - px) * k)), int(round((y - py) * k))))
+
+
+def _ground_contact(ctx, walker):
+    """(ground contact row, height) of a dynamic actor in px, from its nearness, on the ground plane seen by a
+    camera 1.5 m high (a 1.75 m walker's head just above the horizon, a 1.45 m car's roof just below it)."""
+    H, n = ctx.H, ctx.p["nearness"]
+    hor = float(np.clip(ctx.horizon, 0.3, 0.6)) * H
+    if walker:  # 1 / distance: 4 m away at nearness 0.45, 1.5 m at 1, a frame high at ~2.3 m
+        base = hor + (H - hor) * 2.5 / (6 - 4.5 * n)
+    else:  # a car's roof stays at the horizon: its size grows more slowly
+        base = hor + (H - hor) * (0.35 + 0.6 * n)
+    return base, max(0.25 * H, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5))
+
+
+def _placed(weight, effect, top, left, H, W):
+    """The Layer of an actor image whose corner is at (top, left) px, cropped to the frame."""
+    if weight is None:
+        return UNCHANGED
+    y0, y1 = max(top, 0), min(top + weight.shape[0], H)
+    x0, x1 = max(left, 0), min(left + weight.shape[1], W)
+    if y0 >= y1 or x0 >= x1:
+        return UNCHANGED
+    sl = (slice(y0 - top, y1 - top), slice(x0 - left, x1 - left))
+    return Layer(np.ascontiguousarray(weight[sl]), np.ascontiguousarray(effect[sl]), (y0, y1, x0, x1))
 
 
 def _dynamic(ctx):
-    """A pedestrian or a vehicle close to the camera crossing the view along a smooth path. Placed on
-    the ground plane: its feet/wheels stand on the row of its distance, its size follows from it."""
-    p, H, W = ctx.p, ctx.H, ctx.W
+    """A pedestrian or a vehicle close to the camera crossing the view along a smooth path. Placed on the
+    ground plane: its feet/wheels stand on the row of its distance, its size follows from it; shaded by one
+    light (a lit and a shadowed side), in the scene's exposure, over a soft contact shadow; out of focus by
+    its nearness (blur ~ its size) and motion-blurred. A walker's feet stay planted while the body passes
+    over them (the gait's phase advances with the distance walked)."""
+    p, W, T = ctx.p, ctx.W, ctx.T
     rng = ctx.rng("actor")
-    pick = lambda options: tuple(int(v) for v in options[int(rng.integers(len(options)))])  # noqa: E731
-    clothes = [(38, 44, 70), (70, 72, 50), (90, 90, 92), (150, 130, 100), (110, 35, 40), (28, 28, 30)]
-    colors = [pick(clothes), pick([(35, 45, 70), (25, 25, 28), (120, 105, 80)]),
-              pick([(225, 185, 160), (180, 130, 100), (110, 75, 55)])]
-    if p["style"] == "vehicle":
-        colors[0] = pick([(150, 20, 25), (25, 45, 120), (200, 200, 205), (30, 30, 32), (120, 120, 125)])
-    hor = ctx.horizon * H
     walker = p["style"] == "pedestrian"
-    base = hor + (H - hor) * ((0.55 if walker else 0.35) + 0.6 * p["nearness"])  # ground contact row
-    height = max(0.25 * H, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5))  # camera 1.5 m high
-    bob = 0.012 * H * walker
-    strides = rng.uniform(0.5, 0.8)  # walking phase per frame
-    lane = rng.uniform(-0.05, 0.05) * H
-    for t in range(ctx.T):
-        phase = strides * 2 * np.pi * t / 2
-        k = 2 if height > 120 else 1  # out of focus anyway: draw and blur at half size, then upscale
-        img, alpha = _sprite(p["style"], height / k, phase, colors)
-        sigma = max(0.6, 0.01 * height / k)  # near the lens: out of focus
-        img, alpha = cv2.GaussianBlur(img, (0, 0), sigma), cv2.GaussianBlur(alpha, (0, 0), sigma)
-        if k > 1:
-            size = (img.shape[1] * k, img.shape[0] * k)
-            img, alpha = cv2.resize(img, size), cv2.resize(alpha, size)
-        frac = (t + 0.5) / ctx.T
+    look = _actor_look(rng, walker)
+    base, height = _ground_contact(ctx, walker)
+    lane = rng.uniform(-0.05, 0.05) * ctx.H
+    speed = 1.2 * W / T  # px per frame
+    rate = min(1.5, np.pi * speed / (_STEP * height))  # gait phase per frame: the planted foot stays put
+    phase0 = rng.uniform(0, 2 * np.pi)
+    k = max(1.0, height / 80)  # drawn at <= 80 px tall, then upscaled: it is out of focus anyway
+    sigma, streak = max(0.6, 0.014 * height) / k, 0.15 * speed / k  # shutter open 15% of a frame interval
+    light, cache = _scene_light(ctx.small_frame), {}
+    if walker:  # _lit is linear: lighting the clothes is lighting the painted walker, at no cost per frame
+        look.update({key: _lit(np.asarray(look[key], np.float32), light) for key in _CLOTHES})
+    for t in range(T):
+        if walker or t == 0:  # a car is rigid: one image for the clip
+            img, alpha, shadow, cx_px = _actor_frame(walker, height / k, phase0 + rate * t, look, p["direction"],
+                                                     cache)
+            weight, effect, (ox, oy) = _defocus(img if walker else _lit(img, light), alpha, shadow, sigma, streak, k)
+        frac = (t + 0.5) / T
         cx = (-0.1 + 1.2 * (frac if p["direction"] > 0 else 1 - frac)) * W
-        top = int(round(base - img.shape[0] + lane - bob * abs(math.sin(phase))))
-        left = int(round(cx - img.shape[1] / 2))
-        y0, y1, x0, x1 = max(top, 0), min(top + img.shape[0], H), max(left, 0), min(left + img.shape[1], W)
-        if y0 >= y1 or x0 >= x1:
-            yield UNCHANGED
-            continue
-        sl = (slice(y0 - top, y1 - top), slice(x0 - left, x1 - left))
-        yield Layer(np.ascontiguousarray(alpha[sl]), np.ascontiguousarray(img[sl]), (y0, y1, x0, x1))
+        yield _placed(weight, effect, int(round(base + lane - height)) + oy, int(round(cx - cx_px * k)) + ox,
+                      ctx.H, W)
 
 
 # ----------------------------------------------------------------------------- weather
@@ -871,7 +1240,8 @@ def _particles(ctx, layers, strokes, soften, veil, color):
     layer's particles (u: [n, 6] uniform numbers each) into line groups (points [T, n, 2, 2] in fixed point
     with 2 fractional bits, grey level, thickness) for all frames at once, one draw call per group and frame;
     `soften(layer, image)` blurs the drawn layer. A layer at depth z is hidden where the scene is nearer than
-    z; a veil (mist, haze) grows with scene depth: P = 1 - (1 - veil)(1 - particles)."""
+    z (_behind: faded over a small depth range, never cut along a row); a veil (mist, haze) grows with scene
+    depth: P = 1 - (1 - veil)(1 - particles)."""
     area = ctx.H * ctx.W / 448 ** 2
     rng = ctx.rng("particles")
     lines = []
@@ -884,7 +1254,7 @@ def _particles(ctx, layers, strokes, soften, veil, color):
         if key not in seen:
             d = ctx.depth(t)
             veil_map = (veil * (1 - np.exp(-2.5 * d))).astype(np.float32)
-            seen[key] = ([np.where(d > layer[0], 255, 0).astype(np.uint8) for layer in layers],
+            seen[key] = ([_behind(d, layer[0]) for layer in layers],
                          veil_map, (1 - veil_map) * np.float32(1 / 255))
         hidden, veil_map, clear_map = seen[key]
         acc = None
@@ -895,6 +1265,13 @@ def _particles(ctx, layers, strokes, soften, veil, color):
             buf = cv2.min(soften(layer, buf), behind)
             acc = buf if acc is None else cv2.max(acc, buf)
         yield Layer(veil_map + acc * clear_map, color)
+
+
+def _behind(d, z):
+    """uint8 [H,W], 255 where the scene is farther than a particle layer at depth z, 0 where nearer, a ramp
+    over +-0.04 of depth between: a layer fades out where a smooth depth gradient crosses z (never a cut
+    along one row), and stops at the edges of what stands in front of it."""
+    return np.clip((d - z) * (255 / 0.08) + 127.5, 0, 255).astype(np.uint8)
 
 
 def _rain(ctx):
@@ -1124,9 +1501,16 @@ def _read(path, num_frames, max_pixels):
 
 
 def _read_for_out(args, info):
-    """INPUT for --out: (frames, fps to write, what they are in words)."""
-    _check_memory(args.input, info, args.frames, args.max_pixels, 3 if args.shuffle else 2)
-    frames, _, fps = _read(args.input, args.frames, args.max_pixels)
+    """INPUT for --out: (frames, their indices in INPUT, fps to write, what they are in words)."""
+    copies = (3 if args.shuffle else 2) + bool(args.depth_model)   # (+ the float16 depth: 2 of 3 bytes a pixel)
+    _check_memory(args.input, info, args.frames, args.max_pixels, copies)
+    frames, indices, fps = _read(args.input, args.frames, args.max_pixels)
+    frames, fps, what = _describe_out(args, info, frames, fps)
+    return frames, indices, fps, what
+
+
+def _describe_out(args, info, frames, fps):
+    """(frames, fps to write, what they are in words) of INPUT's frames read for --out."""
     name, total, T = args.input, info["frames"], len(frames)
     if args.frames is None:
         what = f"all frames of {name}"
@@ -1142,6 +1526,17 @@ def _read_for_out(args, info):
         what += f"; its {_fps_text(fps)} fps scaled by {T}/{total} to keep its {total / fps:.2f} s"
         fps = fps * T / total
     return frames, fps, what
+
+
+def _depth(args, frames, video_id, indices, given, what):
+    """(depth for `apply`, `what` + where it comes from): --depth-model's (depth.py, cached), else `given` (the
+    built-in clip's true depth; None for INPUT: perturb.depth_proxy)."""
+    if not args.depth_model:
+        return given, what
+    import depth as depth_model   # (torch and transformers load only with a depth model)
+
+    source = depth_model.Source(args.depth_model, args.depth_cache or None)
+    return source(frames, video_id, indices), f"{what}; depth by {args.depth_model}"
 
 
 def _write_out(args, out, frames, fps, depth, what):
@@ -1192,6 +1587,13 @@ def main(argv=None):
                     help="resize INPUT's frames to this pixel budget, as the model does (smart_resize: sides "
                          f"multiples of 28); default: native size for --out, {GRID_MAX_PIXELS} for --grid")
     ap.add_argument("--size", type=int, default=448, help="side of the built-in sample clip")
+    ap.add_argument("--depth-model", default="", metavar="NAME",
+                    help="depth of the depth-graded effects from this transformers depth-estimation model (hub id "
+                         "or folder, e.g. depth-anything/Depth-Anything-V2-Small-hf; depth.py); default: the "
+                         "ground-plane proxy for INPUT, the true depth for the built-in clip")
+    ap.add_argument("--depth-cache", default="", metavar="DIR",
+                    help="where --depth-model's maps are cached (default $XDG_CACHE_HOME/rova/depth, i.e. "
+                         "~/.cache/rova/depth)")
     runtime.add_debug_flag(ap)
     args = ap.parse_args(argv)
     if not args.grid and not (args.subtype and args.out):
@@ -1199,28 +1601,43 @@ def main(argv=None):
     _check_cli_args(args)
     out = runtime.out_file(args.out, OUT_SUFFIXES, "--out") if args.out else None
     grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
-    if args.input:
-        with video.held_native_stderr():
-            info = video.probe(args.input)  # a VideoError names the file
-        if out is not None and out.resolve() == Path(args.input).resolve():
-            raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
-        if out is not None:
-            frames, fps, what = _read_for_out(args, info)
-            _write_out(args, out, frames, fps, None, what)
-            del frames
-        if grid is not None:
-            n, mp = args.frames or min(GRID_FRAMES, info["frames"]), args.max_pixels or GRID_MAX_PIXELS
-            frames, _, _ = _read(args.input, n, mp)
-            what = f"{n} sampled uniformly from {args.input} (of its {info['frames']})"
-            _write_grid(args, grid, frames, None, what)
-        return 0
+    import depth as depth_model   # (torch and transformers load only to run a depth model)
+
+    depth_model.check_source(args.depth_model, args.depth_cache)   # one line now, not after decoding
+    return _on_input(args, out, grid) if args.input else _on_sample(args, out, grid)
+
+
+def _on_input(args, out, grid):
+    """--out and/or --grid of INPUT (depth: --depth-model's, else the proxy)."""
+    with video.held_native_stderr():
+        info = video.probe(args.input)  # a VideoError names the file
+    if out is not None and out.resolve() == Path(args.input).resolve():
+        raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
+    video_id = str(Path(args.input).resolve())
+    if out is not None:
+        frames, indices, fps, what = _read_for_out(args, info)
+        _write_out(args, out, frames, fps, *_depth(args, frames, video_id, indices, None, what))
+        del frames
+    if grid is not None:
+        n, mp = args.frames or min(GRID_FRAMES, info["frames"]), args.max_pixels or GRID_MAX_PIXELS
+        frames, indices, _ = _read(args.input, n, mp)
+        what = f"{n} sampled uniformly from {args.input} (of its {info['frames']})"
+        _write_grid(args, grid, frames, *_depth(args, frames, video_id, indices, None, what))
+    return 0
+
+
+def _on_sample(args, out, grid):
+    """--out and/or --grid of the built-in clip (depth: its true depth, or --depth-model's)."""
     import synthetic  # the built-in clip (imported here: synthetic imports data, which the engine needs not)
 
-    frames, depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
+    frames, true_depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
+    video_id, indices = f"perturb-sample-clip/{args.size}", range(len(frames))
+    what = "the built-in sample clip" + ("" if args.depth_model else ", with its true depth")
+    depth, what = _depth(args, frames, video_id, indices, true_depth, what)
     if out is not None:
-        _write_out(args, out, frames, SAMPLE_FPS, depth, "the built-in sample clip, with its true depth")
+        _write_out(args, out, frames, SAMPLE_FPS, depth, what)
     if grid is not None:
-        _write_grid(args, grid, frames, depth, f"the built-in sample clip ({len(frames)} frames)")
+        _write_grid(args, grid, frames, depth, f"{what} ({len(frames)} frames)")
     return 0
 
 

@@ -9,7 +9,9 @@ and a VSI-Bench evaluation file, so that data.py's real loaders read it; same se
 :func:`text_only_baseline` checks that the questions cannot be answered without the video.
 
 :func:`sample_clip` ray-casts a street scene (RGB plus metric depth): the built-in footage when no
-video is given (perturb.py's demo, the tests).
+video is given (perturb.py's demo, the tests). :func:`photo_clip` pans and zooms over a real photograph
+(scikit-image's bundled outdoor ones, no download): real content for the corruption engine's tests and
+contact sheets (benchmarks/contact_sheet.py).
 
 CLI: ``python synthetic.py --out DIR [--n 200 --seed 0 --frames 16 --size 112 --eval-fraction 0.25]``.
 """
@@ -581,6 +583,54 @@ def sample_clip(num_frames: int = 16, height: int = 256, width: int = 256, seed:
         frames[i] = np.clip(img + 0.5, 0, 255).astype(np.uint8)
         depth[i] = dep
     return frames, depth
+
+
+PHOTOS = ("rocket", "camera")  # scikit-image's bundled outdoor photographs (no download)
+
+
+def _photo(image) -> np.ndarray:
+    """An RGB uint8 [H, W, 3] photograph: the array given (grey is stacked to RGB) or a bundled one by name."""
+    if isinstance(image, str):
+        if image not in PHOTOS:
+            raise ValueError(f"unknown photo {image!r}; bundled: {', '.join(PHOTOS)}")
+        import skimage.data
+
+        image = getattr(skimage.data, image)()
+    img = np.asarray(image)
+    if img.ndim == 2:
+        img = np.repeat(img[..., None], 3, 2)
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+        raise ValueError(f"need a uint8 [H, W] or [H, W, 3] image, got {img.dtype} {img.shape}")
+    return img
+
+
+def photo_clip(image="rocket", num_frames: int = 16, size: int = 224, zoom: float = 0.012,
+               pan: tuple = (0.010, 0.004)) -> np.ndarray:
+    """A clip of real photographic content: a smooth pan and zoom over one still photograph.
+
+    ``image`` is an RGB or grey array (uint8 [H, W(, 3)]) or the name of one of scikit-image's bundled
+    outdoor photographs (``PHOTOS``: ``rocket``, a launch pad under a dusk sky; ``camera``, the cameraman on
+    a lawn under a bright grey sky; scikit-image is imported only then). Frame t is a square window of side
+    ``s_t = 0.9 min(H, W) (1 - zoom t)`` whose centre moves by ``pan`` (fractions of W and H) per frame,
+    resampled to ``size`` x ``size`` (anti-aliased, sub-pixel: the motion is smooth). Returns uint8
+    [num_frames, size, size, 3]. No depth comes with it: the engine's proxy is what a real clip gets."""
+    img = _photo(image)
+    if num_frames < 1 or size < 8:
+        raise ValueError(f"need num_frames >= 1 and size >= 8, got {num_frames}, {size}")
+    H, W = img.shape[:2]
+    t = np.arange(num_frames) - (num_frames - 1) / 2  # centred on the middle frame
+    sides = 0.9 * min(H, W) * (1 - zoom * (t + (num_frames - 1) / 2))
+    blur = max(0.0, 0.45 * (float(sides.max()) / size - 1))  # pre-filter for the downscale
+    src = cv2.GaussianBlur(img, (0, 0), blur) if blur > 0.05 else img
+    out = np.empty((num_frames, size, size, 3), np.uint8)
+    for i, (ti, s) in enumerate(zip(t, sides)):
+        cx = np.clip(W / 2 + pan[0] * W * ti, s / 2, W - s / 2)
+        cy = np.clip(H / 2 + pan[1] * H * ti, s / 2, H - s / 2)
+        k = s / size  # output pixel -> source pixel
+        m = np.float32([[k, 0, cx - s / 2 + 0.5 * k - 0.5], [0, k, cy - s / 2 + 0.5 * k - 0.5]])
+        out[i] = cv2.warpAffine(src, m, (size, size), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
+                                borderMode=cv2.BORDER_REFLECT_101)
+    return out
 
 
 def write_sample_video(path, fps: float = 8.0, **kw) -> str:

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 import buffer as curriculum
 import data
+import depth as depths
 import grpo
 import judge as judges
 import memory
@@ -96,6 +97,10 @@ class Config:
     frames: int = _arg(16, "frames per video (App. D: 16 in training)", "data")
     max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
     seed: int = _arg(0, "seed of data order, corruption specs and sampling", "data")
+    depth_model: str = _arg("", "depth of the depth-graded corruptions (fog, rain, snow, shadow, occluders) from this "
+                                "transformers depth-estimation model, e.g. depth-anything/Depth-Anything-V2-Small-hf "
+                                "(depth.py: computed once per clip, cached); empty: perturb.py's ground-plane proxy",
+                            "data")
     # output
     out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/. A finished run in it is never "
                                  "replaced without --overwrite; an unfinished one with the same config is "
@@ -174,6 +179,8 @@ class Config:
     eval_limit: int = _arg(96, "questions of --eval-data in the before/after report")
     demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark")
     video_cache: int = _arg(64, "decoded clips kept in memory per process")
+    depth_cache: str = _arg("", "folder of --depth-model's cached maps (default: depth.default_cache(), "
+                                "~/.cache/rova/depth)")
     judge_cache: str = _arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
     keep_checkpoints: int = _arg(2, "complete checkpoints kept (older ones are deleted)")
     stop_after: int = _arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
@@ -189,7 +196,7 @@ DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sf
 MODES = ("rova", "dual", "grpo", "grpo-aug")
 # Config fields that change nothing a run computes: an unfinished run continues across a change of these.
 NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
-                   "video_cache", "max_bad_fraction", "judge_cache", "perception_cache")
+                   "video_cache", "max_bad_fraction", "judge_cache", "perception_cache", "depth_cache")
 RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
 RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
@@ -236,16 +243,27 @@ def _check_config(ap, cfg):
 class Clips:
     """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
     (path -> reason) so that it is neither decoded again nor counted twice; above a share
-    (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler."""
+    (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler.
+    `corrupt` applies a spec with the clip's depth (--depth-model's, depth.py; else perturb's proxy)."""
 
     def __init__(self, cfg: Config, missing: list, n_videos: int, read_kwargs=None):
         self.cfg, self.cache, self.n_videos = cfg, OrderedDict(), n_videos
         self.bad = {path: "missing" for _, path in missing}
         self.read_kwargs = read_kwargs or {}
+        self.depth = depths.Source.of(cfg.depth_model, cfg.depth_cache or None)
+        self.indices = {}   # path -> the frame indices read (the depth cache's key)
 
     def read(self, path):
-        return video.read_frames(path, num_frames=self.cfg.frames, max_pixels=self.cfg.max_pixels,
-                                 **self.read_kwargs)[0]
+        frames, self.indices[path], _ = video.read_frames(path, num_frames=self.cfg.frames,
+                                                          max_pixels=self.cfg.max_pixels, **self.read_kwargs)
+        return frames
+
+    def corrupt(self, sample, frames, spec):
+        """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations)."""
+        if self.depth is None:
+            return perturb.apply(frames, spec)
+        d = self.depth(frames, data.video_identity(sample), self.indices.get(sample.video))   # cached per clip
+        return perturb.apply(frames, spec, d)
 
     def get(self, sample):
         if sample.video in self.bad:
@@ -466,11 +484,12 @@ class RL:
             if frames is None:
                 continue
             spec = spec or self.fresh_spec(spec_rng)
-            it = Item(s, spec, promoted, clean=frames, pert=perturb.apply(frames, spec) if self.corrupt else frames)
+            pert = self.clips.corrupt(s, frames, spec) if self.corrupt else frames
+            it = Item(s, spec, promoted, clean=frames, pert=pert)
             if self.cfg.temporal_grpo:  # alone for --mode grpo
                 shuffled = perturb.PerturbSpec(spec.subtype if self.corrupt else None, spec.eta, spec.seed, True,
                                                dict(spec.params) if self.corrupt else {})
-                it.shuffled = perturb.apply(frames, shuffled)
+                it.shuffled = self.clips.corrupt(s, frames, shuffled)
             items.append(it)
         return items
 
@@ -664,7 +683,7 @@ class RL:
             frames = self.clips.get(s)
             out.append(None if frames is not None else FileNotFoundError(f"video of {s.id} is unreadable"))
             if frames is not None:
-                view = self.observer(s, perturb.apply(frames, perturb.PerturbSpec.from_dict(entry.spec)))
+                view = self.observer(s, self.clips.corrupt(s, frames, perturb.PerturbSpec.from_dict(entry.spec)))
                 todo.append((len(out) - 1, s, view))
         if todo:
             conf = self.confidences([v for _, _, v in todo], [s for _, s, _ in todo])
@@ -739,7 +758,7 @@ def evaluate(cfg, model, processor, samples, observer, clips, batch_size=16):
             chunk.append((s, perturb.SUBTYPES[(start + k) % len(perturb.SUBTYPES)]))
         for cond in scores if chunk else ():
             vids = frames if cond == "clean" else [  # Sec. 4 static protocol: one corruption per (video, subtype)
-                perturb.apply(f, perturb.static_spec(data.video_identity(s), sub, eta=cfg.eta))
+                clips.corrupt(s, f, perturb.static_spec(data.video_identity(s), sub, eta=cfg.eta))
                 for f, (s, sub) in zip(frames, chunk)]
             inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in chunk],
                                      [observer(s, v) for v, (s, _) in zip(vids, chunk)])
@@ -803,6 +822,7 @@ def check_sources(cfg):
     not a traceback after the data is read."""
     runtime.model_source(cfg.model)
     runtime.check_hf_flags({"--judge": cfg.judge})
+    depths.check_source(cfg.depth_model, cfg.depth_cache)
 
 
 def load_data(cfg, rank, world, ext):
@@ -943,7 +963,7 @@ def answerability_labels(run):
         if frames is None:
             continue
         spec = perturb.sample_spec(np.random.default_rng([cfg.seed, run.rank, 0xA5, i]), eta=cfg.eta)
-        todo += [(s, None, frames), (s, spec.to_dict(), perturb.apply(frames, spec))]
+        todo += [(s, None, frames), (s, spec.to_dict(), run.clips.corrupt(s, frames, spec))]
     labels = []
     with parallel.gathered(run.model):
         for k in range(0, len(todo), cfg.sft_batch_size):
@@ -970,7 +990,8 @@ def answerability_step(run, batch, task_batch):
     for s, x in batch:
         frames = run.clips.get(s)
         if frames is not None:
-            view = frames if x["spec"] is None else perturb.apply(frames, perturb.PerturbSpec.from_dict(x["spec"]))
+            view = frames if x["spec"] is None else run.clips.corrupt(s, frames,
+                                                                      perturb.PerturbSpec.from_dict(x["spec"]))
             rows.append((curriculum.answerability_messages([data.question_text(s)])[0], run.observer(s, view),
                          x["target"]))
     for s in task_batch:
@@ -1076,6 +1097,7 @@ def setup(cfg, ext):
     log = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
     out = runtime.out_dir(cfg.out, create=False)
     if not cfg.model:
+        depths.check_source(cfg.depth_model, cfg.depth_cache)
         (ext.prepare_demo or prepare_demo)(cfg, rank)
     else:
         check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder

@@ -1,0 +1,223 @@
+"""Monocular depth for the depth-conditioned corruptions (ROVA Sec. 3.1 and Sec. 4, Table 1: "spatially aware"
+perturbations), optional and cached.
+
+perturb.py grades fog, rain and snow layers, shadows and occluders by scene depth. Without a depth model it uses
+a ground-plane proxy with a sky cue (perturb.depth_proxy: the offline default). `--depth-model NAME` (perturb.py,
+train.py, eval_pvrbench.py) runs a transformers depth-estimation model instead, loaded by name or local folder
+with the Auto classes (AutoImageProcessor + AutoModelForDepthEstimation, safetensors weights only). Recommended:
+
+    depth-anything/Depth-Anything-V2-Small-hf   (25M parameters; `hf download` it where the hub is reachable)
+
+The rule (larger = farther, perturb.py's convention). Depth Anything (relative), DPT and Depth Pro predict
+relative inverse depth (disparity, larger = nearer, affine-invariant); it is turned into depth per clip:
+
+    n = max(disparity, 0) / max over the whole clip's disparity     in [0, 1] (one scale for all frames: no flicker)
+    depth = 1 / (n + EPS), EPS = 0.02                                 nearest ~1, zero disparity (sky) 1/EPS = 50
+
+so the sky (disparity ~0) is the farthest, and the unknown scale cancels (perturb normalises depth per clip as
+d / (d + median d)). Models that predict metric depth (GLPN, ZoeDepth, Depth Anything with
+depth_estimation_type "metric") are used as they are, clipped at 0. The prediction is resized bilinearly to the
+frame size and rounded to float16 before anything uses it, so what corrupts a clip, what is cached and what
+`eval_pvrbench.py --export` writes are the same numbers (Eq. 4: the spec, the clean frames and the exported depth
+regenerate a corrupted clip bit for bit, without the model; the model itself, rerun on other hardware or library
+versions, may differ in the last bits).
+
+The cache: one float16 .npy per clip, DIR/<k[:2]>/<k>.npy, k = sha256 of (model, video identity, frame indices,
+the frames' shape and content, the rule's version); DIR is --depth-cache (default $XDG_CACHE_HOME/rova/depth,
+i.e. ~/.cache/rova/depth). A local model folder is identified by its path and its files' sizes and mtimes, a hub
+id by its name. Files are written atomically (a temporary file, then os.replace); an unreadable or malformed one
+is recomputed with a warning that names it, never used.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+import runtime
+
+RECOMMENDED = "depth-anything/Depth-Anything-V2-Small-hf"
+EPS = 0.02                          # depth = 1 / (normalised disparity + EPS): the far limit is 1 / EPS
+RULE_VERSION = 1                    # in the cache key: a change of the rule above never reuses old maps
+METRIC_TYPES = ("glpn", "zoedepth")  # model types whose predicted_depth is depth, not disparity
+F16_MAX = float(np.finfo(np.float16).max)
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "rova" / "depth"
+
+
+def check_source(name: str, cache: str = "", what: str = "--depth-model"):
+    """One line now, before any work, when `name` cannot be loaded (runtime.model_source); "" = the proxy.
+    `cache` (--depth-cache) without a model is a mistake too."""
+    if cache and not name:
+        raise runtime.UserError(f"--depth-cache {cache} is where {what}'s maps are kept: give {what} NAME")
+    if name:
+        runtime.model_source(name, what)
+
+
+def describe(name: str):
+    """The manifest's record of a depth source: "proxy" (perturb.depth_proxy), or {"model": NAME}."""
+    return {"model": name} if name else "proxy"
+
+
+def model_id(name: str) -> str:
+    """What identifies a depth model in the cache key and in eval's run hash: a hub id by its name, a local
+    folder by its resolved path and its files' names, sizes and mtimes (a rebuilt model is a new model)."""
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        return name
+    files = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(path.iterdir()) if f.is_file()]
+    return json.dumps([str(path.resolve()), files])
+
+
+def is_metric(config) -> bool:
+    """True when the model predicts depth (larger = farther), False when it predicts disparity."""
+    return config.model_type in METRIC_TYPES or getattr(config, "depth_estimation_type", None) == "metric"
+
+
+def to_depth(pred: np.ndarray, metric: bool, top: float | None = None) -> np.ndarray:
+    """The model's prediction -> depth, float16, larger = farther (the module docstring's rule). `top`: the
+    clip's maximum disparity (default: pred's own), so that the chunks of one clip share one scale."""
+    pred = np.asarray(pred, np.float32)
+    if not np.isfinite(pred).all():
+        raise ValueError("the depth model predicted non-finite values")
+    if metric:
+        return np.clip(pred, 0, F16_MAX).astype(np.float16)
+    disp = np.maximum(pred, 0)
+    top = float(disp.max()) if top is None else top
+    n = disp / top if top > 0 else disp   # (no disparity anywhere: everything at the far limit)
+    return (1.0 / (n + EPS)).astype(np.float16)
+
+
+def read(path, shape=None) -> np.ndarray:
+    """A depth file (the cache's, or one eval_pvrbench.py --export wrote): float16 [T,H,W], finite, >= 0, of
+    `shape` if given. Anything else is a UserError naming the file (no pickle is ever loaded)."""
+    try:
+        d = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise runtime.UserError(f"depth file {path}: unreadable ({type(e).__name__}: {e})") from None
+    if d.dtype != np.float16 or d.ndim != 3:
+        raise runtime.UserError(f"depth file {path}: expected float16 [T,H,W], got {d.dtype} {list(d.shape)}")
+    if shape is not None and tuple(d.shape) != tuple(shape):
+        raise runtime.UserError(f"depth file {path}: shape {list(d.shape)}, the clip needs {list(shape)}")
+    if not np.isfinite(d).all() or (d < 0).any():
+        raise runtime.UserError(f"depth file {path}: non-finite or negative values")
+    return d
+
+
+def write(path, depth: np.ndarray) -> Path:
+    """Write float16 depth to `path` (.npy) atomically: a temporary file in the same folder, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(depth, np.float16), allow_pickle=False)
+    os.replace(tmp, path)
+    return path
+
+
+class Source:
+    """A depth model with its disk cache. `source(frames, video_id, indices)` -> float16 [T,H,W] depth of a
+    uint8 [T,H,W,3] clip (cached); the model is loaded on the first cache miss (thread-safe)."""
+
+    def __init__(self, name: str, cache_dir=None, device=None, batch_size: int = 8):
+        self.name, self.id, self.batch_size = name, model_id(name), max(1, batch_size)
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache()
+        self.device, self.model, self.processor, self.metric = device, None, None, False
+        self.lock = threading.Lock()
+
+    @classmethod
+    def of(cls, name: str, cache_dir=None, **kwargs):
+        """A Source for --depth-model NAME, or None ("": the proxy)."""
+        return cls(name, cache_dir, **kwargs) if name else None
+
+    def describe(self) -> dict:
+        """The manifest's record of this depth source (eval_pvrbench.py)."""
+        return describe(self.name)
+
+    def key(self, frames, video_id: str, indices=None) -> str:
+        frames = np.ascontiguousarray(frames)
+        fields = {"model": self.id, "video": str(video_id), "shape": list(frames.shape), "rule": RULE_VERSION,
+                  "indices": None if indices is None else [int(i) for i in indices],
+                  "frames": hashlib.sha256(frames.data).hexdigest()}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+    def path(self, key: str) -> Path:
+        return self.cache_dir / key[:2] / f"{key}.npy"
+
+    def __call__(self, frames, video_id: str = "", indices=None) -> np.ndarray:
+        frames = frames.detach().cpu().numpy() if hasattr(frames, "detach") else np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+            raise ValueError(f"depth: frames must be uint8 [T,H,W,3], got {frames.dtype} {list(frames.shape)}")
+        path = self.path(self.key(frames, video_id, indices))
+        depth = self._cached(path, frames.shape[:3])
+        if depth is None:
+            with self.lock:   # (the eval corrupts clips in threads: one model call at a time)
+                depth = self._cached(path, frames.shape[:3], quiet=True)   # (another thread's, meanwhile)
+                if depth is None:
+                    depth = self.estimate(frames)
+                    write(path, depth)
+        return depth
+
+    @staticmethod
+    def _cached(path, shape, quiet=False):
+        """The cached depth, or None: not there, or unreadable / malformed (a warning names the file)."""
+        if not path.is_file():
+            return None
+        try:
+            return read(path, shape)
+        except runtime.UserError as e:
+            if not quiet:
+                warnings.warn(f"{e}; recomputing it", stacklevel=3)
+            return None
+
+    def load(self):
+        """The processor and model (safetensors only), on `device` (default: CUDA if available, else CPU)."""
+        if self.model is not None:
+            return
+        import torch
+        from transformers import AutoImageProcessor, AutoModelForDepthEstimation
+
+        kwargs = runtime.model_source(self.name, "--depth-model")
+        try:
+            with runtime.no_hf_progress_bars():
+                self.processor = AutoImageProcessor.from_pretrained(self.name, **kwargs)
+                model = AutoModelForDepthEstimation.from_pretrained(self.name, use_safetensors=True,
+                                                                    dtype=torch.float32, **kwargs)
+        except (OSError, ValueError, KeyError) as e:
+            raise runtime.UserError(f"--depth-model {self.name}: not a loadable depth-estimation model "
+                                    f"(safetensors weights): {' '.join(str(e).split())[:300]}") from None
+        self.device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model, self.metric = model.eval().to(self.device), is_metric(model.config)
+
+    def estimate(self, frames: np.ndarray) -> np.ndarray:
+        """The model's depth of a clip, no cache: batches of `batch_size` frames, resized to the frame size,
+        converted by the rule (one disparity scale for the clip), float16."""
+        import torch
+
+        self.load()
+        T, H, W = frames.shape[:3]
+        raw = self._predict(frames)   # [T,h,w] at the model's resolution
+        top = float(raw.clamp(min=0).max()) if len(raw) else 0.0
+        out = np.empty((T, H, W), np.float16)
+        for k in range(0, T, self.batch_size):
+            part = torch.nn.functional.interpolate(raw[k:k + self.batch_size, None], size=(H, W), mode="bilinear",
+                                                   align_corners=False)[:, 0]
+            out[k:k + self.batch_size] = to_depth(part.numpy(), self.metric, top)
+        return out
+
+    def _predict(self, frames):
+        import torch
+
+        preds = []
+        with torch.no_grad():
+            for k in range(0, len(frames), self.batch_size):
+                inputs = self.processor(images=list(frames[k:k + self.batch_size]), return_tensors="pt")
+                preds.append(self.model(**inputs.to(self.device)).predicted_depth.float().cpu())
+        return torch.cat(preds) if preds else torch.zeros((0, 1, 1))
