@@ -449,8 +449,11 @@ def _smoothstep(e0, e1, x):
 
 
 # The depth proxy's ground plane: non-sky content at the horizon is at PROXY_FAR (upright structure at the
-# distance of the horizon), the ground at the bottom row at PROXY_NEAR; the sky alone is at 1.
-PROXY_FAR, PROXY_NEAR, PROXY_EYE_LEVEL = 0.72, 0.12, 0.45
+# distance of the horizon), the ground at the bottom row at PROXY_NEAR; the sky alone is at 1. PROXY_FAR is
+# beyond the farthest rain / snow layer (0.75 + its fade), so that they fall in front of distant structure,
+# and below the sky rule's onset (_sky_of_depth: 0.85), so that it is never taken for sky (at 0.72, heavy
+# rain hid no object of the synthetic scene from a colour-blob perceiver: extensions/embodied_r's tests).
+PROXY_FAR, PROXY_NEAR, PROXY_EYE_LEVEL = 0.84, 0.12, 0.45
 
 
 def _sky_score(f: np.ndarray) -> np.ndarray:
