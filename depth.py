@@ -35,6 +35,7 @@ import json
 import os
 import threading
 import warnings
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -221,3 +222,26 @@ class Source:
                 inputs = self.processor(images=list(frames[k:k + self.batch_size]), return_tensors="pt")
                 preds.append(self.model(**inputs.to(self.device)).predicted_depth.float().cpu())
         return torch.cat(preds) if preds else torch.zeros((0, 1, 1))
+
+
+class ClipMemo:
+    """`source`'s depth of the last `size` clean clips, by clip object: a caller that corrupts one clip under many
+    specs (eval_pvrbench.py: a subtype each; train.py: a spec per rollout group) hashes the clip and reads its
+    cache file once, not once per spec. A hit needs the very frames object seen before (`is`), so a new
+    read of the video (new frames, even equal ones) asks `source` again. Thread-safe."""
+
+    def __init__(self, source: Source, size: int = 8):
+        self.source, self.size, self.items, self.lock = source, max(1, size), OrderedDict(), threading.Lock()
+
+    def __call__(self, frames, video_id: str = "", indices=None) -> np.ndarray:
+        with self.lock:
+            hit = self.items.get(video_id)
+        if hit is not None and hit[0] is frames:
+            return hit[1]
+        d = self.source(frames, video_id, indices)
+        with self.lock:
+            self.items[video_id] = (frames, d)
+            self.items.move_to_end(video_id)
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return d

@@ -692,6 +692,7 @@ class Runner:
         self.args, self.store, self.model, self.judge, self.read_kwargs = args, store, model, judge, read_kwargs
         self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
         self.depth = depths.Source.of(args.depth_model, args.depth_cache or None)   # None: perturb's proxy
+        self.depth_of = self.depth and depths.ClipMemo(self.depth)
         self.indices = {}   # video id -> the frame indices read (the depth cache's key)
         self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
@@ -717,6 +718,7 @@ class Runner:
 
     def window(self, groups):
         self.clips, todo = {}, []
+        self.depth_of = self.depth and depths.ClipMemo(self.depth, len(groups))   # the window's clips' depth
         pending = [(g, self.store.pending(g)) for g in groups]
         pending = [(g, pend) for g, pend in pending if pend or self.store.to_judge(g, self.judge)]
         groups = [g for g, _ in pending]
@@ -757,9 +759,9 @@ class Runner:
         return clips[(g.video_id, cond)]
 
     def clip_depth(self, g, frames):
-        """--depth-model's depth of a clean clip (depth.Source: computed once, cached on disk; thread-safe), or
-        None: perturb's ground-plane proxy."""
-        return None if self.depth is None else self.depth(frames, g.video_id, self.indices.get(g.video_id))
+        """--depth-model's depth of a clean clip (depth.Source: computed once, cached on disk; read from disk once
+        per window: depth.ClipMemo; thread-safe), or None: perturb's ground-plane proxy."""
+        return None if self.depth is None else self.depth_of(frames, g.video_id, self.indices.get(g.video_id))
 
     def batches(self, todo):
         """The model's calls: --batch-size samples each; for a model that shares a clip's prefill

@@ -251,6 +251,7 @@ class Clips:
         self.bad = {path: "missing" for _, path in missing}
         self.read_kwargs = read_kwargs or {}
         self.depth = depths.Source.of(cfg.depth_model, cfg.depth_cache or None)
+        self.depth_of = self.depth and depths.ClipMemo(self.depth, cfg.video_cache)   # a clip's depth, once
         self.indices = {}   # path -> the frame indices read (the depth cache's key)
 
     def read(self, path):
@@ -262,7 +263,7 @@ class Clips:
         """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations)."""
         if self.depth is None:
             return perturb.apply(frames, spec)
-        d = self.depth(frames, data.video_identity(sample), self.indices.get(sample.video))   # cached per clip
+        d = self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video))
         return perturb.apply(frames, spec, d)
 
     def get(self, sample):

@@ -138,6 +138,23 @@ def test_a_corrupt_cache_file_is_recomputed_with_a_warning_naming_it(tiny, tmp_p
     assert not list(tmp_path.rglob("*.tmp"))   # atomic writes leave no temporary file
 
 
+def test_clip_memo_reads_a_clips_depth_once_per_frames_object(tiny, tmp_path, clip, monkeypatch):
+    source = depth.Source(tiny, tmp_path)
+    d = source(clip, "v", range(4))
+    asked = []
+    monkeypatch.setattr(source, "key", lambda *a, _key=source.key: asked.append(1) or _key(*a))
+    memo = depth.ClipMemo(source, size=2)
+    for _ in range(3):   # one clip under three specs: one hash and read
+        assert np.array_equal(memo(clip, "v", range(4)), d)
+    assert len(asked) == 1
+    same = clip.copy()   # equal frames, another object (a new read): asked again, the same numbers
+    assert np.array_equal(memo(same, "v", range(4)), d) and len(asked) == 2
+    memo(clip[::-1].copy(), "w"), memo(clip[:2].copy(), "x")   # size 2: "v" is evicted
+    assert list(memo.items) == ["w", "x"]
+    memo(same, "v", range(4))
+    assert len(asked) == 5
+
+
 def test_bad_depth_models_are_one_line(tmp_path):
     with pytest.raises(runtime.UserError, match="--depth-model .*no such folder"):
         depth.check_source(str(tmp_path / "nope"))
@@ -174,6 +191,7 @@ def test_train_clips_corrupt_with_the_clips_depth(tiny, tmp_path, bench):
     source = depth.Source(tiny, tmp_path)
     d = source(frames, data.video_identity(s), video.read_frames(s.video, 4, 56 * 56)[1])
     assert np.array_equal(clips.corrupt(s, frames, spec), perturb.apply(frames, spec, d))
+    assert clips.depth_of.items[data.video_identity(s)][0] is frames   # the next spec reuses it (ClipMemo)
     assert len(list(tmp_path.rglob("*.npy"))) == 1   # the same cache entry
     plain = train.Clips(train.parse_args([]), [], len(samples))
     assert plain.depth is None and np.array_equal(plain.corrupt(s, frames, spec), perturb.apply(frames, spec))
@@ -201,7 +219,11 @@ def test_eval_records_the_depth_hashes_it_and_export_regenerates_bit_identically
     monkeypatch.setitem(ev.MODELS, "", lambda args, path: StubModel())
     StubModel.seen = {}
     cache = tmp_path / "cache"
+    keys = []   # a clip's depth is hashed and read once, not once per subtype (depth.ClipMemo)
+    monkeypatch.setattr(depth.Source, "key",
+                        lambda self, *a, _key=depth.Source.key: keys.append(a[1]) or _key(self, *a))
     ev.main(eval_cli(bench, tiny, tmp_path / "out", "--depth-model", tiny, "--depth-cache", str(cache)))
+    assert keys and len(keys) == len(set(keys))
     ev.main(eval_cli(bench, tiny, tmp_path / "out"))   # the proxy: another run store
     runs = sorted((tmp_path / "out" / Path(tiny).name).glob("run_*"))
     assert len(runs) == 2
