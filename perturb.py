@@ -77,8 +77,8 @@ SPEC_VERSION = 1
 # The engine's look: what a spec renders. A change that draws different pixels from the same spec bumps it, so
 # that a manifest or an evaluation store made with another look is never mixed with this one's clips
 # (eval_pvrbench.py records it per manifest row and in its run hash). 2: the image-following depth proxy, no sky
-# shadows, shaded occluders (2026-12-02).
-RENDER_VERSION = 2
+# shadows, shaded occluders (2026-12-02). 3: walkers painted at <= 64 px tall before their defocus (was 80).
+RENDER_VERSION = 3
 
 
 # ----------------------------------------------------------------------------- the effects registry
@@ -735,12 +735,17 @@ def _shadow(ctx):
     crop0 = field_[pad // 2:pad // 2 + ctx.sh, pad // 2:pad // 2 + ctx.sw]
     thr = float(np.quantile(crop0, 1 - min(max(p["coverage"], 0.01), 0.95)))
     table = _tone_table((0.3, 0.34, 0.44))
+    ground = {}  # 1 - sky, per depth map used
     for t in range(ctx.T):
         ox, oy = start + v * t
         m = np.float32([[1, 0, ox], [0, 1, oy]])
         crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
         alpha = ctx.upsample(np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * np.float32(p["darkness"]))
-        yield Layer(alpha * (1 - ctx.sky(t)), lambda f, t=t: ctx.clip_lut(table, t))  # never on the sky
+        sky = ctx.sky(t)
+        if id(sky) not in ground:
+            ground[id(sky)] = 1 - sky
+        alpha *= ground[id(sky)]  # never on the sky
+        yield Layer(alpha, lambda f, t=t: ctx.clip_lut(table, t))
 
 
 # ----------------------------------------------------------------------------- camera motion
@@ -874,7 +879,7 @@ def _emboss(mask, radius, light):
     return 0.35 + 0.8 * np.maximum(lam, 0)
 
 
-_HALF_TURN = np.linspace(-np.pi / 2, np.pi / 2, 7)  # a capsule's end, about its axis
+_HALF_TURN_CS = [(math.cos(a), math.sin(a)) for a in np.linspace(-np.pi / 2, np.pi / 2, 7)]  # a capsule's end
 
 
 class _Paint:
@@ -891,7 +896,9 @@ class _Paint:
         return np.rint((self.origin + self.unit * np.asarray(p, np.float64)) * 4).astype(np.int32)
 
     @staticmethod
-    def _rgba(colour):
+    def _rgba(colour):  # (an rgba tuple already made is passed through)
+        if isinstance(colour, tuple) and len(colour) == 4:
+            return colour
         return tuple(min(255, max(0, int(v))) for v in colour) + (255,)
 
     def poly(self, pts, colour):
@@ -907,13 +914,14 @@ class _Paint:
                     cv2.LINE_AA, 2)
 
     def capsule(self, a, b, ra, rb, colour):
-        """A tapered limb from a (radius ra) to b (radius rb), in units: one outline, two half-discs joined."""
-        ang = math.atan2(b[1] - a[1], b[0] - a[0]) + _HALF_TURN
-        c, s = np.cos(ang), np.sin(ang)
-        pts = np.empty((2 * len(ang), 2))
-        pts[:len(ang), 0], pts[:len(ang), 1] = b[0] + rb * c, b[1] + rb * s
-        pts[len(ang):, 0], pts[len(ang):, 1] = a[0] - ra * c, a[1] - ra * s
-        self.poly(pts, colour)
+        """A tapered limb from a (radius ra) to b (radius rb), in units: one outline, two half-discs joined (in
+        plain floats: 14 points, where numpy's per-call cost would dominate)."""
+        ax, ay, bx, by = float(a[0]), float(a[1]), float(b[0]), float(b[1])
+        n = math.hypot(bx - ax, by - ay) or 1.0
+        c0, s0 = (bx - ax) / n, (by - ay) / n  # the axis; each point turned from it by one of _HALF_TURN_CS
+        turn = [(c0 * c - s0 * s, s0 * c + c0 * s) for c, s in _HALF_TURN_CS]
+        self.poly([(bx + rb * x, by + rb * y) for x, y in turn] + [(ax - ra * x, ay - ra * y) for x, y in turn],
+                  colour)
 
     def part(self, roundness, dim=1.0):
         """Shade what was drawn since the last part as one body (`roundness` in units) and lay it on top."""
@@ -1127,20 +1135,24 @@ def _actor_frame(walker, unit, phase, look, face, cache):
     return img, alpha, shadow, cx
 
 
-def _defocus(img, alpha, shadow, sigma, streak, k):
+def _defocus(img, alpha, shadow, sigma, streak, k, cache):
     """The actor out of focus (sigma px) and motion-blurred (a horizontal streak px), cropped to where it
     weighs anything and upscaled k times: the Layer's weight (the actor over its darkened contact shadow),
     its effect (premultiplied colour over that weight: the blur leaves no dark fringe), and the crop's
-    offset (x, y) from the canvas's corner in upscaled px (it reaches past the canvas by the blur)."""
+    offset (x, y) from the canvas's corner in upscaled px (it reaches past the canvas by the blur). The
+    shadow is the same in every frame: blurred once, in `cache`."""
     sx = math.sqrt(sigma ** 2 + streak ** 2 / 12)
     px, py = int(math.ceil(3 * sx)), int(math.ceil(3 * sigma))  # room for the blur around the canvas
     h, w = alpha.shape
-    stack = np.zeros((h + 2 * py, w + 2 * px, 5), np.float32)
+    blur = lambda m: cv2.GaussianBlur(m, (0, 0), sigmaX=sx, sigmaY=sigma)  # noqa: E731
+    stack = np.zeros((h + 2 * py, w + 2 * px, 4), np.float32)
     inner = stack[py:py + h, px:px + w]
     inner[..., :3] = img * alpha[..., None]
-    inner[..., 3], inner[..., 4] = alpha, shadow
-    stack = cv2.GaussianBlur(stack, (0, 0), sigmaX=sx, sigmaY=sigma)
-    a, s = np.clip(stack[..., 3], 0, 1), np.clip(stack[..., 4], 0, 1)
+    inner[..., 3] = alpha
+    stack = blur(stack)
+    if "blurred shadow" not in cache:
+        cache["blurred shadow"] = np.clip(blur(cv2.copyMakeBorder(shadow, py, py, px, px, cv2.BORDER_CONSTANT)), 0, 1)
+    a, s = np.clip(stack[..., 3], 0, 1), cache["blurred shadow"]
     weight = a + (1 - a) * s
     x, y, cw, ch = cv2.boundingRect((weight > 1e-3).view(np.uint8))
     if cw == 0:
@@ -1192,16 +1204,17 @@ def _dynamic(ctx):
     speed = 1.2 * W / T  # px per frame
     rate = min(1.5, np.pi * speed / (_STEP * height))  # gait phase per frame: the planted foot stays put
     phase0 = rng.uniform(0, 2 * np.pi)
-    k = max(1.0, height / 80)  # drawn at <= 80 px tall, then upscaled: it is out of focus anyway
+    k = max(1.0, height / 64)  # drawn at <= 64 px tall, then upscaled: it is out of focus anyway
     sigma, streak = max(0.6, 0.014 * height) / k, 0.15 * speed / k  # shutter open 15% of a frame interval
     light, cache = _scene_light(ctx.small_frame), {}
     if walker:  # _lit is linear: lighting the clothes is lighting the painted walker, at no cost per frame
-        look.update({key: _lit(np.asarray(look[key], np.float32), light) for key in _CLOTHES})
+        look.update({key: _Paint._rgba(_lit(np.asarray(look[key], np.float32), light)) for key in _CLOTHES})
     for t in range(T):
         if walker or t == 0:  # a car is rigid: one image for the clip
             img, alpha, shadow, cx_px = _actor_frame(walker, height / k, phase0 + rate * t, look, p["direction"],
                                                      cache)
-            weight, effect, (ox, oy) = _defocus(img if walker else _lit(img, light), alpha, shadow, sigma, streak, k)
+            weight, effect, (ox, oy) = _defocus(img if walker else _lit(img, light), alpha, shadow, sigma, streak, k,
+                                                cache)
         frac = (t + 0.5) / T
         cx = (-0.1 + 1.2 * (frac if p["direction"] > 0 else 1 - frac)) * W
         yield _placed(weight, effect, int(round(base + lane - height)) + oy, int(round(cx - cx_px * k)) + ox,
