@@ -187,7 +187,7 @@ def test_fog_follows_depth(clip):
     _, C = perturb.masks(frames, spec, depth)
     rows = C.mean((0, 2))
     assert (np.diff(rows) <= 1e-6).all() and rows[0] > rows[-1] + 0.3
-    d = depth[0, :, 0] / (depth[0, :, 0] + np.median(depth))  # hand-worked: t = exp(-beta d), static fog
+    d = depth[0, :, 0] / (depth[0, :, 0] + np.median(depth[:, ::4, ::4]))  # hand-worked: t = exp(-beta d)
     expected = 1 - np.exp(-spec.params["beta"] * d)
     assert np.allclose(rows, expected, atol=0.05), np.abs(rows - expected).max()
 
