@@ -56,19 +56,10 @@ def interleaved(fns, repeats, rounds=3):
     return [statistics.median(r) for r in runs]
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--frames", type=int, default=16)
-    ap.add_argument("--size", type=int, default=448)
-    ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--eta", type=float, default=perturb.DEFAULT_ETA)
-    ap.add_argument("--baseline", help="another perturb.py to time beside this one, subtype by subtype")
-    args = ap.parse_args()
-
-    clip, _ = synthetic.sample_clip(args.frames, args.size, args.size)
+def cpu_table(clip, args, base):
+    """({subtype: seconds}, {subtype: the baseline engine's seconds} or {}, the np.copy floor in seconds)."""
     copy_s = min(timed(lambda: np.copy(clip), 200))
     print(f"clip {clip.shape} uint8, np.copy {copy_s * 1e3:.3f} ms (min of 200)")
-    base = load_engine(args.baseline) if args.baseline else None
     seconds, before = {}, {}
     for i, sub in enumerate(perturb.SUBTYPES):
         spec = perturb.PerturbSpec(sub, eta=args.eta, seed=i)
@@ -80,6 +71,10 @@ def main():
                                                      lambda: base.apply(clip, old)], args.repeats)
         copy_s = min(copy_s, min(timed(lambda: np.copy(clip), 20)))  # re-measured beside each subtype
     print(f"np.copy floor over the run: {copy_s * 1e3:.3f} ms")
+    return seconds, before, copy_s
+
+
+def report(seconds, before, copy_s):
     extra = f"{'baseline ms':>13}{'x baseline':>12}" if before else ""
     print(f"{'subtype':<14}{'ms/clip':>10}{'x copy':>10}{extra}")
     for sub, s in seconds.items():
@@ -91,6 +86,8 @@ def main():
         vs = [seconds[sub] / before[sub] for sub in before]
         print(f"median_ratio_vs_baseline={statistics.median(vs):.2f} max_ratio_vs_baseline={max(vs):.2f}")
 
+
+def gpu_table(clip, args):
     try:
         import torch
     except ImportError:
@@ -105,6 +102,19 @@ def main():
         spec = perturb.PerturbSpec(sub, eta=args.eta, seed=i)
         ms = statistics.median(timed(lambda: perturb.apply(x, spec), args.repeats, sync))
         print(f"{sub:<14}{ms * 1e3:>10.2f} ms  {ms / gcopy:>8.1f} x clone")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--frames", type=int, default=16)
+    ap.add_argument("--size", type=int, default=448)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--eta", type=float, default=perturb.DEFAULT_ETA)
+    ap.add_argument("--baseline", help="another perturb.py to time beside this one, subtype by subtype")
+    args = ap.parse_args()
+    clip, _ = synthetic.sample_clip(args.frames, args.size, args.size)
+    report(*cpu_table(clip, args, load_engine(args.baseline) if args.baseline else None))
+    gpu_table(clip, args)
 
 
 if __name__ == "__main__":
