@@ -251,7 +251,7 @@ class Clips:
         self.bad = {path: "missing" for _, path in missing}
         self.read_kwargs = read_kwargs or {}
         self.depth = depths.Source.of(cfg.depth_model, cfg.depth_cache or None)
-        self.depth_of = self.depth and depths.ClipMemo(self.depth, cfg.video_cache)   # a clip's depth, once
+        self.depth_of = self.depth and depths.ClipMemo(self.depth)   # the last 8 clips' depth (a step's)
         self.indices = {}   # path -> the frame indices read (the depth cache's key)
 
     def read(self, path):
