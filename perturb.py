@@ -583,30 +583,29 @@ class _Context:
             self._luts[key] = self.ops.lut(self.frames, table, out=None if self._luts else self.out)
         return self._luts[key][t]
 
+    def per_map(self, name, t, make):
+        """make(t), computed once per depth map used (one for the proxy, one per frame for a true depth map)
+        and kept, under `name`, for this call of apply."""
+        key = (name, t if len(self._small) > 1 else 0)
+        if key not in self._full:
+            self._full[key] = make(t)
+        return self._full[key]
+
     def depth_small(self, t):
         return self._small[t if len(self._small) > 1 else 0]
 
     def sky_small(self, t):
         """Where the depth used says sky, at working scale, in [0,1] (_sky_of_depth)."""
-        return self._sky(self.depth_small(t))
+        return self.per_map("sky small", t, lambda t: _sky_of_depth(self.depth_small(t), self._maps[1]))
 
     def sky(self, t):
         """The same at full resolution: exactly 1 wherever depth(t) is within 3% of the far limit."""
-        return self._sky(self.depth(t))
-
-    def _sky(self, d):
-        key = ("sky", id(d))
-        if key not in self._full:
-            self._full[key] = (d, _sky_of_depth(d, self._maps[1]))  # d kept: its id stays its own
-        return self._full[key][1]
+        return self.per_map("sky", t, lambda t: _sky_of_depth(self.depth(t), self._maps[1]))
 
     def depth(self, t):
         """Full-resolution depth of frame t in [0,1]."""
-        i = t if len(self._small) > 1 else 0
-        if i not in self._full:
-            self._full[i] = (self._full_given[i] if self._given is not None else
-                             cv2.resize(self._small[i], (self.W, self.H), interpolation=cv2.INTER_LINEAR))
-        return self._full[i]
+        return self.per_map("depth", t, lambda t: self._full_given[t] if self._given is not None else
+                            cv2.resize(self.depth_small(t), (self.W, self.H), interpolation=cv2.INTER_LINEAR))
 
     def upsample(self, m):
         return cv2.resize(m, (self.W, self.H), interpolation=cv2.INTER_LINEAR)
@@ -646,14 +645,10 @@ def _dusk(ctx):
     table = _tone_table((0.62, 0.46 - 0.1 * warm, 0.36 - 0.18 * warm), gamma=1.25)
     y = (np.arange(ctx.sh, dtype=np.float32) + 0.5) / ctx.sh
     above = 0.5 * np.clip(1 - y / max(ctx.horizon, 0.05), 0, 1)[:, None]
-    grads = {}  # per depth map: lighter where the depth used says sky is, and a little toward the top
     drift = ctx.drift("drift", 0.08, 0.005, 0.02)
-    for t in range(ctx.T):  # grad <= 1, so the weight stays in [0, 1]
-        sky = ctx.sky_small(t)
-        if id(sky) not in grads:
-            grads[id(sky)] = ctx.upsample(1 - p["sky_lift"] * np.maximum(sky, above))
-        w = grads[id(sky)] * np.float32(min(1.0, p["strength"] * drift[t]))
-        yield Layer(w, lambda f, t=t: ctx.clip_lut(table, t))
+    for t in range(ctx.T):  # lighter where the depth used says sky is, and a little toward the top; grad <= 1
+        grad = ctx.per_map("dusk", t, lambda t: ctx.upsample(1 - p["sky_lift"] * np.maximum(ctx.sky_small(t), above)))
+        yield Layer(grad * np.float32(min(1.0, p["strength"] * drift[t])), lambda f, t=t: ctx.clip_lut(table, t))
 
 
 def _night(ctx):
@@ -738,16 +733,12 @@ def _shadow(ctx):
     crop0 = field_[pad // 2:pad // 2 + ctx.sh, pad // 2:pad // 2 + ctx.sw]
     thr = float(np.quantile(crop0, 1 - min(max(p["coverage"], 0.01), 0.95)))
     table = _tone_table((0.3, 0.34, 0.44))
-    ground = {}  # 1 - sky, per depth map used
     for t in range(ctx.T):
         ox, oy = start + v * t
         m = np.float32([[1, 0, ox], [0, 1, oy]])
         crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
         alpha = ctx.upsample(np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * np.float32(p["darkness"]))
-        sky = ctx.sky(t)
-        if id(sky) not in ground:
-            ground[id(sky)] = 1 - sky
-        alpha *= ground[id(sky)]  # never on the sky
+        alpha *= ctx.per_map("not sky", t, lambda t: 1 - ctx.sky(t))  # never on the sky
         yield Layer(alpha, lambda f, t=t: ctx.clip_lut(table, t))
 
 
@@ -920,8 +911,8 @@ class _Paint:
         """A tapered limb from a (radius ra) to b (radius rb), in units: one outline, two half-discs joined (in
         plain floats: 14 points, where numpy's per-call cost would dominate)."""
         ax, ay, bx, by = float(a[0]), float(a[1]), float(b[0]), float(b[1])
-        n = math.hypot(bx - ax, by - ay) or 1.0
-        c0, s0 = (bx - ax) / n, (by - ay) / n  # the axis; each point turned from it by one of _HALF_TURN_CS
+        n = math.hypot(bx - ax, by - ay)
+        c0, s0 = ((bx - ax) / n, (by - ay) / n) if n > 0 else (1.0, 0.0)  # the axis; turned by _HALF_TURN_CS
         turn = [(c0 * c - s0 * s, s0 * c + c0 * s) for c, s in _HALF_TURN_CS]
         self.poly([(bx + rb * x, by + rb * y) for x, y in turn] + [(ax - ra * x, ay - ra * y) for x, y in turn],
                   colour)
@@ -1267,15 +1258,13 @@ def _particles(ctx, layers, strokes, soften, veil, color):
     for layer in layers:  # the full density-1.15 population; lower densities take a prefix
         u = rng.random((int(math.ceil(layer[1] * 1.15 * area)), 6))
         lines.append(strokes(layer, u[:int(round(layer[1] * min(ctx.p["density"], 1.15) * area))]))
-    seen = {}
+    def maps(t):  # what hides each layer, the veil, and what the veil leaves clear
+        d = ctx.depth(t)
+        veil_map = (veil * (1 - np.exp(-2.5 * d))).astype(np.float32)
+        return [_behind(d, layer[0]) for layer in layers], veil_map, (1 - veil_map) * np.float32(1 / 255)
+
     for t in range(ctx.T):
-        key = 0 if ctx.depth_small(t) is ctx.depth_small(0) else t
-        if key not in seen:
-            d = ctx.depth(t)
-            veil_map = (veil * (1 - np.exp(-2.5 * d))).astype(np.float32)
-            seen[key] = ([_behind(d, layer[0]) for layer in layers],
-                         veil_map, (1 - veil_map) * np.float32(1 / 255))
-        hidden, veil_map, clear_map = seen[key]
+        hidden, veil_map, clear_map = ctx.per_map("particles", t, maps)
         acc = None
         for layer, groups, behind in zip(layers, lines, hidden, strict=True):
             buf = np.zeros((ctx.H, ctx.W), np.uint8)
