@@ -60,14 +60,9 @@ def make_clip(name, frames, size):
     return clip, None, "synthetic street, depth proxy"
 
 
-def depth_used(engine, clip, depth, t):
-    """The depth map the engine conditions its effects on at frame t, [H,W] in [0,1], as it computes it."""
-    H, W = clip.shape[1:3]
-    if depth is not None:
-        return engine._normalise_depth(depth[t])
-    sh, sw = max(24, round(H / 8)), max(24, round(W / 8))
-    small = engine.depth_proxy(cv2.resize(clip[len(clip) // 2], (sw, sh), interpolation=cv2.INTER_AREA))
-    return cv2.resize(small, (W, H), interpolation=cv2.INTER_LINEAR)
+def depth_used(engine, clip, depth, spec, t):
+    """The depth map the engine conditions its effects on at frame t, [H,W] in [0,1]: its own context's."""
+    return engine._Context(clip, spec, depth, engine._HOST).depth(t)
 
 
 def grey(m):
@@ -79,8 +74,8 @@ def grey(m):
 def section_tiles(engine, clip, depth, eta, video_id):
     """[(label, RGB tile)] of one section: clean, depth, C of fog and shadow, then every subtype."""
     t = len(clip) // 2
-    tiles = [("clean", clip[t]), ("depth used", grey(depth_used(engine, clip, depth, t)))]
     specs = {sub: engine.static_spec(video_id, sub, eta=eta) for sub in engine.EFFECTS}
+    tiles = [("clean", clip[t]), ("depth used", grey(depth_used(engine, clip, depth, specs["fog"], t)))]
     for sub in ("fog", "shadow"):
         _, C = engine.masks(clip, specs[sub], depth)
         tiles.append((f"{sub} C", grey(C[t])))
