@@ -16,7 +16,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import depth  # noqa: E402
 import perturb  # noqa: E402
 import synthetic  # noqa: E402
+from bench_perturb import timed  # noqa: E402  (benchmarks/)
 
 
 def build_small_shape(folder):
@@ -45,12 +45,8 @@ def build_small_shape(folder):
 
 
 def median_s(fn, repeats):
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+    """Median seconds of `repeats` runs (bench_perturb.timed, without its warm-up runs)."""
+    return statistics.median(timed(fn, repeats, warmup=0))
 
 
 def main():
