@@ -118,16 +118,26 @@ def _fsdp_modules(model):
 def gathered(*models):
     """Generation phases under FSDP2: every unit all-gathered once (a collective: every rank enters, in the
     same order), no resharding after each forward, so that decoding a rollout token by token, or a forward on
-    one rank only (the demo's evaluation), runs locally. Resharded at exit. A no-op for unsharded models."""
+    one rank only (the demo's evaluation), runs locally. Resharded at exit. A no-op for unsharded models.
+
+    Inside, generate() runs without the forward hooks that `shard` registers for it (the weights are already
+    gathered): its wrapper's post-forward comes after generate's own forward calls have set the root idle, so
+    it resharded the root after every generate(), and the next forward all-gathered again, a collective that
+    only the evaluating rank entered (torch 2.14's FSDP2)."""
     groups = [_fsdp_modules(m) for m in models if m is not None]
+    hooked = [m for m in models if m is not None and "generate" in vars(m)]
     for mods in groups:
         for m in mods:
             m.set_reshard_after_forward(False)
         for m in mods:
             m.unshard()
+    for m in hooked:   # the class's generate(), unhooked
+        vars(m)["_fsdp_generate"] = vars(m).pop("generate")
     try:
         yield
     finally:
+        for m in hooked:
+            m.generate = vars(m).pop("_fsdp_generate")
         for mods in groups:
             for m in mods:
                 m.reshard()

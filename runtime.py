@@ -319,6 +319,21 @@ def check_hf_flags(flags: dict):
 
 # ----------------------------------------------------------------------------- processes (torchrun)
 
+def collective_timeout():
+    """How long a collective may wait for the other ranks before it fails: $ROVA_DIST_TIMEOUT seconds when set
+    (the tests set a short one, so that a collective only some ranks entered fails instead of hanging), else
+    torch's default."""
+    import datetime
+
+    value = os.environ.get("ROVA_DIST_TIMEOUT")
+    if not value:
+        return None
+    try:
+        return datetime.timedelta(seconds=float(value))
+    except ValueError:
+        raise UserError(f"ROVA_DIST_TIMEOUT must be a number of seconds, got {value!r}") from None
+
+
 def setup_distributed():
     """torchrun's environment -> (rank, world, device): NCCL on GPUs, gloo on CPU; a plain `python train.py`
     is rank 0 of 1."""
@@ -327,7 +342,7 @@ def setup_distributed():
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
         cuda = torch.cuda.is_available()
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
         rank, world = dist.get_rank(), dist.get_world_size()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
         if cuda:

@@ -15,13 +15,14 @@ import train
 from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+# a collective that only some ranks entered fails after ROVA_DIST_TIMEOUT seconds instead of hanging the suite
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ROVA_DIST_TIMEOUT": "90"}
 
 
-def torchrun(n, *argv, timeout=600):
+def torchrun(n, *argv, timeout=600, check=True, env=None):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), *map(str, argv)]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
-    assert run.returncode == 0, run.stderr[-4000:]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env={**ENV, **(env or {})})
+    assert run.returncode == 0 or not check, run.stderr[-4000:]
     return run
 
 
@@ -177,3 +178,49 @@ def test_a_model_too_large_for_the_gpu_fails_before_loading(assets, monkeypatch)
         train.check_memory(cfg, "fsdp", 4, torch.device("cpu"))
     monkeypatch.setattr(parallel, "memory_available_gib", lambda device: 80.0)
     train.check_memory(cfg, "fsdp", 4, torch.device("cpu"))  # fits: no error
+
+
+MISMATCH = """
+import sys, time
+sys.path.insert(0, ".")
+import torch, torch.distributed as dist
+import runtime
+rank, world, device = runtime.setup_distributed()
+if rank == 0:
+    dist.all_reduce(torch.ones(3))   # rank 1 never enters this collective
+else:
+    time.sleep(300)
+"""
+
+
+def test_a_collective_only_one_rank_entered_fails_instead_of_hanging(tmp_path):
+    """ROVA_DIST_TIMEOUT bounds every collective of the process group (torch's default is 30 minutes on gloo)."""
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH)
+    run = torchrun(2, script, check=False, timeout=200, env={"ROVA_DIST_TIMEOUT": "5"})
+    assert run.returncode != 0 and "Timed out waiting 5000ms" in run.stderr, run.stderr[-2000:]
+
+
+# Every torchrun configuration a user may start, 2 processes: RL straight from a checkpoint (no SFT) in each mode
+# under FSDP2, and LoRA under DDP; with the before/after evaluation, which rank 0 runs alone inside the gathered
+# weights (the path that aborted with a collective mismatch), and, for rova, the buffer's re-evaluation each step.
+MATRIX = [("rova", "fsdp"), ("dual", "fsdp"), ("grpo", "fsdp"), ("grpo-aug", "fsdp"), ("rova", "ddp")]
+
+
+@pytest.mark.parametrize("mode,sharding", MATRIX, ids=[f"{m}-{s}" for m, s in MATRIX])
+def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
+    root, tiny, data_json = assets
+    out = tmp_path / "run"
+    extra = ["--lora-r", "4"] if sharding == "ddp" else []
+    torchrun(2, "train.py", "--model", tiny, "--data", data_json, "--out", out, "--frames", "4",
+             "--max-pixels", 56 * 56, "--sft-epochs", "0", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
+             "--max-new-tokens", "8", "--save-every", "1", "--mode", mode, "--reeval-period", "1",
+             "--eval-data", data_json.parent / "eval.jsonl", "--set", f"eval_video_root={data_json.parent / 'videos'}",
+             "--set", "eval_limit=4", *extra, timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    checksums = summary["rank_checksums"]
+    assert len(checksums) == 2 and checksums[0] == checksums[1]   # replicas (DDP) / one sharded model (FSDP2)
+    assert summary["before"]["n"] == summary["after"]["n"] == 4
+    rl = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if json.loads(x)["stage"] == "rl"]
+    assert [r["step"] for r in rl] == [1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("rl-"))[-1] == "rl-0000002"

@@ -145,22 +145,6 @@ def test_a_judge_that_fails_every_call_never_stops_training(assets, tmp_path, mo
     assert sum(r["judge_missing"] for r in recs) > 0
 
 
-@pytest.mark.skipif(not shutil.which("torchrun") and not os.path.exists(os.path.join(os.path.dirname(sys.executable),
-                                                                                        "torchrun")),
-                    reason="torchrun is not installed")
-def test_torchrun_two_processes_keep_identical_weights(assets, tmp_path):
-    out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "train.py",
-           *args(assets, out, "--mode", "dual", "--lr", "1e-3")]
-    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    sums = summary["rank_checksums"]
-    assert len(sums) == 2 and sums[0] == sums[1]
-    assert len(records(out)) == 2
-
-
 def test_a_batch_larger_than_the_shard_repeats_samples_safely(assets, tmp_path):
     """The cursor wraps into the next epoch inside one batch: the same sample twice in a step."""
     out = tmp_path / "wrap"
