@@ -39,7 +39,9 @@ prompts of a text policy are chat messages whose content is a string (no video).
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import types
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +130,9 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
     ``arch="qwen2"``: the same text model without a vision tower (a Qwen2ForCausalLM and its tokenizer):
     Embodied-R's reasoner in miniature (its extension passes the perception vocabulary as ``extra_texts``).
 
-    Text model: 2 layers, 64 wide (4 heads of 16, mrope_section [2, 3, 3] sums to head_dim / 2); vision
-    tower: 2 blocks, 32 wide; tied embeddings. Processor: byte-level BPE tokenizer trained on ``texts``
+    Text model: 2 layers, 64 wide (2 query heads of 32 sharing one key/value head; mrope_section [4, 6, 6] sums
+    to head_dim / 2): head_dim 32 is the smallest that vLLM's CPU attention serves (it rejects 16), so the same
+    checkpoint runs through transformers and a real server. Vision tower: 2 blocks, 32 wide; tied embeddings. Processor: byte-level BPE tokenizer trained on ``texts``
     (default: the project's prompts, ``data.tokenizer_corpus`` with the synthetic benchmark's, plus a
     built-in template corpus), then ``extra_texts``, and image/video
     processors limited to 56x56 .. 64 patches of 28x28 per frame (32x32 for Qwen3-VL), temporal_patch_size 2,
@@ -155,8 +158,8 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
     video_cls = tf.Qwen3VLVideoProcessor if arch == "qwen3_vl" else tf.Qwen2VLVideoProcessor
     video_processor = video_cls(**pix, cap_pixels_per_frame=False, do_sample_frames=False)
     text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [4, 6, 6]},
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     generation = tf.GenerationConfig(
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]], pad_token_id=ids["<|endoftext|>"],
@@ -185,8 +188,8 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
         config = tf.Qwen2VLConfig(text_config=text, vision_config=vision, **specials)
         processor_cls = tf.Qwen2VLProcessor
     else:  # Qwen3-VL: interleaved M-RoPE, learned 2-D position table, deepstack, timestamps in the text
-        text.update(head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 5e6,
-                                                  "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+        text.update(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 5e6,
+                                                  "mrope_section": [4, 6, 6], "mrope_interleaved": True})
         vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=16,
                       spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=256,
                       deepstack_visual_indexes=[0])
@@ -200,6 +203,56 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
                               chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(out_dir)
     return str(out_dir)
+
+
+# ----------------------------------------------------------------------------- M-RoPE positions
+def reference_rope_index(self, input_ids, mm_token_type_ids=None, image_grid_thw=None, video_grid_thw=None,
+                         second_per_grid_ts=None, attention_mask=None, **kwargs):
+    """Qwen2-VL / Qwen2.5-VL's 3-D rotary positions as the Qwen reference code computes them, which is what the
+    checkpoints were trained with and what vLLM gives a served model: text counts up by one on all three axes; an
+    image or video grid of (t, h, w) merged patches takes (start + round_down(i_t * tokens_per_second *
+    second_per_grid_t), start + i_h, start + i_w) (Qwen2-VL and images: i_t); the text after it resumes at
+    1 + the largest position of the grid on any axis. transformers >= 5.3 resumes it at 1 + the largest *spatial*
+    one, so wherever a video's temporal positions reach further than its height and width (32 frames at 2 fps
+    span 30 temporal positions, a 448-pixel frame 16 spatial ones) every later token sits lower than in training
+    and in vLLM. Same signature and return as transformers' ``get_rope_index`` (positions [3, B, L] with padding
+    at 0, and each row's max position + 1 - its length); :func:`use_reference_positions` installs it."""
+    merge = self.config.vision_config.spatial_merge_size
+    per_second = getattr(self.config.vision_config, "tokens_per_second", None)  # Qwen2.5-VL only
+    grids = {1: iter(image_grid_thw if image_grid_thw is not None else ()),
+             2: iter(video_grid_thw if video_grid_thw is not None else ())}
+    seconds = iter(second_per_grid_ts if second_per_grid_ts is not None else ())
+    if mm_token_type_ids is None:   # (transformers passes them; older callers identified vision by token id)
+        mm_token_type_ids = (input_ids == self.config.image_token_id).long() + 2 * (input_ids == self.config.video_token_id)
+    positions = torch.zeros(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
+    deltas = []
+    for row, kinds in enumerate(mm_token_type_ids):
+        keep = attention_mask[row].bool() if attention_mask is not None else torch.ones_like(kinds, dtype=torch.bool)
+        blocks, start = [], 0
+        for kind, run in itertools.groupby(kinds[keep].tolist()):
+            if kind == 0:
+                block = torch.arange(len(list(run))).expand(3, -1) + start
+            else:
+                t, h, w = (int(x) for x in next(grids[kind]))
+                step = per_second * float(next(seconds, 1.0)) if kind == 2 and per_second else 1.0
+                block = torch.stack(torch.meshgrid((torch.arange(t) * step).long(), torch.arange(h // merge),
+                                                   torch.arange(w // merge), indexing="ij")).reshape(3, -1) + start
+            blocks.append(block)
+            start = int(block.max()) + 1
+        flat = torch.cat(blocks, dim=1).to(positions)
+        positions[:, row, keep] = flat
+        deltas.append(start - int(keep.sum()))
+    return positions, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
+
+
+def use_reference_positions(model):
+    """Give a Qwen2-VL / Qwen2.5-VL model :func:`reference_rope_index` in place of its own ``get_rope_index``
+    (on the instance: training, generation and the reference model all compute positions through it). Other
+    models (Qwen3-VL, whose frames each form their own grid, text LMs) are left as they are."""
+    inner = getattr(_generation_model(model), "model", None)
+    if type(inner).__name__ in ("Qwen2VLModel", "Qwen2_5_VLModel") and hasattr(inner, "get_rope_index"):
+        inner.get_rope_index = types.MethodType(reference_rope_index, inner)
+    return model
 
 
 # ----------------------------------------------------------------------------- loading
@@ -248,6 +301,7 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
         processor = processor_cls.from_pretrained(name_or_path, **hub)
     except OSError as e:  # transformers' "not a valid model identifier", a missing file of a checkpoint
         raise runtime.UserError(f"cannot load model {name_or_path}: {e}") from e
+    use_reference_positions(model)
     tokenizer_of(processor).padding_side = "left"
     if load_in_4bit:
         from peft import prepare_model_for_kbit_training

@@ -114,6 +114,35 @@ def test_make_inputs_video_tokens_match_grid(loaded, batch):
     assert fast["second_per_grid_ts"].tolist() == [0.25]
 
 
+def test_text_after_a_video_resumes_past_its_largest_position_on_any_axis(loaded):
+    """reference_rope_index by hand (the Qwen reference and vLLM): 3 text tokens, a video of 3 x 2 x 2 merged
+    patches at 2 tokens per second and 1 s per grid (temporal 0, 2, 4), 2 text tokens; a left-padded row of the
+    same. Text resumes at 3 + 4 + 1 = 8; transformers >= 5.3 would resume at 3 + 2 = 5."""
+    model, _ = loaded
+    inner = model.model
+    v = model.config.video_token_id
+    ids = torch.tensor([[1, 1, 1] + [v] * 12 + [1, 1], [0, 0, 1] + [v] * 12 + [1, 1]])
+    types = (ids == v).long() * 2
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    grid = torch.tensor([[3, 4, 4], [3, 4, 4]])
+    pos, delta = policy.reference_rope_index(inner, ids, types, video_grid_thw=grid,
+                                             second_per_grid_ts=torch.tensor([1.0, 1.0]), attention_mask=mask)
+    t = [3 + 2 * k for k in range(3) for _ in range(4)]
+    h = [3 + (k // 2) % 2 for k in range(12)]
+    w = [3 + k % 2 for k in range(12)]
+    assert pos[:, 0].tolist() == [[0, 1, 2] + t + [8, 9], [0, 1, 2] + h + [8, 9], [0, 1, 2] + w + [8, 9]]
+    assert pos[:, 1, :2].eq(0).all() and pos[0, 1, 2:].tolist() == [0] + [p - 2 for p in t] + [6, 7]
+    assert delta.flatten().tolist() == [10 - 17, 8 - 15]
+    assert inner.get_rope_index.__func__ is policy.reference_rope_index   # what load_policy installed
+    # where the temporal span stays within the spatial one, transformers' own rule gives the same positions
+    short = type(inner).get_rope_index(inner, ids[:1], types[:1], video_grid_thw=grid[:1],
+                                       second_per_grid_ts=torch.tensor([0.25]))
+    ours = policy.reference_rope_index(inner, ids[:1], types[:1], video_grid_thw=grid[:1],
+                                       second_per_grid_ts=torch.tensor([0.25]))
+    assert torch.equal(short[0], ours[0]) and torch.equal(short[1], ours[1])
+
+
 def test_repeat_inputs_is_sample_major(loaded, batch):
     model, _ = loaded
     rep = policy.repeat_inputs(batch, 3, model.config.image_token_id, model.config.video_token_id)
