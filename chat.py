@@ -67,6 +67,30 @@ def _content(prompt: str, images: list[bytes], video: bool = False):
     return frames + [{"type": "text", "text": prompt}]
 
 
+def video_kwargs(fps: float) -> dict:
+    """How a video part's frame rate reaches a served Qwen-VL: vLLM (checked in 0.32.0's code and against its
+    server) decodes a ``data:video/jpeg`` part with the per-request ``media_io_kwargs["video"]`` and builds the
+    video's metadata from their ``fps`` (default 1, whatever the clip's rate), from which Qwen2.5-VL's processor
+    derives the temporal spacing (``second_per_grid_ts``); ``num_frames: -1`` keeps every frame sent (a request
+    that sets fps alone would drop the server's own ``num_frames`` and keep the first 32). vLLM refuses
+    per-request ``media_io_kwargs`` unless the server runs with ``--trust-request-mm-kwargs``; it ignores
+    ``mm_processor_kwargs.fps`` for such a part."""
+    return {"video": {"fps": float(fps), "num_frames": -1}}
+
+
+def server_message(resp) -> str:
+    """A refusal's own words: the ``error.message`` of an OpenAI-style error body (whole), else the body (up to
+    1,000 characters)."""
+    try:
+        error = resp.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+        if isinstance(message, str) and message:
+            return message
+    except (ValueError, AttributeError):
+        pass
+    return resp.text[:1000]
+
+
 OPENAI_URL = "https://api.openai.com/v1"
 
 
@@ -114,8 +138,8 @@ class ChatClient:
 
     def complete(self, prompt: str, max_tokens: int, frames=None, video_fps: float | None = None) -> str | None:
         """One chat completion (frames, if any, before the text: image parts, or with `video_fps` one video
-        part at that frame rate, passed as ``mm_processor_kwargs.fps`` for Qwen-VL's temporal positions):
-        the reply text with the key masked, or None after failures (counted in stats["errors"])."""
+        part at that frame rate, see :func:`video_kwargs`): the reply text with the key masked, or None after
+        failures (counted in stats["errors"])."""
         return self._post(prompt, max_tokens, jpegs(frames), video_fps)
 
     def complete_many(self, prompts, max_tokens: int, frames=None) -> list:
@@ -143,13 +167,19 @@ class ChatClient:
                 return None
         return min(max(seconds, 0.0), self.backoff_max)
 
-    def _post(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None) -> str | None:
-        """The retry loop around :meth:`_attempt`."""
+    def payload(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None) -> dict:
+        """The request body: one user message (the frames, as one video part at `video_fps` or as image parts,
+        then the prompt)."""
         video = video_fps is not None and bool(images)
         payload = {"model": self.model, "messages": [{"role": "user", "content": _content(prompt, images, video)}],
                    "temperature": self.temperature, "max_tokens": max_tokens}
         if video:
-            payload["mm_processor_kwargs"] = {"fps": float(video_fps)}
+            payload["media_io_kwargs"] = video_kwargs(video_fps)
+        return payload
+
+    def _post(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None) -> str | None:
+        """The retry loop around :meth:`_attempt`."""
+        payload = self.payload(prompt, max_tokens, images, video_fps)
         for attempt in range(self.max_retries + 1):
             final, reply, reason, wait = self._attempt(payload, attempt)
             if final:
@@ -187,7 +217,7 @@ class ChatClient:
                 return self._fail("unreadable response body: %s", self._mask(resp.text[:200]))
             log.debug("chat %s: HTTP 200 after %d attempt(s)", self.model, attempt + 1)
             return True, self._mask(reply or ""), None, None
-        reason = f"HTTP {resp.status_code}: {self._mask(resp.text[:200])}"
+        reason = f"HTTP {resp.status_code}: {self._mask(server_message(resp))}"
         if resp.status_code != 429 and resp.status_code < 500:
             self.rejected = reason
             return self._fail("request rejected, not retried (%s)", reason)

@@ -475,6 +475,20 @@ def video_format(requested, base_url):
     return "video" if (base_url or os.environ.get("OPENAI_BASE_URL")) else "images"
 
 
+def video_refused(base_url, reason):
+    """The one-line error for a server that refused a request carrying the clip as one video part: its own words,
+    whole, and the fix that matches them."""
+    text = reason.lower()
+    if "trust-request-mm-kwargs" in text or "media_io_kwargs" in text:
+        fix = ("start the server with --trust-request-mm-kwargs: the clip's frame rate goes with each request as "
+               "media_io_kwargs, which Qwen-VL's temporal positions are computed from")
+    elif "at most" in text and "video" in text:
+        fix = "start the server with --limit-mm-per-prompt '{\"video\": 1}'"
+    else:
+        fix = "if the served model takes no video, use --video-format images"
+    return f"{base_url} refused a request with the clip as one video part ({reason}): {fix}"
+
+
 class APIModel:
     """An OpenAI-compatible chat-completions model (OpenAI, vLLM, SGLang) through chat.ChatClient: the frames as
     one video part (`video_format` "video", at the clip's fps) or as base64 JPEG image parts, then the prompt;
@@ -512,9 +526,7 @@ class APIModel:
             for fut in concurrent.futures.as_completed(futures):
                 out = fut.result()
                 if self.video and out[0] is None and self.client.rejected:
-                    raise runtime.UserError(f"{self.client.base_url} refused the frames sent as one video part "
-                                            f"(data:video/jpeg; {self.client.rejected[:160]}): a server that takes "
-                                            "no video needs --video-format images")
+                    raise runtime.UserError(video_refused(self.client.base_url, self.client.rejected))
                 yield futures[fut], out
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

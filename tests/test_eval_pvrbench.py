@@ -495,8 +495,8 @@ def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
 
 class FakeVideoServer(http.server.BaseHTTPRequestHandler):
     """A vLLM-like server: answers A to a request whose frames come as one video part (refuses it with a 400
-    when `refuse` is set, as a server without video support does)."""
-    requests, refuse = [], False
+    when `refuse` is set: `refuse` is the error body, e.g. a server without video support's)."""
+    requests, refuse = [], None
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -504,7 +504,7 @@ class FakeVideoServer(http.server.BaseHTTPRequestHandler):
         if FakeVideoServer.refuse:
             self.send_response(400)
             self.end_headers()
-            self.wfile.write(b'{"error": "video_url is not supported by this model"}')
+            self.wfile.write(json.dumps(FakeVideoServer.refuse).encode())
             return
         FakeAPI.reply(self, "<answer>A</answer>")
 
@@ -518,7 +518,7 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
     it stops the run with one line that says how to switch."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVideoServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    FakeVideoServer.requests, FakeVideoServer.refuse = [], False
+    FakeVideoServer.requests, FakeVideoServer.refuse = [], None
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "2", "--judge", "none")
     args[args.index("--model") + 1] = "openai:fake-vlm"
@@ -538,12 +538,22 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
             assert head == "data:video/jpeg;base64"
             decoded = [Image.open(io.BytesIO(base64.b64decode(f))) for f in frames.split(",")]
             assert len(decoded) == 4 and all(im.size == (56, 56) for im in decoded)
-            assert body["mm_processor_kwargs"] == {"fps": 2.0}
+            assert body["media_io_kwargs"] == {"video": {"fps": 2.0, "num_frames": -1}}
         assert outputs(tmp_path / "out")[1]["n_errors"] == 0
-        FakeVideoServer.refuse = True
-        with pytest.raises(runtime.UserError, match=r"refused the frames sent as one video part .* "
-                                                    r"--video-format images"):
+        FakeVideoServer.refuse = {"error": "video_url is not supported by this model"}
+        with pytest.raises(runtime.UserError, match=r"refused a request with the clip as one video part \(HTTP 400: "
+                                                    r"video_url is not supported by this model\): .*--video-format images"):
             ev.main(args + ["--base-url", url, "--out", str(tmp_path / "refused"), "--api-retries", "0"])
+        words = ("Per-request media_io_kwargs are disabled by default because they can change multimodal media "
+                 "loading resource usage. Start the server with --trust-request-mm-kwargs only when clients are "
+                 "trusted. (parameter=media_io_kwargs)")   # vLLM 0.32.0's own, quoted whole
+        FakeVideoServer.refuse = {"error": {"message": words, "type": "BadRequestError", "code": 400}}
+        with pytest.raises(runtime.UserError) as refused:
+            ev.main(args + ["--base-url", url, "--out", str(tmp_path / "untrusted"), "--api-retries", "0"])
+        assert words in str(refused.value) and str(refused.value).endswith(
+            "start the server with --trust-request-mm-kwargs: the clip's frame rate goes with each request as "
+            "media_io_kwargs, which Qwen-VL's temporal positions are computed from")
+        assert "--video-format images" not in str(refused.value)
     finally:
         server.shutdown()
 
@@ -553,7 +563,7 @@ def test_a_served_run_stopped_with_requests_in_flight_repeats_nothing_it_stored(
     with 4 in flight), the rerun asks only for what was not stored, and every sample ends up stored once."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVideoServer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    FakeVideoServer.requests, FakeVideoServer.refuse = [], False
+    FakeVideoServer.requests, FakeVideoServer.refuse = [], None
     args = cli(assets, tmp_path / "out", "--limit", "6", "--subtypes", "fog", "--judge", "none")
     args[args.index("--model") + 1] = "openai:fake-vlm"
     args += ["--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1", "--api-concurrency", "4"]
