@@ -388,7 +388,8 @@ def test_token_logprobs_checkpointed_equals_full_log_softmax(tiny_dir, batch):
     want_grads = grads(want)
     assert torch.allclose(got, want, atol=1e-6)
     assert len(got_grads) == len(want_grads) > 0
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got_grads, want_grads))
+    # float32 rounding, relative to each gradient's scale (the largest entries are ~10)
+    assert all((a - b).abs().max() <= 1e-6 * max(1.0, b.abs().max().item()) for a, b in zip(got_grads, want_grads))
 
 
 def test_token_logprobs_keeps_no_float32_logits_for_backward(tiny_dir, batch):
