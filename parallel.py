@@ -125,23 +125,32 @@ def gathered(*models):
     it resharded the root after every generate(), and the next forward all-gathered again, a collective that
     only the evaluating rank entered (torch 2.14's FSDP2)."""
     groups = [_fsdp_modules(m) for m in models if m is not None]
-    hooked = [m for m in models if m is not None and "generate" in vars(m)]
     for mods in groups:
         for m in mods:
             m.set_reshard_after_forward(False)
         for m in mods:
             m.unshard()
-    for m in hooked:   # the class's generate(), unhooked
+    try:
+        with _unhooked_generate(models):
+            yield
+    finally:
+        for mods in groups:
+            for m in mods:
+                m.reshard()
+                m.set_reshard_after_forward(True)
+
+
+@contextmanager
+def _unhooked_generate(models):
+    """The class's generate() on each model that `shard` gave a hooked one (see `gathered`)."""
+    hooked = [m for m in models if m is not None and "generate" in vars(m)]
+    for m in hooked:
         vars(m)["_fsdp_generate"] = vars(m).pop("generate")
     try:
         yield
     finally:
         for m in hooked:
             m.generate = vars(m).pop("_fsdp_generate")
-        for mods in groups:
-            for m in mods:
-                m.reshard()
-                m.set_reshard_after_forward(True)
 
 
 def all_max(value: int, device) -> int:

@@ -39,6 +39,7 @@ prompts of a text policy are chat messages whose content is a string (no video).
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import json
 import types
@@ -207,7 +208,7 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
 
 
 # ----------------------------------------------------------------------------- M-RoPE positions
-def reference_rope_index(self, input_ids, mm_token_type_ids=None, image_grid_thw=None, video_grid_thw=None,
+def reference_rope_index(self, input_ids, mm_token_type_ids, image_grid_thw=None, video_grid_thw=None,
                          second_per_grid_ts=None, attention_mask=None, **kwargs):
     """Qwen2-VL / Qwen2.5-VL's 3-D rotary positions as the Qwen reference code computes them, which is what the
     checkpoints were trained with and what vLLM gives a served model: text counts up by one on all three axes; an
@@ -223,27 +224,30 @@ def reference_rope_index(self, input_ids, mm_token_type_ids=None, image_grid_thw
     grids = {1: iter(image_grid_thw if image_grid_thw is not None else ()),
              2: iter(video_grid_thw if video_grid_thw is not None else ())}
     seconds = iter(second_per_grid_ts if second_per_grid_ts is not None else ())
-    if mm_token_type_ids is None:   # (transformers passes them; older callers identified vision by token id)
-        mm_token_type_ids = (input_ids == self.config.image_token_id).long() + 2 * (input_ids == self.config.video_token_id)
     positions = torch.zeros(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
     deltas = []
     for row, kinds in enumerate(mm_token_type_ids):
         keep = attention_mask[row].bool() if attention_mask is not None else torch.ones_like(kinds, dtype=torch.bool)
         blocks, start = [], 0
         for kind, run in itertools.groupby(kinds[keep].tolist()):
-            if kind == 0:
+            if kind == 0:   # text: one position on all three axes per token
                 block = torch.arange(len(list(run))).expand(3, -1) + start
-            else:
-                t, h, w = (int(x) for x in next(grids[kind]))
+            else:           # an image (1) or a video (2): its grid of merged patches
                 step = per_second * float(next(seconds, 1.0)) if kind == 2 and per_second else 1.0
-                block = torch.stack(torch.meshgrid((torch.arange(t) * step).long(), torch.arange(h // merge),
-                                                   torch.arange(w // merge), indexing="ij")).reshape(3, -1) + start
+                block = _grid_positions(next(grids[kind]), merge, step) + start
             blocks.append(block)
-            start = int(block.max()) + 1
-        flat = torch.cat(blocks, dim=1).to(positions)
-        positions[:, row, keep] = flat
+            start = int(block.max()) + 1   # the reference's rule: past the largest position on any axis
+        positions[:, row, keep] = torch.cat(blocks, dim=1).to(positions)
         deltas.append(start - int(keep.sum()))
     return positions, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
+
+
+def _grid_positions(grid, merge, step):
+    """(3, t*h*w) positions of a (t, h, w) patch grid merged `merge` x `merge` spatially: temporal index x `step`
+    rounded down (tokens per second x seconds per temporal patch), then row, then column."""
+    t, h, w = (int(x) for x in grid)
+    return torch.stack(torch.meshgrid((torch.arange(t) * step).long(), torch.arange(h // merge),
+                                      torch.arange(w // merge), indexing="ij")).reshape(3, -1)
 
 
 def use_reference_positions(model):
@@ -251,7 +255,10 @@ def use_reference_positions(model):
     (on the instance: training, generation and the reference model all compute positions through it). Other
     models (Qwen3-VL, whose frames each form their own grid, text LMs) are left as they are."""
     inner = getattr(_generation_model(model), "model", None)
-    if type(inner).__name__ in ("Qwen2VLModel", "Qwen2_5_VLModel") and hasattr(inner, "get_rope_index"):
+    own = getattr(type(inner), "get_rope_index", None)
+    # (an older transformers' get_rope_index, without mm_token_type_ids, is called otherwise: left as it is)
+    if type(inner).__name__ in ("Qwen2VLModel", "Qwen2_5_VLModel") and own is not None \
+            and "mm_token_type_ids" in inspect.signature(own).parameters:
         inner.get_rope_index = types.MethodType(reference_rope_index, inner)
     return model
 

