@@ -78,8 +78,9 @@ SPEC_VERSION = 1
 # that a manifest or an evaluation store made with another look is never mixed with this one's clips
 # (eval_pvrbench.py records it per manifest row and in its run hash). 2: the image-following depth proxy, no sky
 # shadows, shaded occluders (2026-12-02). 3: walkers painted at <= 64 px tall before their defocus (was 80);
-# a true depth map's median over every 4th row and column.
-RENDER_VERSION = 3
+# a true depth map's median over every 4th row and column. 4: the fail-safe proxy (one gentle depth where no sky is
+# seen), occluders on a ground contact or entering from the lower edge, shadows as soft-edged half-planes.
+RENDER_VERSION = 4
 
 
 # ----------------------------------------------------------------------------- the effects registry
@@ -455,6 +456,9 @@ def _smoothstep(e0, e1, x):
 # and below the sky rule's onset (_sky_of_depth: 0.85), so that it is never taken for sky (at 0.72, heavy
 # rain hid no object of the synthetic scene from a colour-blob perceiver: extensions/embodied_r's tests).
 PROXY_FAR, PROXY_NEAR, PROXY_EYE_LEVEL = 0.84, 0.12, 0.45
+# With no sky in view (indoors, a close-up, a view from above) the proxy cannot tell near from far: one depth for
+# the whole frame, at the middle of the rain / snow layers (a homogeneous haze, no edge at any row).
+PROXY_UNIFORM = 0.45
 
 
 def _sky_score(f: np.ndarray) -> np.ndarray:
@@ -464,9 +468,13 @@ def _sky_score(f: np.ndarray) -> np.ndarray:
     lum = f.mean(-1)
     grad = np.abs(cv2.Sobel(lum, cv2.CV_32F, 1, 0)) + np.abs(cv2.Sobel(lum, cv2.CV_32F, 0, 1))
     smooth = 1 - _smoothstep(1.0, 3.0, cv2.blur(grad, (3, 3)))  # only strong texture: clouds are sky
-    blue = _smoothstep(0.02, 0.09, f[..., 2] - f[..., 0]) * _smoothstep(0.06, 0.16, lum)
     grey = _smoothstep(0.6, 0.75, lum) * (1 - _smoothstep(0.1, 0.2, f.max(-1) - f.min(-1)))
-    return smooth * np.maximum(blue, grey)
+    return smooth * np.maximum(_bluish(f), grey)
+
+
+def _bluish(f: np.ndarray) -> np.ndarray:
+    """[h,w] in [0,1]: blue over red, not black (a clear, hazy or dusk sky's colour)."""
+    return _smoothstep(0.02, 0.09, f[..., 2] - f[..., 0]) * _smoothstep(0.06, 0.16, f.mean(-1))
 
 
 def _sky_from_top(score: np.ndarray) -> np.ndarray:
@@ -483,31 +491,46 @@ def _sky_from_top(score: np.ndarray) -> np.ndarray:
     return _smoothstep(0.3, 0.7, conn[:, 1:-1])  # clear sky is exactly 1, a weak candidate 0
 
 
+def _sky_seen(sky: np.ndarray, blue: np.ndarray) -> float:
+    """How sure the proxy is that the frame shows a sky above a horizon, in [0,1]: the sky found must fill most
+    of the top rows (a sky is above everything in view; a bright wall or a light background behind a close-up
+    fills them only in part), or a good part of them with a blue sky (between buildings, a street's sky fills a
+    third to a half of them; a wall is rarely sky blue); and a few % of the frame. A smooth function of the
+    segmentation and the colour."""
+    rows = slice(0, max(1, len(sky) // 12))
+    top, top_blue = float(sky[rows].mean()), float((sky * blue)[rows].mean())
+    evidence = max(_smoothstep(0.5, 0.7, top), _smoothstep(0.15, 0.35, top_blue))
+    return float(evidence * _smoothstep(0.01, 0.05, float(sky.mean())))
+
+
 def _proxy(frame: np.ndarray):
-    """(depth [h,w], sky [h,w], horizon as a fraction of the height) of depth_proxy."""
+    """(depth [h,w], sky [h,w], horizon as a fraction of the height, sky seen in [0,1]) of depth_proxy."""
     f = frame.astype(np.float32) / 255.0
     h, w = f.shape[:2]
     sky = _sky_from_top(_sky_score(f))
+    seen = _sky_seen(sky, _bluish(f))
     extent = sky.sum(0) / h  # per column: how far down the sky reaches
-    seen = _smoothstep(0.01, 0.05, float(sky.mean()))  # blends the no-sky default in continuously
     horizon = (1 - seen) * PROXY_EYE_LEVEL + seen * float(np.clip(np.quantile(extent, 0.8), 0.25, 0.8))
     y = (np.arange(h, dtype=np.float32) + 0.5) / h
-    below = (y - horizon) / (1 - horizon)
+    below = (y - horizon) / (1 - PROXY_EYE_LEVEL)  # the view angle below the horizon sets a ground row's depth
     soft = 0.04 * np.logaddexp(0, below / 0.04)  # softplus: the ground starts at the horizon without a kink
     ground = PROXY_FAR / (1 + (PROXY_FAR / PROXY_NEAR - 1) * soft)  # ~1/(y - y_h), normalised as true depth is
-    d = sky + (1 - sky) * ground[:, None]
-    return cv2.GaussianBlur(d.astype(np.float32), (0, 0), 0.8), sky, float(horizon)
+    d = seen * (sky + (1 - sky) * ground[:, None]) + (1 - seen) * PROXY_UNIFORM
+    return cv2.GaussianBlur(d.astype(np.float32), (0, 0), 0.8), seen * sky, float(horizon), seen
 
 
 def depth_proxy(frame: np.ndarray) -> np.ndarray:
     """Depth without a depth model, [h,w] float32 in [0,1] (0 near, 1 far), from one small RGB frame.
 
     Sky (untextured, bluish or bright grey, connected to the top edge; a soft segmentation) is infinitely far
-    (1). Everything else stands on a ground plane seen from eye height: depth falls from PROXY_FAR at the
-    horizon to PROXY_NEAR at the bottom row as for a flat ground (~ 1/(y - y_h), normalised as a true depth
-    map is), and content above the horizon is upright structure at the horizon's distance. The horizon is
-    where the sky ends (its lower edge over most columns); with no sky, eye level (0.45 H). Depth is a
-    continuous function of the image: no step at any row, an edge only where the sky's edge is."""
+    (1). When the sky found fills the top rows (_sky_seen), everything else stands on a ground plane seen from
+    eye height: depth falls from PROXY_FAR at the horizon as for a flat ground (~ 1/(y - y_h), normalised as a
+    true depth map is), reaching PROXY_NEAR at the bottom row when the horizon is at eye level (a camera pitched
+    up sees less ground, and no nearer), and content above the horizon is upright structure at the horizon's
+    distance; the horizon is where the sky ends (its lower edge over most columns). With no sky in
+    view (indoors, a close-up, a surface seen from above) there is no horizon to measure from, and the proxy
+    fails safe: one depth, PROXY_UNIFORM, for the whole frame (between the two, a blend by how sure it is).
+    Depth is a continuous function of the image: no step at any row, an edge only where the sky's edge is."""
     return _proxy(frame)[0]
 
 
@@ -523,6 +546,15 @@ def _sky_of_depth(d: np.ndarray, top: float) -> np.ndarray:
     """Sky (or as good as infinitely far) in [0,1] from a normalised depth map whose far limit is `top`:
     within 3-15% of the far limit, when the far limit itself is far (at least 4x the median depth)."""
     return _smoothstep(0.85, 0.97, d / max(top, 1e-6)) * _smoothstep(0.75, 0.85, top)
+
+
+def _ground_of_depth(d: np.ndarray) -> float:
+    """Whether a normalised depth map's lower half shows ground receding upward, in [0,1]: over the columns,
+    the median rise of depth from the bottom row to the middle row (a floor or a road seen from eye height rises
+    by a good part of the scale; a wall, a close-up or a surface seen from above hardly at all)."""
+    h = len(d)
+    rise = float(np.median(d[h // 2] - d[h - 1]))
+    return float(_smoothstep(0.04, 0.12, rise))
 
 
 class _Context:
@@ -547,17 +579,17 @@ class _Context:
 
     @functools.cached_property
     def _maps(self):
-        """(depth at working scale per frame, its far limit, horizon as a fraction of the height)."""
+        """(depth at working scale per frame, its far limit, horizon as a fraction of the height, ground)."""
         if self._given is None:
-            d, _, horizon = _proxy(self.small_frame)
-            return [d], 1.0, float(np.clip(horizon, 0.2, 0.8))  # the proxy's sky is at 1
+            d, _, horizon, seen = _proxy(self.small_frame)
+            return [d], 1.0, float(np.clip(horizon, 0.2, 0.8)), seen  # the proxy's sky is at 1
         self._full_given = _normalise_depth(self._given)
         small = [cv2.resize(self._full_given[t], (self.sw, self.sh), interpolation=cv2.INTER_AREA)
                  for t in range(self.T)]
         top = max(float(m.max()) for m in small)
         below = np.nonzero(_sky_of_depth(np.median(small[0], axis=1), top) < 0.5)[0]
         horizon = float(np.clip((below[0] if len(below) else PROXY_EYE_LEVEL * self.sh) / self.sh, 0.2, 0.8))
-        return small, top, horizon
+        return small, top, horizon, _ground_of_depth(small[self.T // 2])
 
     @property
     def _small(self):
@@ -566,6 +598,12 @@ class _Context:
     @property
     def horizon(self):
         return self._maps[2]
+
+    @property
+    def ground(self):
+        """How sure the depth used is that the lower frame shows ground receding toward a horizon, in [0,1]: the
+        proxy's sky-seen; for a true depth map, _ground_of_depth."""
+        return self._maps[3]
 
     def rng(self, *tags):
         return _rng(self.spec.seed, self.spec.subtype, *tags)
@@ -719,25 +757,35 @@ def _overexposure(ctx):
         yield Layer(float(min(1.0, p["strength"] * hunt[t])), lambda f, t=t: effect(f, t))
 
 
+def _weighted_quantile(values, weights, q):
+    """The q-quantile of `values` where each counts by its weight (all equal when the weights sum to ~0)."""
+    order = np.argsort(values, axis=None)
+    w = np.asarray(weights, np.float64).ravel()[order] + 1e-6
+    return float(values.ravel()[order][min(np.searchsorted(np.cumsum(w), q * w.sum()), w.size - 1)])
+
+
 def _shadow(ctx):
-    """Cast shadows of out-of-view objects (clouds, trees, buildings): coherent dark regions with soft
-    penumbrae, lit only by bluish skylight, drifting slowly; never on the sky (where the depth used puts
-    it: C is 0 there), and nowhere else attenuated by depth (no fixed-row streak)."""
+    """The cast shadow of something outside the view (a building, a wall, a tree line): the shaded side of one
+    soft edge across the frame, a half-plane whose boundary bends gently, with a wide penumbra, lit only by
+    bluish skylight, drifting slowly as the light moves; it covers `coverage` of what is not sky. The shade
+    always reaches a border of the frame (what casts it is out there), so no dark shape floats in the view with
+    nothing to cast it; never on the sky (where the depth used puts it: C is 0 there), and nowhere else
+    attenuated by depth (no fixed-row streak)."""
     p = ctx.p
     rng = ctx.rng("shape")
-    pad = 2 * max(ctx.sh, ctx.sw)
-    field_ = _noise_field(rng, ctx.sh + pad, ctx.sw + pad, cells=3, octaves=3)
     angle = rng.uniform(0, 2 * np.pi)
-    v = p["speed"] * np.array([np.cos(angle), np.sin(angle)]) * max(ctx.sh, ctx.sw) / 48  # small px / frame
-    start = np.array([pad / 2, pad / 2]) - v * ctx.T / 2
-    crop0 = field_[pad // 2:pad // 2 + ctx.sh, pad // 2:pad // 2 + ctx.sw]
-    thr = float(np.quantile(crop0, 1 - min(max(p["coverage"], 0.01), 0.95)))
+    normal = np.array([np.cos(angle), np.sin(angle)], np.float32)   # into the shade, in frame heights
+    yy, xx = np.mgrid[0:ctx.sh, 0:ctx.sw].astype(np.float32)
+    xx, yy = (xx + 0.5) / ctx.sh - 0.5 * ctx.sw / ctx.sh, (yy + 0.5) / ctx.sh - 0.5
+    along = -xx * normal[1] + yy * normal[0]   # position along the edge
+    bend = 0.04 * np.interp(along, np.linspace(-1, 1, 9), rng.uniform(-1, 1, 9)).astype(np.float32)
+    across = xx * normal[0] + yy * normal[1] + bend   # signed distance into the shade, bent
+    edge = _weighted_quantile(across, 1 - ctx.sky_small(ctx.T // 2), 1 - min(max(p["coverage"], 0.01), 0.95))
+    drift = (p["speed"] * 0.004 * (np.arange(ctx.T) - (ctx.T - 1) / 2)).astype(np.float32)   # frame heights
+    penumbra = 0.08
     table = _tone_table((0.3, 0.34, 0.44))
     for t in range(ctx.T):
-        ox, oy = start + v * t
-        m = np.float32([[1, 0, ox], [0, 1, oy]])
-        crop = cv2.warpAffine(field_, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
-        alpha = ctx.upsample(np.clip((crop - thr) / 0.06 + 0.5, 0, 1) * np.float32(p["darkness"]))
+        alpha = ctx.upsample(np.clip((across - edge + drift[t]) / penumbra + 0.5, 0, 1) * np.float32(p["darkness"]))
         alpha *= ctx.per_map("not sky", t, lambda t: 1 - ctx.sky(t))  # never on the sky
         yield Layer(alpha, lambda f, t=t: ctx.clip_lut(table, t))
 
@@ -1160,9 +1208,15 @@ def _defocus(img, alpha, shadow, sigma, streak, k, cache):
 
 
 def _ground_contact(ctx, walker):
-    """(ground contact row, height) of a dynamic actor in px, from its nearness, on the ground plane seen by a
-    camera 1.5 m high (a 1.75 m walker's head just above the horizon, a 1.45 m car's roof just below it)."""
+    """(ground contact row, height) of a dynamic actor in px, from its nearness. Where the depth used shows
+    ground (ctx.ground), on the ground plane seen by a camera 1.5 m high (a 1.75 m walker's head just above the
+    horizon, a 1.45 m car's roof just below it). Where it does not (a close-up, a wall, a view from above), the
+    actor passes just in front of the camera with its contact below the frame, cut by the lower edge, its size
+    set by its nearness: it never stands on a row where nothing says there is ground."""
     H, n = ctx.H, ctx.p["nearness"]
+    if ctx.ground < 0.5:
+        height = H * ((0.8 + 0.9 * n) if walker else (0.35 + 0.35 * n))
+        return H + (0.2 if walker else 0.15) * height, height   # below the edge by more than the lane's 0.05 H
     hor = float(np.clip(ctx.horizon, 0.3, 0.6)) * H
     if walker:  # 1 / distance: 4 m away at nearness 0.45, 1.5 m at 1, a frame high at ~2.3 m
         base = hor + (H - hor) * 2.5 / (6 - 4.5 * n)
@@ -1510,7 +1564,7 @@ def _read(path, num_frames, max_pixels):
 
 def _read_for_out(args, info):
     """INPUT for --out: (frames, their indices in INPUT, fps to write, what they are in words)."""
-    copies = (3 if args.shuffle else 2) + bool(args.depth_model)   # (+ the float16 depth: 2 of 3 bytes a pixel)
+    copies = (3 if args.shuffle else 2) + (args.depth_model != "proxy")   # (+ float16 depth: 2 of 3 bytes a pixel)
     _check_memory(args.input, info, args.frames, args.max_pixels, copies)
     frames, indices, fps = _read(args.input, args.frames, args.max_pixels)
     frames, fps, what = _describe_out(args, info, frames, fps)
@@ -1537,14 +1591,18 @@ def _describe_out(args, info, frames, fps):
 
 
 def _depth(args, frames, video_id, indices, given, what):
-    """(depth for `apply`, `what` + where it comes from): --depth-model's (depth.py, cached), else `given` (the
-    built-in clip's true depth; None for INPUT: perturb.depth_proxy)."""
-    if not args.depth_model:
-        return given, what
+    """(depth for `apply`, `what` + where it comes from), by --depth-model: auto, the clip's own (`given`: the
+    built-in clip's true depth) or else the recommended model's; proxy, none (perturb.depth_proxy); NAME, that
+    model's (depth.py, cached)."""
     import depth as depth_model   # (torch and transformers load only with a depth model)
 
-    source = depth_model.Source(args.depth_model, args.depth_cache or None)
-    return source(frames, video_id, indices), f"{what}; depth by {args.depth_model}"
+    name = args.depth_model or depth_model.PROXY
+    if name == depth_model.PROXY:
+        return None, what
+    if name == depth_model.AUTO and given is not None:
+        return given, f"{what}, with its true depth"
+    source = depth_model.Depth(name, args.depth_cache or None).source
+    return source(frames, video_id, indices), f"{what}; depth by {source.name}"
 
 
 def _write_out(args, out, frames, fps, depth, what):
@@ -1595,10 +1653,10 @@ def main(argv=None):
                     help="resize INPUT's frames to this pixel budget, as the model does (smart_resize: sides "
                          f"multiples of 28); default: native size for --out, {GRID_MAX_PIXELS} for --grid")
     ap.add_argument("--size", type=int, default=448, help="side of the built-in sample clip")
-    ap.add_argument("--depth-model", default="", metavar="NAME",
-                    help="depth of the depth-graded effects from this transformers depth-estimation model (hub id "
-                         "or folder, e.g. depth-anything/Depth-Anything-V2-Small-hf; depth.py); default: the "
-                         "ground-plane proxy for INPUT, the true depth for the built-in clip")
+    ap.add_argument("--depth-model", default="auto", metavar="NAME",
+                    help="depth of the depth-graded effects: auto (the built-in clip's true depth; for INPUT "
+                         "depth-anything/Depth-Anything-V2-Small-hf, cached: depth.py), proxy (the depth proxy, no "
+                         "model), or a transformers depth-estimation model's hub id or folder")
     ap.add_argument("--depth-cache", default="", metavar="DIR",
                     help="where --depth-model's maps are cached (default $XDG_CACHE_HOME/rova/depth, i.e. "
                          "~/.cache/rova/depth)")
@@ -1611,16 +1669,19 @@ def main(argv=None):
     grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
     import depth as depth_model   # (torch and transformers load only to run a depth model)
 
-    depth_model.check_source(args.depth_model, args.depth_cache)   # one line now, not after decoding
+    depth_model.check_source(args.depth_model, args.depth_cache, needs_model=False)   # one line now (auto: below)
     return _on_input(args, out, grid) if args.input else _on_sample(args, out, grid)
 
 
 def _on_input(args, out, grid):
-    """--out and/or --grid of INPUT (depth: --depth-model's, else the proxy)."""
+    """--out and/or --grid of INPUT (depth: --depth-model's: by default the recommended model's)."""
     with video.held_native_stderr():
         info = video.probe(args.input)  # a VideoError names the file
     if out is not None and out.resolve() == Path(args.input).resolve():
         raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
+    import depth as depth_model
+
+    depth_model.check_source(args.depth_model, args.depth_cache)   # auto: a real video needs the model
     video_id = str(Path(args.input).resolve())
     if out is not None:
         frames, indices, fps, what = _read_for_out(args, info)
@@ -1640,8 +1701,7 @@ def _on_sample(args, out, grid):
 
     frames, true_depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
     video_id, indices = f"perturb-sample-clip/{args.size}", range(len(frames))
-    what = "the built-in sample clip" + ("" if args.depth_model else ", with its true depth")
-    depth, what = _depth(args, frames, video_id, indices, true_depth, what)
+    depth, what = _depth(args, frames, video_id, indices, true_depth, "the built-in sample clip")
     if out is not None:
         _write_out(args, out, frames, SAMPLE_FPS, depth, what)
     if grid is not None:

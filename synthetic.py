@@ -586,13 +586,18 @@ def sample_clip(num_frames: int = 16, height: int = 256, width: int = 256, seed:
 
 
 PHOTOS = ("rocket", "camera")  # scikit-image's bundled outdoor photographs (no download)
+# scikit-image's bundled photographs by the kind of footage they stand for (no download): under a sky, close-ups
+# with no sky (a cup on a cafe table, a cat, a portrait: what an indoor or hand-held camera sees near), and
+# surfaces seen from above (what a drone looking down sees)
+PHOTO_KINDS = {"rocket": "sky", "camera": "sky", "coffee": "close-up", "chelsea": "close-up",
+               "astronaut": "close-up", "grass": "top-down", "gravel": "top-down", "brick": "top-down"}
 
 
 def _photo(image) -> np.ndarray:
     """An RGB uint8 [H, W, 3] photograph: the array given (grey is stacked to RGB) or a bundled one by name."""
     if isinstance(image, str):
-        if image not in PHOTOS:
-            raise ValueError(f"unknown photo {image!r}; bundled: {', '.join(PHOTOS)}")
+        if image not in PHOTO_KINDS:
+            raise ValueError(f"unknown photo {image!r}; bundled: {', '.join(PHOTO_KINDS)}")
         import skimage.data
 
         image = getattr(skimage.data, image)()
@@ -609,8 +614,9 @@ def photo_clip(image="rocket", num_frames: int = 16, size: int = 224, zoom: floa
     """A clip of real photographic content: a smooth pan and zoom over one still photograph.
 
     ``image`` is an RGB or grey array (uint8 [H, W(, 3)]) or the name of one of scikit-image's bundled
-    outdoor photographs (``PHOTOS``: ``rocket``, a launch pad under a dusk sky; ``camera``, the cameraman on
-    a lawn under a bright grey sky; scikit-image is imported only then). Frame t is a square window of side
+    photographs (``PHOTO_KINDS``: ``rocket``, a launch pad under a dusk sky; ``camera``, the cameraman on a lawn
+    under a bright grey sky; close-ups without sky; grey surfaces that read as top-down views; scikit-image is
+    imported only then). Frame t is a square window of side
     ``s_t = 0.9 min(H, W) (1 - zoom t)`` whose centre moves by ``pan`` (fractions of W and H) per frame,
     resampled to ``size`` x ``size`` (anti-aliased, sub-pixel: the motion is smooth). Returns uint8
     [num_frames, size, size, 3]. No depth comes with it: the engine's proxy is what a real clip gets."""

@@ -13,9 +13,10 @@ pedestrian, vehicle), with the spec's seed.
 
 Clips (--sheet): `photo` = a smooth pan and zoom over scikit-image's bundled outdoor photographs
 (synthetic.photo_clip: `rocket`, a launch pad under a dusk sky, and `camera`, a lawn under a grey sky;
-no download; the engine's depth proxy, as a real video gets); `street` = synthetic.sample_clip with its
-true depth, then the same clip with the proxy. --clips picks sections explicitly (rocket, camera, street,
-street-proxy).
+no download; the engine's depth proxy, as a real video gets); `closeup` = the same over close-ups without sky
+(`coffee`, `chelsea`, `astronaut`); `topdown` = over surfaces that read as views from above (`grass`,
+`gravel`, `brick`); `street` = synthetic.sample_clip with its true depth, then the same clip with the proxy.
+--clips picks sections explicitly (any of synthetic.PHOTO_KINDS, street, street-proxy).
 
 --engine PATH renders with another perturb.py (e.g. a git worktree of an older commit, for before/after
 pictures); the clips always come from this checkout's synthetic.py.
@@ -32,8 +33,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import synthetic  # noqa: E402
 
-SHEETS = {"photo": ("rocket", "camera"), "street": ("street", "street-proxy")}
-CLIPS = ("rocket", "camera", "street", "street-proxy")
+SHEETS = {"photo": ("rocket", "camera"), "street": ("street", "street-proxy"),
+          "closeup": ("coffee", "chelsea", "astronaut"), "topdown": ("grass", "gravel", "brick")}
+CLIPS = (*synthetic.PHOTO_KINDS, "street", "street-proxy")
 STYLES = {"static": ("object", "smear"), "dynamic": ("pedestrian", "vehicle")}  # each shown
 LABEL_H, TITLE_H, COLS = 16, 20, 9
 
@@ -52,8 +54,9 @@ def load_engine(path):
 
 def make_clip(name, frames, size):
     """(frames uint8 [T,S,S,3], true depth or None, a description) of one section's clip."""
-    if name in ("rocket", "camera"):
-        return synthetic.photo_clip(name, frames, size), None, f"photo '{name}' (skimage), pan+zoom, depth proxy"
+    if name in synthetic.PHOTO_KINDS:
+        return (synthetic.photo_clip(name, frames, size), None,
+                f"photo '{name}' (skimage, {synthetic.PHOTO_KINDS[name]}), pan+zoom, depth proxy")
     clip, depth = synthetic.sample_clip(frames, size, size)
     if name == "street":
         return clip, depth, "synthetic street, true depth"

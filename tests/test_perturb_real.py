@@ -177,7 +177,10 @@ def test_an_occluder_is_shaded_by_one_light():
 
 
 def _grey_clip(T=16, H=160, W=160, level=170):
-    return np.full((T, H, W, 3), level, np.uint8)
+    """A plain grey ground under a clear blue sky (the top 30%): the proxy sees a horizon and ground below it."""
+    clip = np.full((T, H, W, 3), level, np.uint8)
+    clip[:, :int(0.3 * H)] = (90, 140, 215)
+    return clip
 
 
 def test_a_pedestrian_stands_on_a_contact_shadow_and_is_not_flat():
@@ -214,6 +217,60 @@ def test_a_nearer_occluder_is_more_out_of_focus():
         peak = col[top:top + 20].max()
         widths.append(_crossing(col, 0.5 * peak) - _crossing(col, 0.1 * peak))
     assert 1.2 < widths[0] and widths[0] * 1.2 < widths[1] and widths[1] * 1.5 < widths[2], widths
+
+
+@pytest.mark.parametrize("name", sorted(synthetic.PHOTO_KINDS))
+def test_an_occluder_stands_on_ground_or_enters_from_the_lower_edge(name):
+    """A walker's or a car's lowest pixel is on the frame's lower edge, or on ground: where the depth used
+    recedes upward (a ground plane under a sky). With no sky in view (close-ups, views from above) there is no
+    ground to stand on: always the edge. (Frames where it crosses a side edge are cut there: not checked.)"""
+    pytest.importorskip("skimage")
+    clip = synthetic.photo_clip(name, 8, 160)
+    small = cv2.resize(clip[4], (24, 24), interpolation=cv2.INTER_AREA)   # the engine's working scale
+    d = perturb.depth_proxy(small)
+    recede = np.diff(d, axis=0)   # < 0 where depth grows upward
+    for seed, eta in ((0, 0.3), (1, 0.5), (2, 0.7), (3, 1.0)):   # (nearness grows with eta)
+        for style in ("pedestrian", "vehicle"):
+            _, C = perturb.masks(clip, perturb.PerturbSpec("dynamic", eta=eta, seed=seed, params={"style": style}))
+            for c in C:
+                ys, xs = np.nonzero(c > 0.5)
+                if len(ys) < 20 or xs.min() == 0 or xs.max() == 159:   # (entering or leaving by a side: cut there)
+                    continue
+                low = int(ys.max())
+                if synthetic.PHOTO_KINDS[name] != "sky":
+                    assert low >= 158, (name, seed, style, low)
+                elif low < 158:
+                    row, cols = min(low * 24 // 160, 22), slice(xs.min() * 24 // 160, xs.max() * 24 // 160 + 1)
+                    assert recede[row, cols].mean() < -0.002, (name, seed, style, low)
+
+
+@pytest.mark.parametrize("name", sorted(synthetic.PHOTO_KINDS))
+def test_no_fog_band_and_no_shadow_of_nothing_on_real_pictures(name):
+    """The fog layer's row profile (C x 255, grey levels of airlight) has no row standing out of its neighbours
+    H/16 away by more than 16 under a sky (the sky's own edge: the rocket's launch pad 11.7; the engine before
+    this rule 19.6) and 3 without one (a homogeneous haze with drifting banks: 1.3; before, a ground plane under
+    every picture, 5.8-7.6); every dark region of the shadow layer reaches a frame edge or a depth edge."""
+    pytest.importorskip("skimage")
+    clip = synthetic.photo_clip(name, 8, 160)
+    k = clip.shape[1] // 16
+    for seed in range(3):
+        _, C = perturb.masks(clip, perturb.PerturbSpec("fog", seed=seed))
+        prominence = band(255 * C.mean((0, 2)), k).max()
+        assert prominence <= (16 if synthetic.PHOTO_KINDS[name] == "sky" else 3), (name, seed, prominence)
+        _, S = perturb.masks(clip, perturb.PerturbSpec("shadow", seed=seed, eta=1.0))
+        peak = S.max()
+        assert peak > 0.3, (name, seed)   # a shadow was cast
+        small = cv2.resize(clip[4], (24, 24), interpolation=cv2.INTER_AREA)
+        d = cv2.resize(perturb.depth_proxy(small), (160, 160), interpolation=cv2.INTER_LINEAR)
+        edge = cv2.dilate((np.hypot(*np.gradient(d)) * 160 / 24 > 0.02).astype(np.uint8), np.ones((5, 5), np.uint8))
+        for c in S:
+            n, labels = cv2.connectedComponents((c > 0.5 * peak).astype(np.uint8))
+            for j in range(1, n):
+                region = labels == j
+                ys, xs = np.nonzero(region)
+                at_border = ys.min() == 0 or xs.min() == 0 or ys.max() == 159 or xs.max() == 159
+                near_edge = edge[cv2.dilate(region.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0].any()
+                assert at_border or near_edge, (name, seed, ys.min(), ys.max(), xs.min(), xs.max())
 
 
 def test_clothing_colours_vary_with_the_seed_and_only_with_it():
