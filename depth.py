@@ -43,6 +43,7 @@ import numpy as np
 import runtime
 
 RECOMMENDED = "depth-anything/Depth-Anything-V2-Small-hf"
+AUTO, PROXY = "auto", "proxy"   # --depth-model's values besides a model's name or folder
 EPS = 0.02                          # depth = 1 / (normalised disparity + EPS): the far limit is 1 / EPS
 RULE_VERSION = 1                    # in the cache key: a change of the rule above never reuses old maps
 METRIC_TYPES = ("glpn", "zoedepth")  # model types whose predicted_depth is depth, not disparity
@@ -53,18 +54,86 @@ def default_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "rova" / "depth"
 
 
-def check_source(name: str, cache: str = "", what: str = "--depth-model"):
-    """One line now, before any work, when `name` cannot be loaded (runtime.model_source); "" = the proxy.
-    `cache` (--depth-cache) without a model is a mistake too."""
-    if cache and not name:
-        raise runtime.UserError(f"--depth-cache {cache} is where {what}'s maps are kept: give {what} NAME")
-    if name:
+def check_source(name: str, cache: str = "", what: str = "--depth-model", needs_model: bool = True):
+    """One line now, before any work, when the model `name` asks for cannot be loaded (runtime.model_source):
+    for `auto` (the recommended model, which a clip without its own depth needs: `needs_model`), a line that says
+    how to get it or to use the proxy. `cache` (--depth-cache) with the proxy is a mistake too."""
+    name = name or PROXY
+    if cache and name == PROXY:
+        raise runtime.UserError(f"--depth-cache {cache} is where {what}'s maps are kept: give {what} auto or NAME")
+    if name == AUTO and needs_model:
+        try:
+            runtime.model_source(RECOMMENDED, f"{what} auto (the default for footage without its own depth) loads")
+        except runtime.UserError as e:
+            raise runtime.UserError(f"{e}; or give {what} proxy (perturb's depth proxy, no model)") from None
+    elif name not in (AUTO, PROXY):
         runtime.model_source(name, what)
 
 
 def describe(name: str):
     """The manifest's record of a depth source: "proxy" (perturb.depth_proxy), or {"model": NAME}."""
-    return {"model": name} if name else "proxy"
+    return {"model": name} if name and name != PROXY else "proxy"
+
+
+def own_depth_file(video_path):
+    """The depth a clip comes with, or None: the synthetic benchmark's `<root>/depth/<id>.npy` beside its video
+    `<root>/videos/synthetic/<id>.mp4` (synthetic.make_synthetic: float16 metres, one map per frame)."""
+    if not video_path:
+        return None
+    p = Path(video_path)
+    f = p.parent.parent.parent / "depth" / f"{p.stem}.npy"
+    return f if p.parent.name == "synthetic" and p.parent.parent.name == "videos" and f.is_file() else None
+
+
+def own_depth(path, frames, indices=None) -> np.ndarray:
+    """A clip's own depth (own_depth_file) at the frames read: the maps of `indices` (default: the first T),
+    resized to the frames' size, float16 [T,H,W]."""
+    import cv2
+
+    d = read(path)
+    T, H, W = frames.shape[:3]
+    idx = list(range(T)) if indices is None else [int(i) for i in indices]
+    if len(idx) != T or max(idx) >= len(d):
+        raise runtime.UserError(f"depth file {path}: {len(d)} maps, the clip read frames {idx[:4]}... ({T})")
+    return np.stack([cv2.resize(d[i].astype(np.float32), (W, H), interpolation=cv2.INTER_LINEAR)
+                     for i in idx]).astype(np.float16)
+
+
+class Depth:
+    """What --depth-model NAME gives a clip: `depth(frames, video_id, indices, video_path)` -> float16 [T,H,W],
+    or None for perturb's proxy. NAME is
+    - `auto` (the default): the clip's own depth where it has one (own_depth_file: the synthetic benchmark's true
+      depth), else the RECOMMENDED model's (real footage: PVRBench is depth-conditioned, Sec. 4);
+    - `proxy`: none (perturb.depth_proxy: a sky over a ground plane, or one depth without a sky);
+    - a model's hub id or folder: that model's (Source), also for clips with their own depth."""
+
+    def __init__(self, name: str = AUTO, cache_dir=None):
+        self.name = name or PROXY
+        model = RECOMMENDED if self.name == AUTO else None if self.name == PROXY else self.name
+        self.source = Source(model, cache_dir) if model else None
+
+    def kind(self, video_path=None) -> str:
+        """"own", "model" or "proxy": where a clip's depth comes from."""
+        if self.name == AUTO and own_depth_file(video_path):
+            return "own"
+        return "model" if self.source is not None else "proxy"
+
+    def describe(self, video_path=None):
+        """The manifest's record: "proxy", {"model": NAME} or {"own": "depth/<id>.npy"}."""
+        kind = self.kind(video_path)
+        if kind == "own":
+            return {"own": f"depth/{Path(video_path).stem}.npy"}
+        return describe(self.source.name) if kind == "model" else "proxy"
+
+    def key(self) -> str:
+        """What identifies this choice in a run hash: the name, and the model's identity (model_id)."""
+        return self.name if self.source is None else f"{self.name}:{self.source.id}"
+
+    def __call__(self, frames, video_id: str = "", indices=None, video_path=None):
+        kind = self.kind(video_path)
+        if kind == "own":
+            return own_depth(own_depth_file(video_path), np.asarray(frames), indices)
+        return self.source(frames, video_id, indices) if kind == "model" else None
 
 
 def model_id(name: str) -> str:
@@ -233,12 +302,12 @@ class ClipMemo:
     def __init__(self, source: Source, size: int = 8):
         self.source, self.size, self.items, self.lock = source, max(1, size), OrderedDict(), threading.Lock()
 
-    def __call__(self, frames, video_id: str = "", indices=None) -> np.ndarray:
+    def __call__(self, frames, video_id: str = "", indices=None, **kwargs) -> np.ndarray:
         with self.lock:
             hit = self.items.get(video_id)
         if hit is not None and hit[0] is frames:
             return hit[1]
-        d = self.source(frames, video_id, indices)
+        d = self.source(frames, video_id, indices, **kwargs)
         with self.lock:
             self.items[video_id] = (frames, d)
             self.items.move_to_end(video_id)

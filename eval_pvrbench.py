@@ -343,9 +343,9 @@ class Group:
     items: list   # [(sample, [conditions])]
 
 
-def make_plan(sources, subtypes, assign, eta, depth="proxy"):
+def make_plan(sources, subtypes, assign, eta, depth=None):
     """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs; `depth`:
-    the depth source, "proxy" or depth.Source.describe())."""
+    the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy)."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
         seen = Counter()
@@ -362,7 +362,7 @@ def make_plan(sources, subtypes, assign, eta, depth="proxy"):
                 row = manifest.setdefault((src, vid, sub), {
                     "source": src, "video_id": vid, "subtype": sub,   # no local path: the same file everywhere
                     "spec": perturb.static_spec(vid, sub, eta).to_dict(), "render": perturb.RENDER_VERSION,
-                    "depth": depth, "questions": []})
+                    "depth": depth.describe(s.video) if depth is not None else "proxy", "questions": []})
                 row["questions"].append(s.id)
     return list(groups.values()), list(manifest.values())
 
@@ -380,21 +380,22 @@ def read_clip(group, args, read_kwargs, with_indices=False):
 
 
 def export_depth(root, g, frames, indices, source):
-    """(depth for perturb.apply, the manifest's "depth") of an exported clip: "proxy", or --depth-model's maps
-    written to <video id>/depth.npy (float16 [T,H,W]: the spec, the clean frames and this file regenerate the
-    corrupted clip bit for bit, Eq. 4, without the model)."""
-    if source is None:
+    """(depth for perturb.apply, the manifest's "depth") of an exported clip: "proxy", or the clip's depth (its own
+    or --depth-model's) written to <video id>/depth.npy (float16 [T,H,W]: the spec, the clean frames and this
+    file regenerate the corrupted clip bit for bit, Eq. 4, without the model)."""
+    if source.kind(g.path) == "proxy":
         return None, "proxy"
-    d, f = source(frames, g.video_id, indices), Path(g.video_id) / "depth.npy"
+    d, f = source(frames, g.video_id, indices, video_path=g.path), Path(g.video_id) / "depth.npy"
     depths.write(root / f, d)
-    return d, {**source.describe(), "file": str(f), "sha256": hashlib.sha256((root / f).read_bytes()).hexdigest()}
+    return d, {**source.describe(g.path), "file": str(f),
+               "sha256": hashlib.sha256((root / f).read_bytes()).hexdigest()}
 
 
 def export(groups, manifest, args, read_kwargs):
     """--export DIR: the clean and corrupted clips as mp4 (the frames the models see), their depth maps with
     --depth-model (export_depth), plus the manifest."""
     root, specs = Path(args.export), defaultdict(list)
-    source = depths.Source.of(args.depth_model, args.depth_cache or None)
+    source = depths.Depth(args.depth_model, args.depth_cache or None)
     for row in manifest:
         specs[(row["source"], row["video_id"])].append(row)
     rows = []
@@ -606,7 +607,7 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
                 subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
                 eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=perturb.RENDER_VERSION,
                 **ext.run_key(args, spec),
-                **({"depth_model": depths.model_id(args.depth_model)} if args.depth_model else {}),
+                depth=depths.Depth(args.depth_model).key(),
                 **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
 
 
@@ -703,8 +704,8 @@ class Runner:
         from tqdm import tqdm
         self.args, self.store, self.model, self.judge, self.read_kwargs = args, store, model, judge, read_kwargs
         self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
-        self.depth = depths.Source.of(args.depth_model, args.depth_cache or None)   # None: perturb's proxy
-        self.depth_of = self.depth and depths.ClipMemo(self.depth)
+        self.depth = depths.Depth(args.depth_model, args.depth_cache or None)
+        self.depth_of = depths.ClipMemo(self.depth)
         self.indices = {}   # video id -> the frame indices read (the depth cache's key)
         self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
@@ -730,7 +731,7 @@ class Runner:
 
     def window(self, groups):
         self.clips, todo = {}, []
-        self.depth_of = self.depth and depths.ClipMemo(self.depth, len(groups))   # the window's clips' depth
+        self.depth_of = depths.ClipMemo(self.depth, len(groups))   # the window's clips' depth
         pending = [(g, self.store.pending(g)) for g in groups]
         pending = [(g, pend) for g, pend in pending if pend or self.store.to_judge(g, self.judge)]
         groups = [g for g, _ in pending]
@@ -771,9 +772,9 @@ class Runner:
         return clips[(g.video_id, cond)]
 
     def clip_depth(self, g, frames):
-        """--depth-model's depth of a clean clip (depth.Source: computed once, cached on disk; read from disk once
-        per window: depth.ClipMemo; thread-safe), or None: perturb's ground-plane proxy."""
-        return None if self.depth is None else self.depth_of(frames, g.video_id, self.indices.get(g.video_id))
+        """The depth of a clean clip (depth.Depth: its own, or a model's computed once and cached on disk; read
+        once per window: depth.ClipMemo; thread-safe), or None: perturb's depth proxy."""
+        return self.depth_of(frames, g.video_id, self.indices.get(g.video_id), video_path=g.path)
 
     def batches(self, todo):
         """The model's calls: --batch-size samples each; for a model that shares a clip's prefill
@@ -949,9 +950,9 @@ def parse_args(argv=None, ext=None):
     g("--eta", type=float, default=perturb.DEFAULT_ETA, help="perturbation intensity (App. D: 0.7)")
     g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit "
       "(with --depth-model also each clip's depth, <video id>/depth.npy)")
-    g("--depth-model", default="", metavar="NAME", help="depth of the depth-graded corruptions from this transformers "
-      f"depth-estimation model (hub id or folder, e.g. {depths.RECOMMENDED}; depth.py); default: perturb's "
-      "ground-plane proxy")
+    g("--depth-model", default=depths.AUTO, metavar="NAME", help="depth of the depth-graded corruptions: auto (a "
+      f"clip's own depth, the synthetic set's; else {depths.RECOMMENDED}, cached: depth.py), proxy (perturb's "
+      "depth proxy, no model), or a transformers depth-estimation model's hub id or folder")
     g("--depth-cache", default="", metavar="DIR", help="folder of --depth-model's cached maps (default "
       "~/.cache/rova/depth, or $XDG_CACHE_HOME/rova/depth)")
     v = ap.add_argument_group("video", "how the frames are read").add_argument
@@ -1020,12 +1021,13 @@ def main(argv=None, ext=None):
         spec, name = resolve_model(args, ext, models)
         scheme, path = split_model(spec, models)
         check_sources(args, scheme, path, ext)
-    depths.check_source(args.depth_model, args.depth_cache)   # (also for --export)
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
+    depths.check_source(args.depth_model, args.depth_cache,   # (also for --export; the synthetic set has its own)
+                        needs_model=any(n != "synthetic" for n in paths))
     subtypes = parse_subtypes(args.subtypes, args.protocol)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
     sources, reports = ext.prepare(args, sources)
-    groups, manifest = make_plan(sources, subtypes, args.assign, args.eta, depths.describe(args.depth_model))
+    groups, manifest = make_plan(sources, subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
     if args.export:
         return export(groups, manifest, args, ext.read_kwargs(args))
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"

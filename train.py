@@ -97,10 +97,11 @@ class Config:
     frames: int = _arg(16, "frames per video (App. D: 16 in training)", "data")
     max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
     seed: int = _arg(0, "seed of data order, corruption specs and sampling", "data")
-    depth_model: str = _arg("", "depth of the depth-graded corruptions (fog, rain, snow, shadow, occluders) from this "
-                                "transformers depth-estimation model, e.g. depth-anything/Depth-Anything-V2-Small-hf "
-                                "(depth.py: computed once per clip, cached); empty: perturb.py's ground-plane proxy",
-                            "data")
+    depth_model: str = _arg("auto", "depth of the depth-graded corruptions (fog, rain, snow, shadow, occluders): auto "
+                                    "(a clip's own depth, the synthetic benchmark's; else "
+                                    "depth-anything/Depth-Anything-V2-Small-hf, computed once per clip and cached: "
+                                    "depth.py), proxy (perturb.py's depth proxy, no model), or a transformers "
+                                    "depth-estimation model's hub id or folder", "data")
     # output
     out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/. A finished run in it is never "
                                  "replaced without --overwrite; an unfinished one with the same config is "
@@ -244,14 +245,14 @@ class Clips:
     """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
     (path -> reason) so that it is neither decoded again nor counted twice; above a share
     (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler.
-    `corrupt` applies a spec with the clip's depth (--depth-model's, depth.py; else perturb's proxy)."""
+    `corrupt` applies a spec with the clip's depth (--depth-model's, depth.Depth; or perturb's proxy)."""
 
     def __init__(self, cfg: Config, missing: list, n_videos: int, read_kwargs=None):
         self.cfg, self.cache, self.n_videos = cfg, OrderedDict(), n_videos
         self.bad = {path: "missing" for _, path in missing}
         self.read_kwargs = read_kwargs or {}
-        self.depth = depths.Source.of(cfg.depth_model, cfg.depth_cache or None)
-        self.depth_of = self.depth and depths.ClipMemo(self.depth)   # the last 8 clips' depth (a step's)
+        self.depth = depths.Depth(cfg.depth_model, cfg.depth_cache or None)
+        self.depth_of = depths.ClipMemo(self.depth)   # the last 8 clips' depth (a step's)
         self.indices = {}   # path -> the frame indices read (the depth cache's key)
 
     def read(self, path):
@@ -260,10 +261,9 @@ class Clips:
         return frames
 
     def corrupt(self, sample, frames, spec):
-        """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations)."""
-        if self.depth is None:
-            return perturb.apply(frames, spec)
-        d = self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video))
+        """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations; None:
+        perturb's proxy)."""
+        d = self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video), video_path=sample.video)
         return perturb.apply(frames, spec, d)
 
     def get(self, sample):
@@ -823,7 +823,7 @@ def check_sources(cfg):
     not a traceback after the data is read."""
     runtime.model_source(cfg.model)
     runtime.check_hf_flags({"--judge": cfg.judge})
-    depths.check_source(cfg.depth_model, cfg.depth_cache)
+    depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (auto: once the data is read)
 
 
 def load_data(cfg, rank, world, ext):
@@ -1098,7 +1098,7 @@ def setup(cfg, ext):
     log = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
     out = runtime.out_dir(cfg.out, create=False)
     if not cfg.model:
-        depths.check_source(cfg.depth_model, cfg.depth_cache)
+        depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
         (ext.prepare_demo or prepare_demo)(cfg, rank)
     else:
         check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder
@@ -1109,6 +1109,8 @@ def setup(cfg, ext):
     torch.manual_seed(cfg.seed * 1000 + rank)
     spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
     samples, shard, clips = load_data(cfg, rank, world, ext)
+    depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
+                        needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
     ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
                                     ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=log, world=world)
     sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")

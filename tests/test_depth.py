@@ -193,8 +193,14 @@ def test_train_clips_corrupt_with_the_clips_depth(tiny, tmp_path, bench):
     assert np.array_equal(clips.corrupt(s, frames, spec), perturb.apply(frames, spec, d))
     assert clips.depth_of.items[data.video_identity(s)][0] is frames   # the next spec reuses it (ClipMemo)
     assert len(list(tmp_path.rglob("*.npy"))) == 1   # the same cache entry
-    plain = train.Clips(train.parse_args([]), [], len(samples))
-    assert plain.depth is None and np.array_equal(plain.corrupt(s, frames, spec), perturb.apply(frames, spec))
+    auto = train.Clips(train.parse_args(["--frames", "4", "--max-pixels", str(56 * 56)]), [], len(samples))
+    own = depth.own_depth(depth.own_depth_file(s.video), frames, video.read_frames(s.video, 4, 56 * 56)[1])
+    assert auto.depth.kind(s.video) == "own"   # the default: the synthetic benchmark's own (true) depth
+    assert np.array_equal(auto.corrupt(s, frames, spec), perturb.apply(frames, spec, own))
+    plain = train.Clips(train.parse_args(["--depth-model", "proxy"]), [], len(samples))
+    assert plain.depth.kind(s.video) == "proxy"
+    assert np.array_equal(plain.corrupt(s, frames, spec), perturb.apply(frames, spec))
+    assert not np.array_equal(plain.corrupt(s, frames, spec), auto.corrupt(s, frames, spec))
 
 
 # ----------------------------------------------------------------------------- eval_pvrbench
@@ -224,12 +230,15 @@ def test_eval_records_the_depth_hashes_it_and_export_regenerates_bit_identically
                         lambda self, *a, _key=depth.Source.key: keys.append(a[1]) or _key(self, *a))
     ev.main(eval_cli(bench, tiny, tmp_path / "out", "--depth-model", tiny, "--depth-cache", str(cache)))
     assert keys and len(keys) == len(set(keys))
-    ev.main(eval_cli(bench, tiny, tmp_path / "out"))   # the proxy: another run store
+    ev.main(eval_cli(bench, tiny, tmp_path / "out", "--depth-model", "proxy"))   # the proxy: another run store
+    ev.main(eval_cli(bench, tiny, tmp_path / "out"))   # the default (auto): the synthetic set's own depth, a third
     runs = sorted((tmp_path / "out" / Path(tiny).name).glob("run_*"))
-    assert len(runs) == 2
+    assert len(runs) == 3
     rows = {json.dumps(json.loads(line)["depth"]) for r in runs for line in (r / "manifest.jsonl").read_text().splitlines()}
-    assert rows == {json.dumps({"model": tiny}), json.dumps("proxy")}
-    assert sum("depth_model" in json.loads((r / "config.json").read_text()) for r in runs) == 1
+    own = {json.dumps({"own": f"depth/{Path(p).stem}.npy"}) for p in (bench / "videos" / "synthetic").glob("*.mp4")}
+    assert rows == {json.dumps({"model": tiny}), json.dumps("proxy")} | own
+    assert sorted(json.loads((r / "config.json").read_text())["depth"].split(":")[0] for r in runs) == \
+        sorted(["auto", "proxy", tiny])
     export = tmp_path / "pvr"
     ev.main(eval_cli(bench, tiny, tmp_path / "x", "--export", str(export), "--depth-model", tiny,
                      "--depth-cache", str(cache)))
@@ -247,8 +256,8 @@ def test_eval_records_the_depth_hashes_it_and_export_regenerates_bit_identically
 
 
 def test_eval_depth_flags_are_checked_before_any_work(tiny, tmp_path, bench):
-    with pytest.raises(runtime.UserError, match="--depth-cache .* give --depth-model NAME"):
-        ev.main(eval_cli(bench, tiny, tmp_path / "out", "--depth-cache", str(tmp_path / "c")))
+    with pytest.raises(runtime.UserError, match="--depth-cache .* give --depth-model auto or NAME"):
+        ev.main(eval_cli(bench, tiny, tmp_path / "out", "--depth-model", "proxy", "--depth-cache", str(tmp_path / "c")))
     with pytest.raises(runtime.UserError, match="--depth-model"):
         ev.main(eval_cli(bench, tiny, tmp_path / "out", "--export", str(tmp_path / "e"), "--depth-model",
                          str(tmp_path / "nope")))
@@ -268,6 +277,39 @@ def test_perturb_cli_with_a_depth_model(tiny, tmp_path):
     (cached,) = cache.rglob("*.npy")
     frames = synthetic.sample_clip(4, 56, 56)[0]
     assert np.array_equal(np.load(cached), depth.Source(tiny, cache)(frames, "perturb-sample-clip/56", range(4)))
-    bad = subprocess.run([sys.executable, "perturb.py", "--subtype", "fog", "--out", str(out), "--depth-cache",
-                          str(cache)], cwd=ROOT, capture_output=True, text=True, env=env)
+    bad = subprocess.run([sys.executable, "perturb.py", "--subtype", "fog", "--out", str(out), "--depth-model", "proxy",
+                          "--depth-cache", str(cache)], cwd=ROOT, capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--depth-model" in bad.stderr
+
+
+def test_auto_grades_a_real_video_by_the_recommended_model_when_it_is_cached(tiny, tmp_path):
+    """The default (--depth-model auto) with depth.RECOMMENDED in the Hugging Face cache (here the random tiny model
+    stored under its name), offline: a video without its own depth is corrupted with that model's depth, the same
+    maps as naming the model's folder; with an empty cache the same command stops with one line."""
+    import shutil
+
+    repo = tmp_path / "hub" / ("models--" + depth.RECOMMENDED.replace("/", "--"))
+    shutil.copytree(tiny, repo / "snapshots" / ("0" * 40))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    src = synthetic.write_sample_video(tmp_path / "in.mp4", num_frames=4, height=56, width=56)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "OMP_NUM_THREADS": "1"}
+
+    def cli(out, *extra):
+        return subprocess.run([sys.executable, "perturb.py", str(src), "--subtype", "fog", "--out", str(out),
+                               "--frames", "4", *extra], cwd=ROOT, capture_output=True, text=True, env=env)
+
+    run = cli(tmp_path / "auto.mp4", "--depth-cache", str(tmp_path / "c1"))
+    assert run.returncode == 0 and f"depth by {depth.RECOMMENDED}" in run.stdout, run.stderr
+    named = cli(tmp_path / "named.mp4", "--depth-model", tiny, "--depth-cache", str(tmp_path / "c2"))
+    assert named.returncode == 0, named.stderr
+    (a,), (b,) = (tmp_path / "c1").rglob("*.npy"), (tmp_path / "c2").rglob("*.npy")
+    assert np.array_equal(np.load(a), np.load(b)) and np.ptp(np.load(a).astype(np.float32)) > 0
+    got = [video.read_frames(tmp_path / f, 4, 56 * 56)[0] for f in ("auto.mp4", "named.mp4")]
+    assert np.array_equal(*got)
+    proxy = cli(tmp_path / "proxy.mp4", "--depth-model", "proxy")
+    assert proxy.returncode == 0 and not np.array_equal(video.read_frames(tmp_path / "proxy.mp4", 4, 56 * 56)[0], got[0])
+    shutil.rmtree(repo)
+    gone = cli(tmp_path / "gone.mp4")
+    assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1 and "hf download" in gone.stderr
+    assert not (tmp_path / "gone.mp4").exists()

@@ -16,6 +16,7 @@ import pytest
 from PIL import Image
 
 import data
+import depth
 import eval_pvrbench as ev
 import perturb
 import runtime
@@ -285,9 +286,13 @@ def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
     # the manifest regenerates bit for bit what the model was shown, and a second run writes the same manifest
     for row in manifest:
         path = assets[2] / "videos" / f"{row['video_id']}.mp4"   # synthetic/<scene> -> videos/synthetic/<scene>.mp4
-        frames = video.read_frames(path, num_frames=4, max_pixels=56 * 56)[0]
-        clip = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]))
-        again = perturb.apply(frames, perturb.static_spec(row["video_id"], row["subtype"], 0.7))
+        frames, idx, _ = video.read_frames(path, num_frames=4, max_pixels=56 * 56)
+        assert row["depth"] == {"own": f"depth/{path.stem}.npy"}   # auto: the synthetic clips' true depth
+        d = depth.own_depth(assets[2] / row["depth"]["own"], frames, idx)
+        clip = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]), d)
+        again = perturb.apply(frames, perturb.static_spec(row["video_id"], row["subtype"], 0.7), d)
+        if row["subtype"] == "fog":   # graded by depth: the proxy's would differ
+            assert not np.array_equal(clip, perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"])))
         assert np.array_equal(clip, again)
         for qid in row["questions"]:
             assert any(np.array_equal(clip, c) for c in counted["clips"][qid])
@@ -308,7 +313,9 @@ def test_export_writes_the_corrupted_videos(assets, tmp_path):
     for row in rows:
         got = video.read_frames(tmp_path / "pvr" / row["file"], num_frames=4, max_pixels=56 * 56)[0]
         frames = video.read_frames(row["source_video"], num_frames=4, max_pixels=56 * 56)[0]
-        want = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]))
+        assert row["depth"]["own"].startswith("depth/")   # the synthetic clips' true depth, exported beside them
+        d = depth.read(tmp_path / "pvr" / row["depth"]["file"])
+        want = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]), d)
         assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 8   # mp4 is lossy
         assert (tmp_path / "pvr" / row["clean_file"]).is_file()
 

@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
+import depth
 import perturb
 import synthetic
 import video
@@ -299,7 +300,7 @@ def test_cli_writes_a_corrupted_video_and_the_contact_sheet(tmp_path):
     src = synthetic.write_sample_video(tmp_path / "in.mp4", num_frames=12, height=96, width=96)
     out = tmp_path / "fog.mp4"
     run = subprocess.run([sys.executable, "perturb.py", str(src), "--subtype", "fog", "--eta", "0.7",
-                          "--seed", "0", "--out", str(out), "--frames", "8"],
+                          "--seed", "0", "--out", str(out), "--frames", "8", "--depth-model", "proxy"],
                          cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert '"subtype":"fog"' in run.stdout
@@ -322,7 +323,25 @@ def test_cli_writes_a_corrupted_video_and_the_contact_sheet(tmp_path):
 # ----------------------------------------------------------------------------- command line: a corrupted copy
 
 def _cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "perturb.py", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    """perturb.py with `args`; with the depth proxy unless they name a depth model (these tests are about the
+    output, and run offline: the default for a real video, the recommended depth model, is not here)."""
+    depth = () if "--depth-model" in args else ("--depth-model", "proxy")
+    return subprocess.run([sys.executable, "perturb.py", *map(str, args), *depth], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": "/nonexistent/hub"})
+
+
+def test_cli_a_real_video_gets_the_recommended_depth_model_or_says_how_to_get_it(tmp_path):
+    """The default (--depth-model auto) for an INPUT video is depth.RECOMMENDED; offline and not cached: one line
+    (exit 2) that says how to get it or to use the proxy, and no output file; the built-in clip needs no model."""
+    src = synthetic.write_sample_video(tmp_path / "in.mp4", num_frames=4, height=64, width=64)
+    out = tmp_path / "fog.mp4"
+    run = _cli(src, "--subtype", "fog", "--out", out, "--depth-model", "auto")
+    assert run.returncode == 2 and not out.exists(), run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: --depth-model auto") and f"hf download {depth.RECOMMENDED}" in line
+    assert line.endswith("or give --depth-model proxy (perturb's depth proxy, no model)")
+    run = _cli("--subtype", "fog", "--out", out, "--size", "64", "--frames", "4", "--depth-model", "auto")
+    assert run.returncode == 0 and out.exists(), run.stderr
 
 
 def _write_odd(path, frames, fps):
@@ -460,5 +479,5 @@ def test_cli_refuses_a_clip_that_does_not_fit_in_memory_before_decoding(cli_clip
     monkeypatch.setattr(video, "read_clip", lambda *a, **k: pytest.fail("decoded anyway"))
     out = tmp_path / "o.mp4"
     with pytest.raises(runtime.UserError, match=r"30 frames of 160x128 need about 0\.0 GB .* --frames N"):
-        perturb.main([str(cli_clips["even"]), "--subtype", "fog", "--out", str(out)])
+        perturb.main([str(cli_clips["even"]), "--subtype", "fog", "--out", str(out), "--depth-model", "proxy"])
     assert not out.exists()

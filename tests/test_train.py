@@ -105,6 +105,7 @@ def test_missing_and_corrupt_videos_are_skipped_and_counted(assets, tmp_path, ca
     rows = json.loads(Path(train_json).read_text())
     folder = tmp_path / "d"
     shutil.copytree(Path(train_json).parent / "videos", folder / "videos")
+    shutil.copytree(Path(train_json).parent / "depth", folder / "depth")   # the clips' own depth, beside them
     clips = sorted({r["path"] for r in rows})
     (folder / clips[0]).write_bytes(b"not a video at all")    # corrupt
     (folder / clips[1]).unlink()                               # missing
@@ -373,8 +374,10 @@ def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(
     for a, b in zip(items[0.0], items[1.0]):
         assert not a.spec.shuffle and b.spec.shuffle and (a.spec.subtype, a.spec.seed) == (b.spec.subtype, b.spec.seed)
         order = perturb.temporal_permutation(len(a.clean), b.spec.seed)
-        assert np.array_equal(b.clean, a.clean) and np.array_equal(b.pert, perturb.apply(a.clean, b.spec))
+        assert np.array_equal(b.clean, a.clean) and np.array_equal(b.pert, clips.corrupt(a.sample, a.clean, b.spec))
         assert not np.array_equal(b.pert, a.pert) and not np.array_equal(order, np.arange(len(order)))
+    graded = [b for b in items[1.0] if b.spec.subtype in ("fog", "rain", "snow", "dusk", "shadow")]
+    assert graded and all(not np.array_equal(b.pert, perturb.apply(b.clean, b.spec)) for b in graded)   # own depth
     with pytest.raises(SystemExit):
         train.parse_args(args(assets, tmp_path / "x", "--temporal-grpo", "2"), settings={"temporal_corruption": 0.5})
 

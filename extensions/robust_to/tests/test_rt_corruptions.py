@@ -349,7 +349,7 @@ def test_cli_grid_of_a_full_length_clip_shows_a_few_sampled_frames(tmp_path):
     src = video.write_video(tmp_path / "even.mp4", synthetic.sample_clip(30, 128, 160, seed=4, supersample=1)[0],
                             fps=15.0)
     grid = tmp_path / "grid.png"
-    run = _cli(src, "--grid", grid, "--protocol", "robust-to")
+    run = _cli(src, "--grid", grid, "--protocol", "robust-to", "--depth-model", "proxy")   # (no depth model here)
     assert run.returncode == 0, run.stderr
     h, w = video.smart_resize(128, 160, max_pixels=perturb.GRID_MAX_PIXELS)
     with Image.open(grid) as im:
