@@ -1009,6 +1009,12 @@ def parse_args(argv=None, ext=None):
     return args
 
 
+def check_depth(args, paths):
+    """--depth-model's check (depth.check_source), before any work: `auto` needs the recommended model for every
+    source but the synthetic set, which has its own depth."""
+    depths.check_source(args.depth_model, args.depth_cache, needs_model=any(n != "synthetic" for n in paths))
+
+
 def main(argv=None, ext=None):
     ext = ext or Extension()
     args = parse_args(argv, ext)
@@ -1022,8 +1028,7 @@ def main(argv=None, ext=None):
         scheme, path = split_model(spec, models)
         check_sources(args, scheme, path, ext)
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
-    depths.check_source(args.depth_model, args.depth_cache,   # (also for --export; the synthetic set has its own)
-                        needs_model=any(n != "synthetic" for n in paths))
+    check_depth(args, paths)   # (also for --export)
     subtypes = parse_subtypes(args.subtypes, args.protocol)
     sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
     sources, reports = ext.prepare(args, sources)

@@ -125,19 +125,22 @@ def main(argv=None):
     engines = {"this": perturb} | ({"other": load_engine(args.engine)} if args.engine else {})
     print("| engine | clip | kind | fog band (grey levels, per seed) | occluder frames floating | shadow blobs |")
     print("|---|---|---|---|---|---|")
-    summary = {}
-    for label, engine in engines.items():
-        rows = [measure(engine, name, args.frames, args.size, args.seeds) for name in synthetic.PHOTO_KINDS]
-        for r in rows:
-            print(f"| {label} | {r['clip']} | {r['kind']} | {' / '.join(f'{v:.1f}' for v in r['fog_band'])} | "
-                  f"{r['floating_frames']} of {r['occluder_frames']} | {r['shadow_blobs']} |")
-        bands = [v for r in rows for v in r["fog_band"]]
-        shown = sum(r["occluder_frames"] for r in rows)
-        summary[label] = (f"fog_band_median={np.median(bands):.1f} fog_band_max={max(bands):.1f} "
-                          f"floating_share={sum(r['floating_frames'] for r in rows) / max(shown, 1):.3f} "
-                          f"shadow_blobs={sum(r['shadow_blobs'] for r in rows)}")
+    summary = {label: report(label, engine, args) for label, engine in engines.items()}
     for label, line in summary.items():
         print(f"{label}: {line}")
+
+
+def report(label, engine, args):
+    """Print one engine's table rows; return its summary line."""
+    rows = [measure(engine, name, args.frames, args.size, args.seeds) for name in synthetic.PHOTO_KINDS]
+    for r in rows:
+        print(f"| {label} | {r['clip']} | {r['kind']} | {' / '.join(f'{v:.1f}' for v in r['fog_band'])} | "
+              f"{r['floating_frames']} of {r['occluder_frames']} | {r['shadow_blobs']} |")
+    bands = [v for r in rows for v in r["fog_band"]]
+    shown = sum(r["occluder_frames"] for r in rows)
+    return (f"fog_band_median={np.median(bands):.1f} fog_band_max={max(bands):.1f} "
+            f"floating_share={sum(r['floating_frames'] for r in rows) / max(shown, 1):.3f} "
+            f"shadow_blobs={sum(r['shadow_blobs'] for r in rows)}")
 
 
 if __name__ == "__main__":
