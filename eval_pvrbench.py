@@ -62,6 +62,7 @@ import numpy as np
 import chat
 import data
 import depth as depths
+import diagnostics
 import judge as judges
 import perturb
 import synthetic
@@ -1059,8 +1060,10 @@ def main(argv=None, ext=None):
         judge.close()
     flat = store.records(groups)
     results = summarize(flat, subtypes)
+    results["diagnostics"] = diagnostics.collapse(flat, sources)   # did the model stop looking at the video?
     table, legend = {**TABLES, **ext.tables}.get(args.protocol, TABLES["pvrbench"])
     table = table(name, args.frames, results["pvrbench"])
+    legend += diagnostics.warning_line(results["diagnostics"])
     previous = latest_results(model_dir, run_hash, args.judge)
     if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
         print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)

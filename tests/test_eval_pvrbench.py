@@ -267,10 +267,15 @@ def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
     for key in ("categories", "avg", "orig", "drop"):
         assert key in pvr["accuracy"]
     assert pvr["accuracy"]["categories"]["camera"] is None   # no camera subtype chosen
+    diag = res["results"]["diagnostics"]["sources"]["synthetic"]   # collapse diagnostics (diagnostics.py)
+    assert set(diag["format_rate"]) == {"clean", "dusk", "fog", "rain", "static"} and diag["one_answer_share"] is not None
+    assert all(b["clean"]["n"] + b["perturbed"]["n"] > 0 for b in diag["tasks"].values())
     assert pvr["reasoning"]["avg_dagger"] == 3.0 and pvr["reasoning"]["orig_dagger"] == 3.0
     assert pvr["reasoning"]["metrics"]["fragility"] == 1.0 and stub.items == 16
     table = (model_dir / "table.md").read_text().strip().splitlines()
-    assert len(table) == 6 and table[2].startswith("| tiny | 4 |")  # header, rule, row, blank, the legend
+    assert len(table) == 7 and table[2].startswith("| tiny | 4 |")  # header, rule, row, blank, the legend, and
+    assert table[6].startswith("Collapse warning:")   # a random-weight model is no better than a constant answer
+    assert res["results"]["diagnostics"]["warnings"]
     assert table[4].startswith("#Fr frames per video") and "Sha. camera shake" in table[4]
     samples = lines(next(model_dir.glob("*_samples_pvrbench_synthetic.jsonl")))
     assert len(samples) == 16 and len({(s["doc_id"], s["condition"]) for s in samples}) == 16
