@@ -189,6 +189,20 @@ def group_advantages(rewards, eps: float = 1e-4) -> torch.Tensor:
     return (r - mean) / (std + eps)
 
 
+ADVANTAGES = ("summed", "per_component")   # train.py's `advantage`: group_advantages of R_j, or component_advantages
+
+
+def component_advantages(components, weights, eps: float = 1e-4) -> torch.Tensor:
+    """App. H.1's multi-component reading of Eq. 8: each reward component normalised within its group, then added
+    with its weight, A_j = sum_k w_k (r^k_j - mean(r^k)) / (std(r^k) + eps). `components`: {name: [B, G]}
+    (unweighted), `weights`: {name: w_k}. H.1 compares it with "a single combined reward that merges all components
+    into one scalar via weighted summation before advantage estimation": group_advantages(sum_k w_k r^k)."""
+    return sum(w * group_advantages(components[k], eps) for k, w in weights.items())
+
+
+LOSS_NORMS = ("sequence", "fixed", "token")   # train.py's `loss_norm` (RL.loss_denominator)
+
+
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2, beta: float = 0.01,
               normalize: str = "sequence"):
     """Eq. 7 as a loss to minimise, for N completions of T tokens (logp, old_logp, ref_logp, mask:

@@ -173,6 +173,14 @@ class Config:
                                "(0: never), to evaluate a run part-way")
     temporal_corruption: float = _arg(0.0, "share of the perturbed clips whose frames are also permuted before the "
                                       "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
+    loss_norm: str = _arg("sequence", "Eq. 7's normalisation over a step's trained completions: sequence (each "
+                          "completion's token mean, then the mean over the completions the curriculum kept: a "
+                          "full-size update however few; DeepSeekMath, TRL loss_type='grpo'), fixed (the same sum "
+                          "over batch_size x group_size per rank: the update shrinks with the completions kept; Dr. "
+                          "GRPO's constant denominator) or token (every kept token's loss over their number, DAPO)")
+    advantage: str = _arg("summed", "Eq. 8 on R_j, the components added first (summed: App. H.1's 'single combined "
+                          "reward') or per_component (format, accuracy, alignment and any other term each normalised "
+                          "in its group, then added with its weight: App. H.1's multi-component reading)")
     updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
                                        "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
     gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
@@ -219,15 +227,19 @@ def parse_args(argv=None, ext=None, settings=None) -> Config:
     return cfg
 
 
+def _check_choices(ap, cfg):
+    for name, choices in (("mode", MODES), ("assess", curriculum.ASSESS_RULES), ("loss_norm", grpo.LOSS_NORMS),
+                          ("advantage", grpo.ADVANTAGES)):
+        if getattr(cfg, name) not in choices:
+            ap.error(f"{name} must be one of {', '.join(choices)}, got {getattr(cfg, name)!r}")
+
+
 def _check_config(ap, cfg):
-    if cfg.mode not in MODES:
-        ap.error(f"--mode must be one of {', '.join(MODES)}, got {cfg.mode!r}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     if cfg.temporal_grpo < 0:
         ap.error(f"--temporal-grpo must be >= 0 (0: off), got {cfg.temporal_grpo}")
-    if cfg.assess not in curriculum.ASSESS_RULES:
-        ap.error(f"assess must be one of {', '.join(curriculum.ASSESS_RULES)}, got {cfg.assess!r}")
+    _check_choices(ap, cfg)
     if not 0 <= cfg.temporal_corruption <= 1:
         ap.error(f"temporal_corruption is a share in [0, 1], got {cfg.temporal_corruption}")
     if cfg.temporal_corruption and cfg.temporal_grpo:
@@ -601,9 +613,10 @@ class RL:
             parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
         old = logp.detach() if old is None else old.to(logp.device)
         ref = logp.detach() if ref is None else ref.to(logp.device)   # (beta = 0: no KL term)
+        token = self.cfg.loss_norm == "token"
         loss, stats = grpo.grpo_loss(logp, old, ref, adv.to(logp.device), mask.to(logp.device),
-                                     self.cfg.clip_eps, self.cfg.beta)
-        return loss * len(ids), stats, old, ref
+                                     self.cfg.clip_eps, self.cfg.beta, normalize="token" if token else "sequence")
+        return loss * (mask.sum() if token else len(ids)), stats, old, ref   # a sum over the rows (or tokens)
 
     def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None):
         """Eq. 7's loss on the completions `rows` of `rollout` (advantages `adv`, one per row), backward in
@@ -634,8 +647,34 @@ class RL:
                 for key, v in {"loss": loss.item() / len(ids), **stats}.items():
                     sums[key] += v * len(ids)
 
-        total = parallel.backward_micro_batches(len(rows), self.cfg.micro_batch_size, backward, self.device, share)
+        total = parallel.backward_micro_batches(len(rows), self.cfg.micro_batch_size, backward, self.device, share,
+                                                self.loss_denominator(rollout, rows))
         return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, total
+
+    def loss_denominator(self, rollout, rows):
+        """What this rank's part of Eq. 7's sum is divided by (loss_norm): its rows (None, sequence), a fixed
+        batch_size x group_size (fixed), or its rows' completion tokens (token)."""
+        if self.cfg.loss_norm == "fixed":
+            return float(self.cfg.batch_size * self.cfg.group_size)
+        if self.cfg.loss_norm == "token":
+            return float(rollout.completion_mask[rows].sum()) if len(rows) else 0.0
+        return None
+
+    def advantages(self, selected):
+        """Eq. 8 for the selected samples' groups, one per completion: of R_j (advantage=summed), or each
+        reward component's, weighted and added (per_component, App. H.1; "other": an extension's or T-GRPO's
+        terms, R_j less the three)."""
+        if not selected:
+            return torch.zeros(0)
+        if self.cfg.advantage == "summed":
+            return grpo.group_advantages([it.rewards for it in selected]).view(-1)
+        w_f, w_a, _ = self.weights()   # (alignment's weight is already in its alphas)
+        comps = {k: [it.comp[k] for it in selected] for k in ("format", "accuracy", "alignment")}
+        comps["other"] = [[r - w_f * f - w_a * a - al for r, f, a, al in
+                           zip(it.rewards, it.comp["format"], it.comp["accuracy"], it.comp["alignment"])]
+                          for it in selected]
+        weights = {"format": w_f, "accuracy": w_a, "alignment": 1.0, "other": 1.0}
+        return grpo.component_advantages(comps, weights).view(-1)
 
     def stand_in(self):
         return stand_in(self.cfg, self.processor, self.observer, self.shard[0])
@@ -647,7 +686,7 @@ class RL:
         second step on. Returns (loss stats, the mean over the mu steps; trained completions of this rank).
         Every rank runs it, also one that selected nothing (its micro-batches then have zero weight)."""
         rows = [r for it in selected for r in range(it.rows.start, it.rows.stop)]
-        adv = grpo.group_advantages([it.rewards for it in selected]).view(-1) if selected else torch.zeros(0)
+        adv = self.advantages(selected)
         mu = self.cfg.updates_per_generation
         kept, sums = ({} if mu > 1 else None), defaultdict(float)
         for _ in range(mu):

@@ -163,6 +163,20 @@ def test_group_advantages_eq8():
         grpo.group_advantages([1.0, 2.0])
 
 
+def test_component_advantages_normalise_each_component_then_add_them_app_h1():
+    """App. H.1: per-component advantages (each normalised in its group, then weighted and added) against the
+    'single combined reward' (the components added first, then Eq. 8), by hand."""
+    fmt, acc = [[1.0, 1.0, 0.0, 0.0]], [[1.0, 0.0, 1.0, 0.0]]
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)   # each component: mean 0.5, unbiased std sqrt(1/3)
+    per = grpo.component_advantages({"format": fmt, "accuracy": acc}, {"format": 1.0, "accuracy": 1.0})
+    assert per[0].tolist() == pytest.approx([2 * a, 0.0, 0.0, -2 * a])
+    b = 1.0 / (math.sqrt(2 / 3) + 1e-4)   # R = [2, 1, 1, 0]: mean 1, std sqrt(2/3)
+    assert grpo.group_advantages([[2.0, 1.0, 1.0, 0.0]])[0].tolist() == pytest.approx([b, 0.0, 0.0, -b])
+    # a component constant within its group (accuracy all wrong) adds nothing, whatever its weight
+    one = grpo.component_advantages({"format": fmt, "accuracy": [[0.0] * 4]}, {"format": 2.0, "accuracy": 5.0})
+    assert one[0].tolist() == pytest.approx([2 * a, 2 * a, -2 * a, -2 * a])
+
+
 # ----------------------------------------------------------------------------- Eq. 7
 
 def test_grpo_loss_hand_worked_clipping_both_sides():

@@ -446,3 +446,37 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
     labels = train.answerability_labels(run)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
     assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
+
+
+def test_loss_norm_sets_what_a_steps_sum_is_divided_by():
+    """loss_norm: sequence divides Eq. 7's sum by the completions kept (a full-size update however few), fixed by
+    batch_size x group_size (2 of 8 kept: a quarter of the update), token by the kept completions' tokens."""
+    from types import SimpleNamespace
+
+    import parallel
+
+    rollout = SimpleNamespace(completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]] + [[1, 1, 1]] * 6))
+    rows = torch.tensor([0, 1])
+
+    def den(norm):
+        cfg = SimpleNamespace(loss_norm=norm, batch_size=4, group_size=2)
+        return train.RL.loss_denominator(SimpleNamespace(cfg=cfg), rollout, rows)
+
+    assert den("sequence") is None and den("fixed") == 8.0 and den("token") == 3.0
+    for norm, weight in (("sequence", 1 / 2), ("fixed", 1 / 8), ("token", 1 / 3)):
+        seen = []
+        parallel.backward_micro_batches(2, 0, lambda r, w: seen.append(w), torch.device("cpu"), 1.0, den(norm))
+        assert seen == [pytest.approx(weight)]
+    with pytest.raises(SystemExit):
+        train.parse_args(["--set", "loss_norm=mean"])
+
+
+@pytest.mark.parametrize("settings", [("loss_norm=fixed", "advantage=per_component"), ("loss_norm=token",)])
+def test_the_loss_and_advantage_readings_train(assets, tmp_path, settings):
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "dual", *[a for s in settings for a in ("--set", s)]))
+    rl = records(out)
+    assert len(rl) == 2 and all(r["loss"] == r["loss"] for r in rl if "loss" in r)   # finite (not NaN)
+    config = json.loads((out / "summary.json").read_text())["config"]
+    assert [f"{k}={config[k]}" for k in ("loss_norm", "advantage") if f"{k}={config[k]}" in settings] == \
+        list(settings)
