@@ -166,6 +166,10 @@ class Config:
                        "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                        "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
                        "defer, YES with c > tau -> discard, else train)")
+    reassess: str = _arg("rule", "Eq. 5's re-assessment of a buffered sample on its regenerated video (--mode rova): "
+                         "rule (by `assess`: the accuracy rule's reeval_rollouts rollouts, or the verdict) or verdict "
+                         "(App. G's cost, one answerability forward per entry: YES with c' <= tau promotes, NO keeps, "
+                         "YES with c' > tau evicts)")
     assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
                                      "before the self-assessment (l.6), which then only fills the buffer; default "
                                      "App. G's order (assessed first, only the selected trained)")
@@ -228,8 +232,8 @@ def parse_args(argv=None, ext=None, settings=None) -> Config:
 
 
 def _check_choices(ap, cfg):
-    for name, choices in (("mode", MODES), ("assess", curriculum.ASSESS_RULES), ("loss_norm", grpo.LOSS_NORMS),
-                          ("advantage", grpo.ADVANTAGES)):
+    for name, choices in (("mode", MODES), ("assess", curriculum.ASSESS_RULES), ("reassess", ("rule", "verdict")),
+                          ("loss_norm", grpo.LOSS_NORMS), ("advantage", grpo.ADVANTAGES)):
         if getattr(cfg, name) not in choices:
             ap.error(f"{name} must be one of {', '.join(choices)}, got {getattr(cfg, name)!r}")
 
@@ -707,7 +711,7 @@ class RL:
         with parallel.gathered(self.model):  # every rank enters (FSDP2's all-gather), each re-evaluates its own
             if not due:
                 return 0, 0
-            per_entry = self.reeval_rollouts() if self.cfg.assess == "accuracy" else 1   # sequences per entry
+            per_entry = self.reeval_rollouts() or 1   # sequences per entry
             up, out = self.buffer.reevaluate(assess_batch=self.assess_entries,
                                              batch_size=max(1, self.cfg.batch_size * self.cfg.group_size // per_entry))
         self.queue.extend((e.sample_id, e.spec) for e in up)
@@ -727,17 +731,26 @@ class RL:
                 todo.append((len(out) - 1, s, view))
         if todo:
             conf = self.confidences([v for _, _, v in todo], [s for _, s, _ in todo])
-            k, texts = self.reeval_rollouts(), None
-            if self.cfg.assess == "accuracy":
-                texts = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k).texts
-            for n, ((i, s, _), c) in enumerate(zip(todo, conf)):
-                acc = self.accuracy(texts[n * k:(n + 1) * k], s) if texts is not None else None
-                out[i] = self.assess(c, acc).difficulty
+            for (i, _, _), d in zip(todo, self.reassessed(todo, conf)):
+                out[i] = d
         return out
 
+    def reassessed(self, todo, conf):
+        """d' of each (index, sample, view) of `todo` from its confidence c' and, unless the verdict alone decides
+        (reeval_rollouts 0: assess=verdict or reassess=verdict), from reeval_rollouts rollouts on its view."""
+        k = self.reeval_rollouts()
+        if not k:
+            return [curriculum.self_assess_verdict(c, tau=self.cfg.tau).difficulty for c in conf]
+        texts = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k).texts
+        return [self.assess(c, self.accuracy(texts[n * k:(n + 1) * k], s)).difficulty
+                for n, ((_, s, _), c) in enumerate(zip(todo, conf))]
+
     def reeval_rollouts(self):
-        """Rollouts per buffered sample when the accuracy rule re-assesses it: reeval_rollouts, 0 meaning G
-        (the same estimate as its first assessment); the verdict rule needs none (one forward per entry)."""
+        """Rollouts per buffered sample at re-assessment: 0 when the verdict alone decides (assess=verdict or
+        reassess=verdict: one forward per entry, App. G), else reeval_rollouts, 0 meaning G (the same estimate
+        as its first assessment)."""
+        if self.cfg.assess == "verdict" or self.cfg.reassess == "verdict":
+            return 0
         return self.cfg.reeval_rollouts or self.cfg.group_size
 
     def record(self, items, selected, loss_stats, n_rows, *, missing=0, promoted=0, evicted=0, extra=None):

@@ -327,6 +327,21 @@ def test_the_accuracy_rule_re_assesses_with_g_rollouts(assets, tmp_path, monkeyp
     assert ns == [[3] * 4, 3, [3] * 4]
 
 
+def test_reassess_verdict_re_assesses_with_one_forward_per_entry(assets, tmp_path, monkeypatch):
+    """reassess=verdict beside assess=accuracy: Eq. 5's re-assessment is the answerability forward alone (App.
+    G's cost), no rollouts; NO keeps the entry in the buffer."""
+    ns, confs, real = [], [], train.RL._rollout
+    monkeypatch.setattr(train.RL, "_rollout", lambda self, samples, views, n: ns.append(n) or real(self, samples,
+                                                                                                   views, n))
+    monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: confs.append(len(samples))
+                        or [0.2] * len(samples))   # NO
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--group-size", "3"),
+               assess="accuracy", reassess="verdict")
+    assert ns == [[3] * 4, [3] * 4]   # the two steps' branches; nothing at the re-evaluation
+    assert confs == [2, 2, 2] and records(out)[-1]["buffer_size"] == 4   # step 1, its re-evaluation, step 2
+
+
 def test_alg2_literal_order_trains_every_fresh_sample_then_assesses_it(assets, tmp_path, monkeypatch):
     """assess_after_update (Alg. 2 as printed): l.5's GRPO step on every fresh sample, then l.6's
     self-assessment by the updated policy, which only fills the buffer; the per-category counts add up."""
