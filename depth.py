@@ -1,10 +1,12 @@
 """Monocular depth for the depth-conditioned corruptions (ROVA Sec. 3.1 and Sec. 4, Table 1: "spatially aware"
 perturbations), optional and cached.
 
-perturb.py grades fog, rain and snow layers, shadows and occluders by scene depth. Without a depth model it uses
-a ground-plane proxy with a sky cue (perturb.depth_proxy: the offline default). `--depth-model NAME` (perturb.py,
-train.py, eval_pvrbench.py) runs a transformers depth-estimation model instead, loaded by name or local folder
-with the Auto classes (AutoImageProcessor + AutoModelForDepthEstimation, safetensors weights only). Recommended:
+perturb.py grades fog, rain and snow layers, shadows and occluders by scene depth. `--depth-model` (perturb.py,
+train.py, eval_pvrbench.py; class Depth) says where it comes from: `auto` (the default) a clip's own depth where it
+has one (the synthetic benchmark's) and else the recommended model below; `proxy` none (perturb.depth_proxy: a sky
+over a ground plane, or one gentle depth where no sky is seen); NAME a transformers depth-estimation model, loaded
+by name or local folder with the Auto classes (AutoImageProcessor + AutoModelForDepthEstimation, safetensors
+weights only). Recommended:
 
     depth-anything/Depth-Anything-V2-Small-hf   (25M parameters; `hf download` it where the hub is reachable)
 

@@ -1445,7 +1445,7 @@ def apply(frames, spec, depth=None):
     """Corrupt a clip: V' = {f_pi(t) (.) P_t} (Eq. 2), read as f' = f + B C (E - f) (Sec. 3.1).
 
     frames: uint8 [T,H,W,3] numpy array or torch tensor (any device); spec: PerturbSpec or its dict;
-    depth: optional true depth [T,H,W] or [H,W] in any unit (else a ground-plane proxy is used).
+    depth: optional true depth [T,H,W] or [H,W] in any unit (else depth_proxy of the middle frame is used).
     Returns a new clip of the same shape, dtype, type and device. Deterministic in (frames, spec)."""
     x, spec, depth, ops = _prepare(frames, spec, depth)
     if spec.subtype is None:
