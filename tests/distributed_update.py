@@ -77,6 +77,7 @@ def main():
         torch.save({k: v for k, v in weights.items() if k in trainable}, Path(out) / "weights.pt")
         torch.save(grads, Path(out) / "grads.pt")
     if dist.is_initialized():
+        dist.barrier()   # rank 1 must not tear gloo down while rank 0 is still saving (an abort at exit otherwise)
         dist.destroy_process_group()
 
 
