@@ -1,4 +1,4 @@
-"""Per-GPU memory plan of ROVA training (issue 19): what one RL step holds, phase by phase, in GiB.
+"""Per-GPU memory plan of ROVA training: what one RL step holds, phase by phase, in GiB.
 
     import memory
     p = memory.plan("qwen2.5-vl-7b", "fsdp", gpus=4)          # App. D's settings: 4 videos x G = 8 per GPU
