@@ -204,11 +204,6 @@ class Source:
         self.device, self.model, self.processor, self.metric = device, None, None, False
         self.lock = threading.Lock()
 
-    @classmethod
-    def of(cls, name: str, cache_dir=None, **kwargs):
-        """A Source for --depth-model NAME, or None ("": the proxy)."""
-        return cls(name, cache_dir, **kwargs) if name else None
-
     def describe(self) -> dict:
         """The manifest's record of this depth source (eval_pvrbench.py)."""
         return describe(self.name)
