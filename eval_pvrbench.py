@@ -948,7 +948,8 @@ def parse_args(argv=None, ext=None):
     g("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
       "(round-robin within each task); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
-    g("--eta", type=float, default=perturb.DEFAULT_ETA, help="perturbation intensity (App. D: 0.7)")
+    g("--eta", type=perturb.parse_eta, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
+      "D: 0.7), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes')")
     g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit "
       "(with --depth-model also each clip's depth, <video id>/depth.npy)")
     g("--depth-model", default=depths.AUTO, metavar="NAME", help="depth of the depth-graded corruptions: auto (a "

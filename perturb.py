@@ -253,10 +253,36 @@ class PerturbSpec:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
 
+def parse_eta(text) -> float | dict:
+    """--eta's value: one intensity for every subtype ("0.7"), or per subtype ("0.5,fog=0.3,night=0.4": the
+    first number is the others' intensity). Returns a float or {subtype: eta, "*": the others'}."""
+    if isinstance(text, (int, float, dict)):
+        return text
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    try:
+        if len(parts) == 1 and "=" not in parts[0]:
+            return float(parts[0])
+        table = {"*": DEFAULT_ETA}
+        for p in parts:
+            name, _, value = p.rpartition("=")
+            if name:
+                _check_subtype(name)
+            table[name or "*"] = float(value)
+    except ValueError as e:
+        raise ValueError(f"eta {text!r}: expected a number or 'X,subtype=Y,...' ({e})") from None
+    return table
+
+
+def eta_of(eta, subtype: str) -> float:
+    """The intensity of `subtype` under `eta` (a number, or parse_eta's table)."""
+    return float(eta.get(subtype, eta.get("*", DEFAULT_ETA))) if isinstance(eta, dict) else eta
+
+
 def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
     """Dynamic protocol (training, Sec. 4): a fresh spec per iteration. The style is uniform over the
     four categories (Eq. 2, App. B.2.1), the subtype uniform within it, unless given. The draw never
-    yields a subtype registered outside Table 8; one of them is used only when asked for by name."""
+    yields a subtype registered outside Table 8; one of them is used only when asked for by name.
+    `eta`: a number or a per-subtype table (parse_eta)."""
     rng = seed_or_rng if isinstance(seed_or_rng, np.random.Generator) else np.random.default_rng(seed_or_rng)
     _check_subtype(subtype)
     if category is not None and category not in CATEGORIES:
@@ -264,16 +290,17 @@ def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuff
     if subtype is None:
         category = category or list(CATEGORIES)[int(rng.integers(len(CATEGORIES)))]
         subtype = CATEGORIES[category][int(rng.integers(len(CATEGORIES[category])))]
-    return PerturbSpec(subtype=subtype, eta=eta, seed=int(rng.integers(2 ** 48)), shuffle=shuffle,
-                       category=category)
+    return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=int(rng.integers(2 ** 48)),
+                       shuffle=shuffle, category=category)
 
 
 def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
     """Static protocol (PVRBench, Sec. 4): one fixed spec per (video, subtype), the same on every
     machine and Python version (the seed is a SHA-256 of the ids, never Python's salted hash()).
-    Registered extensions' subtypes get their seeds by the same rule."""
+    Registered extensions' subtypes get their seeds by the same rule. `eta`: a number or parse_eta's table."""
     _check_subtype(subtype)
-    return PerturbSpec(subtype=subtype, eta=eta, seed=hash48("pvrbench", video_id, subtype), shuffle=shuffle)
+    return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=hash48("pvrbench", video_id, subtype),
+                       shuffle=shuffle)
 
 
 def temporal_permutation(T: int, seed: int) -> np.ndarray:

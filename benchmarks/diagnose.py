@@ -53,7 +53,8 @@ def parse_args(argv=None):
     for name in ("group_size", "max_new_tokens", "frames", "max_pixels", "batch_size"):
         a("--" + name.replace("_", "-"), type=int, default=train.DEMO[name])
     cfg = train.Config()
-    for name in ("eta", "tau", "a_min", "a_max", "alpha_r", "alpha_a", "temperature"):
+    a("--eta", type=perturb.parse_eta, default=cfg.eta)
+    for name in ("tau", "a_min", "a_max", "alpha_r", "alpha_a", "temperature"):
         a("--" + name.replace("_", "-"), type=float, default=getattr(cfg, name))
     a("--unanswerable-below", type=float, default=train.DEMO["unanswerable_below"])
     return ap.parse_args(argv)

@@ -118,6 +118,22 @@ def test_sample_spec_dynamic_protocol():
     assert perturb.sample_spec(7, subtype="rain", eta=0.3).eta == 0.3
 
 
+def test_eta_per_subtype():
+    table = perturb.parse_eta("0.5, fog=0.3,night=0.45")
+    assert table == {"*": 0.5, "fog": 0.3, "night": 0.45} and perturb.parse_eta("0.7") == 0.7
+    assert perturb.parse_eta("fog=0.3") == {"*": perturb.DEFAULT_ETA, "fog": 0.3}
+    assert perturb.static_spec("v", "fog", "0.5,fog=0.3").eta == 0.3
+    assert perturb.static_spec("v", "rain", table).eta == 0.5
+    # the seed does not depend on the intensity: one clip's corruption only grows or shrinks with eta
+    assert perturb.static_spec("v", "fog", table).seed == perturb.static_spec("v", "fog", 0.9).seed
+    rng_a, rng_b = np.random.default_rng(3), np.random.default_rng(3)
+    a, b = perturb.sample_spec(rng_a, eta=table), perturb.sample_spec(rng_b, eta=0.7)
+    assert (a.subtype, a.seed) == (b.subtype, b.seed) and a.eta == perturb.eta_of(table, a.subtype)
+    for bad in ("0.5,fgo=0.2", "high", "0.5,fog="):
+        with pytest.raises(ValueError, match="eta"):
+            perturb.parse_eta(bad)
+
+
 # ----------------------------------------------------------------------------- effects
 
 @pytest.mark.parametrize("sub", perturb.SUBTYPES)
