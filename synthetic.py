@@ -250,10 +250,15 @@ def synthetic_questions(rng, objects, visible, action, count_colour, slots):
     return [q for q in (_q_next_action(action), counting, order, distance) if q is not None]
 
 
-def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fraction=0.25):
+def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fraction=0.25, families=None):
     """Render `n` clips with their depth and write the benchmark (see the module docstring):
     videos/synthetic/<id>.mp4, depth/<id>.npy (float16 metres), train.json (Video-R1 format) and
-    eval.jsonl (VSI-Bench format, dataset "synthetic"). Returns a summary dict (also summary.json)."""
+    eval.jsonl (VSI-Bench format, dataset "synthetic"). `families`: the question families kept (default all
+    of SYNTH_FAMILIES; the clips are the same either way). Returns a summary dict (also summary.json)."""
+    families = list(SYNTH_FAMILIES) if not families else list(families)
+    unknown = set(families) - set(SYNTH_FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown question families {sorted(unknown)}; valid: {', '.join(SYNTH_FAMILIES)}")
     out = Path(out_dir)
     (out / "videos" / "synthetic").mkdir(parents=True, exist_ok=True)
     (out / "depth").mkdir(parents=True, exist_ok=True)
@@ -282,7 +287,7 @@ def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fractio
             slot_counter[(split, q["family"])] = slot_counter.get((split, q["family"]), 0) + 1
         video.write_video(out / "videos" / "synthetic" / f"{vid}.mp4", frames, fps=8.0)
         np.save(out / "depth" / f"{vid}.npy", depth.astype(np.float16))
-        for q in qs:
+        for q in (q for q in qs if q["family"] in families):
             balance.setdefault(split, {}).setdefault(q["family"], {}).setdefault(q["answer"], 0)
             balance[split][q["family"]][q["answer"]] += 1
             qid = f"{vid}_{q['family']}"
@@ -298,7 +303,8 @@ def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fractio
                               "path": f"./videos/synthetic/{vid}.mp4", "data_source": f"synthetic/{q['family']}"})
     (out / "train.json").write_text(json.dumps(train, indent=1))
     (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evaluation))
-    summary = {"n_clips": n, "seed": seed, "frames": num_frames, "size": size, "n_train": len(train),
+    summary = {"n_clips": n, "seed": seed, "frames": num_frames, "size": size, "families": families,
+               "n_train": len(train),
                "n_eval": len(evaluation), "answer_balance": balance}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary

@@ -123,7 +123,8 @@ class Config:
     group_size: int = _arg(8, "G: rollouts per video and branch (App. D: 8)", "RL")
     temporal_grpo: int = _arg(0, "G~: add T-GRPO's group of this many rollouts on the shuffled video (Video-R1; "
                                  "App. D: G~ = 4); 0: off", "RL")
-    eta: float = _arg(0.7, "perturbation intensity (App. D: 0.7)", "RL")
+    eta: str = _arg("0.7", "perturbation intensity: a number (App. D: 0.7), or per subtype, e.g. '0.7,fog=0.4' "
+                           "(the first number is the other subtypes')", "RL")
     lr: float = _arg(1e-5, "AdamW learning rate of RL, cosine schedule (App. D: 1e-5)", "RL")
     clip_eps: float = _arg(0.2, "PPO clip epsilon of Eq. 7 (App. D: 0.2)", "RL")
     beta: float = _arg(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)", "RL")
@@ -166,10 +167,11 @@ class Config:
                        "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                        "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
                        "defer, YES with c > tau -> discard, else train)")
-    reassess: str = _arg("rule", "Eq. 5's re-assessment of a buffered sample on its regenerated video (--mode rova): "
+    reassess: str = _arg("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video (--mode rova): "
                          "rule (by `assess`: the accuracy rule's reeval_rollouts rollouts, or the verdict) or verdict "
                          "(App. G's cost, one answerability forward per entry: YES with c' <= tau promotes, NO keeps, "
-                         "YES with c' > tau evicts)")
+                         "YES with c' > tau evicts; the default: App. G prices re-evaluation at one forward per entry, "
+                         "1.5% of a step, Table 14)")
     assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
                                      "before the self-assessment (l.6), which then only fills the buffer; default "
                                      "App. G's order (assessed first, only the selected trained)")
@@ -191,6 +193,8 @@ class Config:
     eval_video_root: str = _arg("", "video root of --eval-data (default: its folder)")
     eval_limit: int = _arg(96, "questions of --eval-data in the before/after report")
     demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark")
+    demo_families: str = _arg("", "the demo benchmark's question families, a comma list of synthetic.SYNTH_FAMILIES "
+                              "(default all)")
     video_cache: int = _arg(64, "decoded clips kept in memory per process")
     depth_cache: str = _arg("", "folder of --depth-model's cached maps (default: depth.default_cache(), "
                                 "~/.cache/rova/depth)")
@@ -239,6 +243,13 @@ def _check_choices(ap, cfg):
 
 
 def _check_config(ap, cfg):
+    try:
+        perturb.parse_eta(cfg.eta)
+    except ValueError as e:
+        ap.error(f"--eta: {e}")
+    unknown = {f for f in cfg.demo_families.split(",") if f} - set(synthetic.SYNTH_FAMILIES)
+    if unknown:
+        ap.error(f"demo_families: unknown {sorted(unknown)}; valid: {', '.join(synthetic.SYNTH_FAMILIES)}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     if cfg.temporal_grpo < 0:
@@ -862,7 +873,8 @@ def prepare_demo(cfg, rank):
 def make_demo_benchmark(cfg, synth):
     if not (synth / "summary.json").is_file():
         log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
-        synthetic.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56)
+        synthetic.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56,
+                                 families=[f for f in cfg.demo_families.split(",") if f] or None)
 
 
 def use_demo_benchmark(cfg, synth):

@@ -66,8 +66,10 @@ def parse_args(argv=None):
     a("--lr", type=float, default=train.DEMO["lr"])
     a("--unanswerable-below", type=float, default=train.DEMO["unanswerable_below"])
     a("--judge", default="local", help="alignment judge of dual and rova (train.py --judge)")
-    a("--reassess", default="rule", choices=("rule", "verdict"), help="rova's re-assessment of buffered samples "
-      "(train.py's reassess: rule = the accuracy rule's G rollouts per entry; verdict = one forward, App. G)")
+    a("--reassess", default=train.Config().reassess, choices=("rule", "verdict"), help="rova's re-assessment of "
+      "buffered samples (train.py's reassess: rule = the accuracy rule's G rollouts per entry; verdict = one "
+      "forward, App. G)")
+    a("--eta", default=train.Config().eta, help="perturbation intensity (train.py --eta: a number or per subtype)")
     return ap.parse_args(argv)
 
 
@@ -85,7 +87,8 @@ def make_mode(args, mode, samples, clips, work):
                        rl_steps=args.warmup + args.steps, batch_size=args.batch_size, group_size=args.group_size,
                        max_new_tokens=args.max_new_tokens, frames=args.frames, max_pixels=args.max_pixels,
                        reeval_period=args.reeval_period, lr=args.lr, unanswerable_below=args.unanswerable_below,
-                       judge=args.judge, video_cache=len(samples) + 1, reassess=args.reassess)
+                       judge=args.judge, video_cache=len(samples) + 1, reassess=args.reassess,
+                       eta=args.eta)
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     Path(cfg.out, "judge_cache.sqlite").unlink(missing_ok=True)  # every verdict is computed, none cached
     model, processor = policy.load_policy(args.model, device="cpu")

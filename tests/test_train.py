@@ -315,14 +315,14 @@ def test_promotions_leave_the_fresh_draws_and_their_specs_aligned_across_modes(a
 
 
 def test_the_accuracy_rule_re_assesses_with_g_rollouts(assets, tmp_path, monkeypatch):
-    """assess=accuracy: a buffered sample is re-assessed from G perturbed rollouts (reeval_rollouts 0), the
-    same estimate as its first assessment, not from 2."""
+    """assess=accuracy, reassess=rule: a buffered sample is re-assessed from G perturbed rollouts
+    (reeval_rollouts 0), the same estimate as its first assessment, not from 2."""
     ns, real = [], train.RL._rollout
     monkeypatch.setattr(train.RL, "_rollout", lambda self, samples, views, n: ns.append(n) or real(self, samples,
                                                                                                    views, n))
     out = tmp_path / "out"
     train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--a-min", "1.5", "--group-size", "3"),
-               assess="accuracy")
+               assess="accuracy", reassess="rule")
     # step 1: both branches of 2 videos; its re-evaluation, 3 each; step 2 (the last: no re-evaluation)
     assert ns == [[3] * 4, 3, [3] * 4]
 
@@ -336,8 +336,8 @@ def test_reassess_verdict_re_assesses_with_one_forward_per_entry(assets, tmp_pat
     monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: confs.append(len(samples))
                         or [0.2] * len(samples))   # NO
     out = tmp_path / "out"
-    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--group-size", "3"),
-               assess="accuracy", reassess="verdict")
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--group-size", "3"))
+    assert train.Config().reassess == "verdict"   # the default (App. G's cost)
     assert ns == [[3] * 4, [3] * 4]   # the two steps' branches; nothing at the re-evaluation
     assert confs == [2, 2, 2] and records(out)[-1]["buffer_size"] == 4   # step 1, its re-evaluation, step 2
 
