@@ -16,8 +16,11 @@ Per source and task, on the clean condition and on the perturbed conditions pool
 - `entropy`: Shannon entropy (bits) of the model's extracted answers, beside the ground truths' (`entropy_truth`);
   `top_answer`, `top_share`: its most frequent answer and how often it gave it.
 Per source:
-- `one_answer_share`: of the questions asked under two or more conditions, the share answered with the same
-  extracted answer under all of them (clean and every subtype).
+- `one_answer_share`: of the questions asked under two or more conditions, the share given their task's most
+  frequent answer under all of them (clean and every subtype) although their ground truth is another: the
+  questions on which the model answers one thing whatever the video. 0 for a model that is right everywhere
+  (answering the truth under every condition is robustness, not collapse); 1 - p(truth = that answer) for one
+  that gives one answer to everything (2/3 for a balanced three-way choice).
 - `format_rate`: per condition, the share of outputs whose extracted answer has the task's form (an option
   letter of the question, a number, or any text for OCR / free-form).
 """
@@ -118,14 +121,23 @@ def constant_margin(samples, scores) -> dict:
             "se": se, "collapsed": se is not None and margin <= NOISE_SE * se}
 
 
-def one_answer_share(records) -> float | None:
-    """Of the questions asked under two or more conditions, the share with one extracted answer under all."""
-    answers = defaultdict(list)
+def one_answer_share(records, samples_by_id) -> float | None:
+    """Of the questions asked under two or more conditions, the share given their task's most frequent answer
+    under all of them although their ground truth is another (the module docstring)."""
+    answers, by_task = defaultdict(list), defaultdict(Counter)
     for r in records:
         if r.get("error") is None:
             answers[r["doc_id"]].append(r.get("filtered_resps"))
-    multi = [a for a in answers.values() if len(a) >= 2]
-    return sum(len(set(a)) == 1 for a in multi) / len(multi) if multi else None
+            by_task[r["task"]][r.get("filtered_resps")] += 1
+    multi = {doc: a for doc, a in answers.items() if len(a) >= 2}
+    if not multi:
+        return None
+
+    def stuck(doc, a):
+        s = samples_by_id[doc]
+        top = by_task[s.task].most_common(1)[0][0]
+        return set(a) == {top} and data.score(top, s.answer, s.problem_type, s.source) < 1.0
+    return sum(stuck(doc, a) for doc, a in multi.items()) / len(multi)
 
 
 def format_rates(records, samples_by_id) -> dict:
@@ -149,7 +161,7 @@ def source_diagnostics(records, samples) -> dict:
     for task, recs in sorted(recs_by_task.items()):
         tasks[task] = {"clean": task_block(recs, by_task[task], False),
                        "perturbed": task_block(recs, by_task[task], True)}
-    return {"tasks": tasks, "one_answer_share": one_answer_share(records),
+    return {"tasks": tasks, "one_answer_share": one_answer_share(records, by_id),
             "format_rate": format_rates(records, by_id)}
 
 

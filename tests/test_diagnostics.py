@@ -62,12 +62,19 @@ def test_perturbed_scores_are_a_questions_mean_over_its_subtypes():
 
 
 def test_one_answer_share_and_format_rate():
-    recs = [rec(1, "clean", "3", 1.0), rec(1, "fog", "3", 1.0),      # the same answer under both
+    recs = [rec(1, "clean", "3", 1.0), rec(1, "fog", "3", 1.0),      # the task's top answer, and right: robust
             rec(2, "clean", "3", 1.0), rec(2, "fog", "two", 0.0),    # two answers
             rec(3, "clean", "4", 1.0),                                # asked once: not counted
-            rec(4, "clean", "blah", 0.0), rec(4, "fog", "blah", 0.0)]  # the same (unformatted) answer
+            rec(4, "clean", "blah", 0.0), rec(4, "fog", "blah", 0.0)]  # one answer, but not the task's top one
     d = dg.source_diagnostics(recs, COUNT)
-    assert d["one_answer_share"] == pytest.approx(2 / 3)
+    assert d["one_answer_share"] == 0.0
+    stuck = recs + [rec(5, "clean", "3", 0.0), rec(5, "fog", "3", 0.0)]   # "3" everywhere, the truth is another
+    assert dg.source_diagnostics(stuck, COUNT + [sample(5, "2")])["one_answer_share"] == pytest.approx(1 / 4)
+    # one answer to every question of a balanced three-way task: the two thirds whose truth differs
+    opts = ["A. l", "B. r", "C. s"]
+    mc = [sample(i, "ABC"[i % 3], task="dir", problem_type="multiple choice", options=opts) for i in range(30)]
+    const = [rec(i, c, "A", float(i % 3 == 0), task="dir") for i in range(30) for c in ("clean", "fog")]
+    assert dg.source_diagnostics(const, mc)["one_answer_share"] == pytest.approx(2 / 3)
     assert d["format_rate"] == {"clean": 0.75, "fog": pytest.approx(2 / 3)}   # "two" is a number word
     opts = ["A. x", "B. y"]
     mc = sample(9, "A", problem_type="multiple choice", options=opts)
