@@ -115,6 +115,9 @@ class Config:
     sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
     sft_batch_size: int = _arg(8, "videos per SFT step per process", "SFT")
     sft_lr: float = _arg(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)", "SFT")
+    sft_jitter: float = _arg(0.0, "photometric jitter of the SFT clips: contrast and brightness each scaled by "
+                             "U(1 - x, 1 + x) per clip (0: none; reproduce.py's toy sets it, for the lighting "
+                             "invariance a pretrained VLM brings and a tiny model trained from scratch lacks)")
     # RL
     mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
                              "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL")
@@ -402,9 +405,23 @@ def sft_backward(cfg, model, processor, inputs, targets, blank):
     return (nll_sum / tokens if tokens else None), tokens
 
 
+def jitter(frames, strength: float, seed) -> np.ndarray:
+    """Photometric jitter of one SFT clip: contrast about the clip's mean and brightness each scaled by a factor
+    drawn from U(1 - strength, 1 + strength) (`seed`: the same draw for a clip on every epoch and on a resumed
+    run). The benchmark's corruptions are never used in SFT."""
+    rng = np.random.default_rng(seed)
+    contrast, gain = rng.uniform(1 - strength, 1 + strength, 2)
+    x = frames.astype(np.float32)
+    mean = x.mean()
+    return np.clip((x - mean) * contrast + mean * gain, 0, 255).astype(np.uint8)
+
+
 def sft_step(cfg, model, processor, batch, clips, observer):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
     items = [(s, clips.get(s)) for s in batch]
+    if cfg.sft_jitter > 0:
+        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, [cfg.seed, perturb.hash48("sft-jitter", s.id)]))
+                 for s, f in items]
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None

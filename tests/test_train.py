@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -495,3 +496,15 @@ def test_the_loss_and_advantage_readings_train(assets, tmp_path, settings):
     config = json.loads((out / "summary.json").read_text())["config"]
     assert [f"{k}={config[k]}" for k in ("loss_norm", "advantage") if f"{k}={config[k]}" in settings] == \
         list(settings)
+
+
+def test_sft_jitter_is_a_fixed_photometric_draw_per_clip():
+    frames = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype(np.uint8)
+    a, b = train.jitter(frames, 0.3, [0, 5]), train.jitter(frames, 0.3, [0, 5])
+    assert (a == b).all() and (a != train.jitter(frames, 0.3, [0, 6])).any()   # per clip, the same every epoch
+    assert (train.jitter(frames, 0.0, [0, 5]) == frames).all()                    # strength 0: the clip itself
+    # contrast c and gain g from U(0.7, 1.3): the mean moves by (g - 1) x mean at most (up to clipping)
+    x = frames.astype(np.float64)
+    c, g = np.random.default_rng([0, 5]).uniform(0.7, 1.3, 2)
+    expected = np.clip((x - x.mean()) * c + x.mean() * g, 0, 255)
+    assert np.abs(a - expected).max() <= 1.0
