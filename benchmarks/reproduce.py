@@ -1,50 +1,43 @@
-"""The paper's claims at CPU scale (Table 2, 3, 13, 14), version 3: an RL budget in which standard GRPO
-measurably learns, then standard GRPO, GRPO on corrupted clips, naive dual-branch, ROVA with its
-self-assessment by the accuracy rule (Sec. 3.2) and by App. C.2's verdict, and the ablations that explain
-them, trained from one SFT checkpoint over several seeds, each evaluated on PVRBench (static protocol)
-of the synthetic benchmark; then the step-cost benchmark and the per-claim verdicts.
+"""The paper's claims at CPU scale (Tables 2, 3, 13, 14; App. H.1), version 4: a start that uses the video, a
+toy whose corruptions degrade its answers instead of breaking its text, an RL learning rate chosen by a rule fixed
+before the runs on a validation set, then SFT / standard GRPO / GRPO on corrupted clips / naive dual-branch / ROVA
+over five seeds and ROVA's ablations over three, each evaluated on PVRBench's static protocol of the synthetic
+benchmark, the step cost, and each claim's verdict by its stated rule. Everything measured goes to
+docs/results/v4.json (rewritten after every stage, so a stopped reproduction leaves its finished part there) and
+is rendered into docs/RESULTS.md.
 
-    python benchmarks/reproduce.py                 # about 4.5 hours on a 2-core laptop; writes docs/RESULTS.md
-    python benchmarks/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md   # a few minutes' check
+    python benchmarks/reproduce.py                 # about 5 hours on a 2-core laptop
+    python benchmarks/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md --summary /tmp/r/v4.json
 
-Every stage is one of the project's own commands (printed, and listed in the results), run as a
-subprocess; a stage whose output exists is skipped, and an interrupted training run resumes from its
-last checkpoint (--resume auto), an interrupted evaluation from its sample store, so running the same
-command again after a kill loses at most one checkpoint interval. Stages:
+Every stage is one of the project's own commands (printed, and listed in the results), run as a subprocess; a
+stage whose output exists is skipped, an interrupted training run resumes from its last checkpoint (--resume
+auto), an interrupted evaluation from its sample store: the same command continues where it stopped. Stages:
 
-1. SFT: `python train.py --out OUT/sft --rl-steps 0 --sft-epochs 3` (the CPU demo's tiny model, synthetic
-   benchmark, task SFT and answerability warm-up, but 3 epochs of task SFT, not the demo's 10: from the
-   converged checkpoint GRPO gains nothing on held-out clips, so a comparison of RL methods would compare
-   noise; its final/ is every RL run's start and reference model), evaluated.
-2. Budget: `--mode grpo --seed 0` at each of --lrs, evaluated on the held-out questions' clean videos
-   (`--subtypes none`). The rule, fixed before any run: the learning rate with the highest held-out clean
-   accuracy pooled over the questions (ties: the smaller one); GRPO counts as measurably learning when that
-   accuracy's paired gain over the SFT checkpoint exceeds twice its standard error. It is chosen on
-   standard GRPO's own objective, the baseline's, so if it favours a mode it favours that one. `--lr X`
-   skips the stage.
-3. RL: `python train.py --model OUT/sft/final --data OUT/sft/synthetic/train.json --sft-epochs 0
-   --mode M --seed S ...` for each row of ROWS and seed, with the demo's RL settings (4 videos x 8 rollouts,
-   8 frames of 56x56, re-evaluation every 10 steps) but App. D's 300 steps, at the chosen learning rate,
-   weights saved every 10 steps (`snapshot_every`).
-4. Evaluation: `python eval_pvrbench.py --model RUN/final --benchmark synthetic=OUT/sft/synthetic
-   --assign all --judge none` (every held-out question clean and under all 12 subtypes); then, for the
-   single-curriculum-free modes, the snapshot at which they had trained as many completions as `rova`
-   had at its end (per seed: equal trained completions, not only equal steps).
-5. Cost: `python benchmarks/bench_step.py --model OUT/sft/final ...` (grpo / dual / rova interleaved).
-6. Diagnosis: `python benchmarks/diagnose.py --model OUT/sft/final ...` (what each training signal can
-   teach the SFT checkpoint: GRPO signal per category, alignment reward, curriculum decisions).
+1. SFT: `python train.py --out OUT/sft --rl-steps 0` (the CPU demo: tiny model, synthetic benchmark, 10 epochs of
+   task SFT with a photometric jitter of its clips, and the answerability warm-up at App. D's eta), on the toy's
+   question families (TOY["families"]),
+   evaluated at the toy's corruption intensities (TOY["eta"], calibrated on this start by
+   benchmarks/calibrate_toy.py). The gate: every task's clean
+   accuracy above its best constant answer by more than 2 SE (diagnostics.py). A start that fails it stops the
+   reproduction (RL from a model that does not use the video cannot test the paper).
+2. Budget: `--mode grpo-aug --seed 0` at each of --lrs in ascending order, evaluated on a validation benchmark
+   (the same renderer, another seed: never reported as a result). The rule, fixed before any run: the smallest
+   learning rate whose paired gain in corrupted-clip accuracy over the SFT start (the same validation
+   questions and conditions) exceeds twice its standard error; if none does, the one with the largest gain.
+   It targets robustness, the paper's objective, at the lowest learning rate that measurably reaches it.
+3. RL: `python train.py --model OUT/sft/final --data OUT/sft/synthetic/train.json --sft-epochs 0 --mode M --seed S`
+   for each row and seed (MAIN over --seeds, ABLATIONS over --ablation-seeds), the demo's RL settings at the
+   chosen learning rate, each evaluated as soon as it ends: `python eval_pvrbench.py --model RUN/final
+   --benchmark synthetic=OUT/sft/synthetic --assign all --judge none --eta TOY_ETA` (every held-out question
+   clean and under all 12 subtypes). Then each mode without a curriculum again at the snapshot where it had
+   trained as many completions as `rova` at its end (equal trained completions, seed by seed).
+4. Cost (run before stage 3, being short): `python benchmarks/bench_step.py --model OUT/sft/final ...` (grpo /
+   dual / rova interleaved; Tables 13-14) on the v4 start at the chosen learning rate.
 
-The measured tables and the claims' verdicts go to OUT/results.md and, between the markers
-`<!-- reproduce:begin -->` and `<!-- reproduce:end -->`, into --results (docs/RESULTS.md); text outside
-the markers is kept.
-
-`--policy text` runs the same stages for Embodied-R's pipeline (Embodied-R Sec. 2; ROVA Table 2's
-"Embodied-R" and "Embodied-R + ROVA" rows): a tiny text-only LM (`python -m extensions.embodied_r.train`) that reads a
-frozen perceiver's text of each clean or corrupted video (`--perceiver`, default cv, perceive.py's
-classical-vision stand-in), trained and evaluated from its own SFT checkpoint; perception texts are
-shared by every stage through OUT/perception_cache.sqlite. Its tables go between
-`<!-- reproduce-text:begin -->` and `<!-- reproduce-text:end -->`; the budget, equal-completion,
-bench-step and diagnose stages are VLM-only and skipped (--lr defaults to the demo's there).
+`--policy text` runs stages 1 and 3 for Embodied-R's pipeline (Embodied-R Sec. 2; ROVA Table 2's "Embodied-R"
+rows): a tiny text-only LM (`python -m extensions.embodied_r.train`) that reads a frozen perceiver's text of each
+clean or corrupted video (`--perceiver`, default cv), trained and evaluated from its own SFT checkpoint; its
+tables go between `<!-- reproduce-text:begin -->` and `<!-- reproduce-text:end -->`.
 
     python benchmarks/reproduce.py --policy text --modes grpo,rova --out runs/reproduce-text
 """
@@ -52,6 +45,7 @@ import argparse
 import dataclasses
 import glob
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -60,22 +54,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+import synthetic  # noqa: E402
 import train  # noqa: E402  (its modes and the CPU demo's settings)
 
 MODES = ("grpo", "grpo-aug", "dual", "rova")  # train.MODES, in the tables' order
 assert set(MODES) == set(train.MODES)
-# The table's rows: label -> (train.py mode, extra train.py flags). The first five are the comparison; the
-# rest are the ablations that explain it (each changes one thing of `rova`).
-ROWS = {
-    "grpo": ("grpo", []),
-    "grpo-aug": ("grpo-aug", []),
-    "dual": ("dual", []),
-    "rova": ("rova", []),                                                       # Sec. 3.2's accuracy rule (default)
-    "rova-verdict": ("rova", ["--set", "assess=verdict"]),                      # App. C.2's YES / NO alone
-    "rova+temporal": ("rova", ["--set", "temporal_corruption=1"]),              # Eq. 2 with its frame permutation
-    "rova+tgrpo": ("rova", ["--temporal-grpo", "4"]),                           # T-GRPO's G~ = 4 (App. D)
-    "rova-alg2-order": ("rova", ["--set", "assess_after_update=true"]),         # Alg. 2 l.5 before l.6
+# The table's rows: label -> (train.py mode, extra train.py flags). MAIN is the comparison (--seeds); ABLATIONS
+# each change one thing of `rova` (--ablation-seeds).
+MAIN = {m: (m, []) for m in MODES}
+ABLATIONS = {
+    "rova-reassess-rule": ("rova", ["--set", "reassess=rule"]),              # Eq. 5 by G rollouts per entry
+    "rova-verdict": ("rova", ["--set", "assess=verdict"]),                    # App. C.2's YES / NO alone
+    "rova+eq2": ("rova", ["--set", "temporal_corruption=1"]),                 # Eq. 2 with its frame permutation
+    "rova+tgrpo": ("rova", ["--temporal-grpo", "4"]),                         # T-GRPO's G~ = 4 (App. D)
+    "rova+h1": ("rova", ["--set", "advantage=per_component"]),                # App. H.1's per-component advantages
+    "rova-fixed-norm": ("rova", ["--set", "loss_norm=fixed"]),                # Eq. 7 over N x G, Dr. GRPO
 }
+ROWS = {**MAIN, **ABLATIONS}
 COMPARED = ("grpo", "grpo-aug", "dual")   # rho = 1: evaluated again at rova's trained completions
 CATEGORIES = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"  # --policy text: reproduce-text
@@ -84,12 +79,31 @@ BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"  # --policy te
 RL_FLAGS = {k: train.DEMO[k] for k in ("frames", "max_pixels", "lr", "rl_steps", "batch_size", "group_size",
                                      "max_new_tokens", "reeval_period", "unanswerable_below", "video_cache")}
 RL_FLAGS.update(save_every=25, snapshot_every=10)
-# The VLM reproduction's start and length: a 3-epoch SFT (the demo's 10 epochs leave GRPO nothing to gain on
-# held-out clips: measured, docs/RESULTS.md) and App. D's 300 RL steps (100 are not enough to learn the motion cue).
-VLM = dict(sft_epochs=3.0, rl_steps=300)
+# The toy (benchmarks/calibrate_toy.py): the question families the tiny model learns from the demo's data (its
+# 10-epoch SFT answers the others no better than their best constant); a photometric jitter of the SFT clips
+# (without it an 8-grey-level brightening breaks the tiny model's text: format rate .07 under overexposure at
+# eta 0.05); and per-subtype intensities at which an oracle still answers, the SFT start keeps its answer format
+# and loses at most 45% (Table 2's worst category).
+TOY = dict(families="next_action", sft_jitter=0.3, eta="0.7")
+VLM = dict(sft_epochs=train.DEMO["sft_epochs"], rl_steps=train.DEMO["rl_steps"])
 SMOKE = dict(demo_clips=16, sft_epochs=1.0, rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, save_every=1,
-             snapshot_every=1, reeval_period=2, bench_steps=2, eval_limit=3, diagnose_samples=4, seeds="0",
-             lrs="1e-4")
+             snapshot_every=1, reeval_period=2, bench_steps=2, eval_limit=3, seeds="0", ablation_seeds="",
+             lrs="1e-4", val_clips=8)
+# Fixed before the runs (and written into the summary): how a claim's verdict is decided.
+RULES = {
+    "paired": "a claim 'a beats b' over seeds: d = the per-seed differences (the runs of one seed share the data "
+              "order and the corruption-spec stream), SE = sd(d) / sqrt(n); holds if mean(d) > 2 SE, mixed if "
+              "0 < mean(d) <= 2 SE, does not hold if mean(d) <= 0",
+    "collapse": "a run collapses if more than 20% of its questions get one answer under all 13 conditions, or a "
+                "task's accuracy (clean, or pooled over the corrupted conditions) is not above its best constant "
+                "answer by more than 2 SE",
+    "orig": "robust training keeps clean accuracy if mean Orig. >= SFT's Orig. - 0.02",
+    "cost": "Table 13 holds if bench_step's rova/dual < 1 (mixed within 0.95-1.05 of 1); Table 14 holds if "
+            "self-assessment and memory re-evaluation are each under 10% of a ROVA step",
+    "budget": "the smallest --lrs value whose paired gain in corrupted-clip accuracy over the SFT start on the "
+              "validation benchmark exceeds 2 SE; else the largest gain",
+    "gate": "every task's clean accuracy above its best constant by more than 2 SE, or RL does not start",
+}
 
 
 def parse_args(argv=None):
@@ -97,32 +111,34 @@ def parse_args(argv=None):
     a = ap.add_argument
     a("--out", default="runs/reproduce", help="working folder (every stage's output)")
     a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose marked section is rewritten")
-    a("--seeds", default="0,1,2", help="comma list of RL seeds")
-    a("--modes", default=None, help="comma list of rows (ROWS: " + ", ".join(ROWS) + "); default all of them "
+    a("--summary", default=str(ROOT / "docs" / "results" / "v4.json"), help="the machine-readable summary")
+    a("--seeds", default="0,1,2,3,4", help="RL seeds of the main rows (comma list)")
+    a("--ablation-seeds", default="0,1,2", help="RL seeds of the ablation rows (comma list; empty: none)")
+    a("--modes", default=None, help="comma list of rows (" + ", ".join(ROWS) + "); default all of them "
       "(--policy text: the four modes)")
-    a("--rl-steps", type=int, default=None, help=f"default {VLM['rl_steps']} (App. D; --policy text: the demo's "
-      f"{RL_FLAGS['rl_steps']})")
-    a("--lrs", default="3e-4,1e-3", help="the budget stage's learning rates (comma list)")
+    a("--rl-steps", type=int, default=None, help=f"default {VLM['rl_steps']} (the demo's)")
+    a("--lrs", default="3e-5,1e-4,3e-4", help="the budget stage's learning rates (comma list, ascending)")
     a("--lr", type=float, default=None, help="RL learning rate: skips the budget stage")
-    a("--demo-clips", type=int, default=480, help="clips of the synthetic benchmark (train.py --demo-clips)")
-    a("--sft-epochs", type=float, default=None, help=f"default {VLM['sft_epochs']:g}: short of the demo's "
-      f"{train.DEMO['sft_epochs']:g}, so that RL has something left to learn (--policy text: the demo's)")
+    a("--demo-clips", type=int, default=480, help="clips of the synthetic benchmark (train.py's demo_clips)")
+    a("--val-clips", type=int, default=160, help="clips of the validation benchmark (the budget stage's)")
+    a("--families", default=TOY["families"], help="the toy's question families (synthetic.SYNTH_FAMILIES)")
+    a("--eta", default=TOY["eta"], help="the toy's corruption intensity, per subtype (train.py --eta)")
+    a("--sft-jitter", type=float, default=TOY["sft_jitter"], help="photometric jitter of the SFT clips (train.py's "
+      "sft_jitter)")
+    a("--sft-epochs", type=float, default=None, help=f"default {VLM['sft_epochs']:g} (the demo's)")
     a("--bench-steps", type=int, default=30, help="timed steps per mode of bench_step.py")
     a("--eval-limit", type=int, default=0, help="questions evaluated (0: all)")
-    a("--diagnose-samples", type=int, default=96, help="training questions of diagnose.py")
     a("--variant", action="append", default=[], metavar="NAME='MODE FLAGS'",
-      help="an extra row: a mode with other train.py flags, e.g. rova-amin0.125='rova --set assess=accuracy "
-           "--a-min 0.125' (repeatable)")
+      help="an extra row (ablation seeds): a mode with other train.py flags, e.g. rova-amin0.125='rova --a-min "
+           "0.125' (repeatable)")
     a("--policy", default="vlm", choices=["vlm", "text"], help="text: Embodied-R's perception + text LM pipeline "
       "(python -m extensions.embodied_r.train) instead of the VLM")
     a("--perceiver", default="cv", help="--policy text: the perception model (hf:PATH | openai:MODEL | cv)")
-    a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
+    a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing (no gate)")
     args = ap.parse_args(argv)
     args.command = " ".join(["python benchmarks/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
-    if args.policy == "vlm":
-        args.sft_epochs = VLM["sft_epochs"] if args.sft_epochs is None else args.sft_epochs
-        args.rl_steps = args.rl_steps or VLM["rl_steps"]
-    args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps or RL_FLAGS["rl_steps"])
+    args.sft_epochs = VLM["sft_epochs"] if args.sft_epochs is None else args.sft_epochs
+    args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps or VLM["rl_steps"], eta=args.eta)
     if args.smoke:
         for k, v in SMOKE.items():
             if k in args.rl:
@@ -131,11 +147,17 @@ def parse_args(argv=None):
                 setattr(args, k, v)
     if args.policy == "text":
         args.rl.pop("snapshot_every")
+        args.rl.pop("eta")
         args.lr = args.rl["lr"] if args.lr is None else args.lr
-    args.seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    args.lrs = [float(x) for x in str(args.lrs).split(",") if x.strip()]
+    args.seeds = _ints(args.seeds)
+    args.ablation_seeds = _ints(args.ablation_seeds)
+    args.lrs = sorted(float(x) for x in str(args.lrs).split(",") if x.strip())
     args.rows = parse_rows(ap, args)
     return args
+
+
+def _ints(text):
+    return [int(x) for x in str(text).split(",") if x.strip()]
 
 
 def parse_rows(ap, args):
@@ -153,6 +175,10 @@ def parse_rows(ap, args):
             ap.error(f"--variant wants NAME='MODE [train.py flags]' with a new NAME and a mode of {MODES}, got {v!r}")
         rows[label] = (words[0], words[1:])
     return rows
+
+
+def seeds_of(args, row):
+    return args.seeds if row in MAIN else args.ablation_seeds
 
 
 # train.py's settings without a flag of their own go through --set NAME=VALUE
@@ -191,15 +217,17 @@ class Stages:
         # read again before writing: another reproduce.py on the same OUT (other --seeds) may have added stages
         self.timings = json.loads(self.timings_path.read_text()) if self.timings_path.is_file() else {}
         self.timings[name] = seconds
-        tmp = self.timings_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.timings, indent=1))
-        tmp.replace(self.timings_path)
+        write_json(self.timings_path, self.timings)
         print(f"[{name}] {seconds:.0f} s", flush=True)
 
-    def report(self):
-        """The "Commands and wall time" section of a results file: each stage's seconds, then the commands."""
-        return (["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
-                + [f"| {k} | {v:.0f} |" for k, v in self.timings.items()] + ["", "```"] + self.commands + ["```"])
+
+def write_json(path, obj):
+    """Whole or not at all: a kill never leaves half a file to read back."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
 
 
 def latest_results(folder):
@@ -207,17 +235,23 @@ def latest_results(folder):
     return json.loads(Path(found[-1]).read_text()) if found else None
 
 
-def clean_scores(folder):
-    """Each question's score on its clean video in an evaluation's latest sample log: doc_id -> score."""
+def sample_scores(folder, clean: bool):
+    """An evaluation's latest sample log: (doc_id, condition) -> score, the clean videos' or the corrupted ones'."""
     found = sorted(glob.glob(str(folder / "*_samples_*.jsonl")))
     rows = (json.loads(x) for x in Path(found[-1]).read_text().splitlines() if x.strip()) if found else ()
-    return {r["doc_id"]: r["score"] for r in rows if r["condition"] == "clean"}
+    return {(r["doc_id"], r["condition"]): r["score"] for r in rows
+            if (r["condition"] == "clean") == clean and r["score"] is not None}
+
+
+def clean_scores(folder):
+    """Each question's score on its clean video: doc_id -> score."""
+    return {doc: v for (doc, _), v in sample_scores(folder, clean=True).items()}
 
 
 def paired_gain(after, before):
-    """Pooled accuracy gain over the questions both evaluations scored (doc_id -> score) and its standard
-    error: the sd of the per-question differences / sqrt(n). Paired, because the questions are the same, so it
-    is much smaller than either accuracy's own binomial error when few answers change."""
+    """Pooled accuracy gain over the items both evaluations scored (key -> score) and its standard error: the
+    sd of the per-item differences / sqrt(n). Paired, because the items are the same, so it is much smaller
+    than either accuracy's own binomial error when few answers change."""
     d = [after[k] - before[k] for k in before if k in after]
     if len(d) < 2:
         return None, None, len(d)
@@ -225,7 +259,8 @@ def paired_gain(after, before):
 
 
 class Reproduction:
-    """The stages of one reproduction (see the module's docstring), in order; each knows its output."""
+    """The stages of one reproduction (see the module's docstring), in order; each knows its output. After
+    every stage the summary (docs/results/v4.json) and the results page are written again."""
 
     def __init__(self, args):
         self.args, self.out, self.py = args, Path(args.out).resolve(), sys.executable
@@ -233,23 +268,38 @@ class Reproduction:
         self.st = Stages(self.out)
         self.text = args.policy == "text"
         self.sft = self.out / "sft"
-        self.synth, self.start = self.sft / "synthetic", self.sft / "final"
+        self.synth, self.start, self.val = self.sft / "synthetic", self.sft / "final", self.out / "validation"
         self.cache = (["--perceiver", args.perceiver, "--perception-cache", str(self.out / "perception_cache.sqlite")]
                       if self.text else [])
         self.trainer = [self.py, "-m", "extensions.embodied_r.train"] if self.text else [self.py, "train.py"]
-        self.runs = {}     # name -> (row, seed, run folder)
-        self.budget = {}   # lr -> (run folder, results, held-out clean scores: doc_id -> score)
-        self.equal = {}    # name -> (row, seed, step, rova's trained completions)
+        self.toy = [] if self.text else ["--eta", args.eta]
+        self.lr = args.lr
+        self.summary = {"version": 4, "command": args.command, "rules": RULES, "settings": {
+            "rl": args.rl, "sft_epochs": args.sft_epochs, "demo_clips": args.demo_clips, "families": args.families,
+            "sft_jitter": args.sft_jitter,
+            "eta": args.eta, "seeds": args.seeds, "ablation_seeds": args.ablation_seeds, "lrs": args.lrs,
+            "rows": {k: [m, *x] for k, (m, x) in args.rows.items()}},
+            "start": None, "budget": {}, "lr": None, "runs": {}, "equal": {}, "cost": None, "claims": []}
 
+    # -- stages
     def train_sft(self):
         args = self.args
+        # (the answerability warm-up corrupts its clips at App. D's eta: the start does not depend on the toy's)
         cmd = [*self.trainer, "--out", str(self.sft), "--rl-steps", "0", *flags({"demo_clips": args.demo_clips}),
-               "--resume", "auto", *self.cache] + (["--sft-epochs", str(args.sft_epochs)]
-                                                   if args.sft_epochs is not None else [])
+               "--resume", "auto", "--sft-epochs", str(args.sft_epochs), *self.cache]
+        if not self.text:
+            cmd += flags({"demo_families": args.families, "sft_jitter": args.sft_jitter})
         if args.smoke:
             cmd += flags({"eval_limit": 4})
         self.st.run("sft", cmd, lambda: (self.sft / "summary.json").is_file())
-        self.evaluate("sft", self.start)
+        res = self.evaluate("sft", self.start)
+        self.summary["start"] = dict(evaluation_record(res), wall_s=self.wall("sft", "eval-sft"))
+        gate = start_gate(res)
+        self.summary["start"]["gate"] = gate
+        self.save()
+        if gate["failed"] and not args.smoke and not self.text:
+            raise SystemExit("the SFT start fails the gate (" + "; ".join(gate["failed"]) + "): RL from it cannot "
+                             "test the paper (see diagnostics in " + str(self.out / "eval" / "sft") + ")")
 
     def train(self, name, mode, seed, run, rl, extra=()):
         self.st.run(f"rl-{name}", [*self.trainer, "--model", str(self.start), "--data", str(self.synth / "train.json"),
@@ -257,124 +307,173 @@ class Reproduction:
                                    "--resume", "auto", *flags(rl), *self.cache, *extra],
                     lambda: (run / "summary.json").is_file())
 
-    def evaluate(self, name, model, subtypes=None):
+    def evaluate(self, name, model, bench=None, folder="eval"):
         args = self.args
         evaluator = [self.py, "-m", "extensions.embodied_r.eval"] if self.text else [self.py, "eval_pvrbench.py"]
-        cmd = [*evaluator, "--model", str(model), "--model-name", name, "--benchmark", f"synthetic={self.synth}",
-               "--out", str(self.out / "eval"), "--judge", "none",
-               "--assign", "cycle" if args.smoke else "all", *self.cache]
-        if subtypes:
-            cmd += ["--subtypes", subtypes]
+        cmd = [*evaluator, "--model", str(model), "--model-name", name, "--benchmark",
+               f"synthetic={bench or self.synth}", "--out", str(self.out / folder), "--judge", "none",
+               "--assign", "cycle" if args.smoke else "all", *self.cache, *self.toy]
         if args.eval_limit:
             cmd += ["--limit", str(args.eval_limit)]
-        self.st.run(f"eval-{name}", cmd, lambda: latest_results(self.out / "eval" / name) is not None)
-        return latest_results(self.out / "eval" / name)
+        self.st.run(f"{folder}-{name}", cmd, lambda: latest_results(self.out / folder / name) is not None)
+        return latest_results(self.out / folder / name)
 
     def choose_budget(self):
-        """Stage 2: standard GRPO (seed 0) at each of --lrs; the highest pooled held-out clean accuracy wins."""
+        """Stage 2 (the module docstring's rule): grpo-aug (seed 0) at each of --lrs, ascending, on the validation
+        benchmark; the first whose corrupted-clip gain over the SFT start exceeds 2 SE."""
         args = self.args
-        if args.lr is not None:
-            return args.lr
+        if self.lr is not None:
+            self.summary["lr"] = {"value": self.lr, "chosen_by": "--lr"}
+            return self.lr
+        if not (self.val / "eval.jsonl").is_file():
+            synthetic.make_synthetic(self.val, n=args.val_clips, seed=1, num_frames=args.rl["frames"], size=56,
+                                     eval_fraction=1.0, families=args.families.split(","))
+        self.evaluate("sft", self.start, self.val, "validation")
+        before = sample_scores(self.out / "validation" / "sft", clean=False)
         for lr in args.lrs:
             run = self.out / "runs" / f"budget-lr{lr:g}"
-            self.train(f"budget-lr{lr:g}", "grpo", 0, run, dict(args.rl, lr=lr))
-            res = self.evaluate(f"budget-lr{lr:g}", run / "final", subtypes="none")
-            self.budget[lr] = (run, res, clean_scores(self.out / "eval" / f"budget-lr{lr:g}"))
-        pooled = {lr: statistics.fmean(scores.values()) for lr, (_, _, scores) in self.budget.items()}
-        return max(sorted(pooled), key=pooled.get)  # ties: the smaller (max keeps the first)
+            self.train(f"budget-lr{lr:g}", "grpo-aug", 0, run, dict(args.rl, lr=lr))
+            res = self.evaluate(f"budget-lr{lr:g}", run / "final", self.val, "validation")
+            g, se, n = paired_gain(sample_scores(self.out / "validation" / f"budget-lr{lr:g}", clean=False), before)
+            self.summary["budget"][f"{lr:g}"] = {"gain": g, "se": se, "n": n, "orig": orig_of(res),
+                                                 "avg": res["results"]["pvrbench"]["accuracy"]["avg"]}
+            self.save()
+            if g is not None and g > 2 * se:
+                break
+        gains = {float(k): v["gain"] for k, v in self.summary["budget"].items() if v["gain"] is not None}
+        passed = [float(k) for k, v in self.summary["budget"].items()
+                  if v["gain"] is not None and v["gain"] > 2 * v["se"]]
+        self.lr = min(passed) if passed else max(sorted(gains), key=gains.get)
+        self.summary["lr"] = {"value": self.lr, "chosen_by": "rule: gain > 2 SE" if passed else "rule: largest gain"}
+        self.save()
+        return self.lr
 
-    def train_rows(self, lr):
+    def train_rows(self):
+        """Stage 3: seed-major (every row of a seed before the next seed), each run evaluated when it ends."""
         args = self.args
-        rl = dict(args.rl, lr=lr)
-        for seed in args.seeds:
+        rl = dict(args.rl, lr=self.lr)
+        for seed in sorted(set(args.seeds) | set(args.ablation_seeds)):
             for row, (mode, extra) in args.rows.items():
+                if seed not in seeds_of(args, row):
+                    continue
                 name = f"{row}-s{seed}"
                 run = self.out / "runs" / name
-                if row == "grpo" and seed == 0 and lr in self.budget:  # the budget stage's run is this one
-                    run = self.budget[lr][0]
-                self.runs[name] = (row, seed, run)
                 self.train(name, mode, seed, run, rl, extra)
-        for name, (_, _, run) in self.runs.items():
-            self.evaluate(name, run / "final")
+                res = self.evaluate(name, run / "final")
+                self.summary["runs"][name] = dict(row=row, seed=seed, **evaluation_record(res), **training_record(run),
+                                                  wall_s=self.wall(f"rl-{name}", f"eval-{name}"))
+                self.save()
 
     def equal_completions(self):
-        """Stage 4b: each compared mode's snapshot nearest to rova's trained completions, seed by seed."""
+        """Each compared mode's snapshot nearest to rova's trained completions, seed by seed."""
         every = self.args.rl.get("snapshot_every", 0)
         if self.text or not every or "rova" not in self.args.rows:
             return
         for seed in self.args.seeds:
-            target = trained_completions(self.runs[f"rova-s{seed}"][2])
+            target = self.summary["runs"][f"rova-s{seed}"]["completions"]
             for row in (r for r in COMPARED if r in self.args.rows):
-                run = self.runs[f"{row}-s{seed}"][2]
+                run = self.out / "runs" / f"{row}-s{seed}"
                 recs = rl_records(run)
                 per_step = trained_completions(run, recs) / max(1, len(recs))
                 step = min(len(recs), max(every, every * round(target / per_step / every)))
                 model = run / "final" if step >= len(recs) else run / "snapshots" / f"step_{step}"
                 name = f"{row}-s{seed}-at{step}"
-                self.equal[name] = (row, seed, step, target)
-                self.evaluate(name, model)
+                res = self.evaluate(name, model)
+                self.summary["equal"][name] = dict(row=row, seed=seed, step=step, rova_completions=target,
+                                                   **evaluation_record(res))
+                self.save()
 
     def cost(self):
         args, out = self.args, self.out
         bench_json = out / "bench_step.json"
         bench = [self.py, "benchmarks/bench_step.py", "--model", str(self.start), "--data",
                  str(self.synth / "train.json"), "--work", str(out / "bench_step"), "--json", str(bench_json),
-                 "--steps", str(args.bench_steps), "--lr", str(self.lr)]
+                 "--steps", str(args.bench_steps), "--lr", str(self.lr), "--eta", args.eta]
         for k in ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels", "reeval_period"):
             bench += ["--" + k.replace("_", "-"), str(args.rl[k])]
         if args.smoke:
             bench += ["--warmup", "0"]
         self.st.run("bench-step", bench, bench_json.is_file)
-        diag_json = out / "diagnose.json"
-        diag = [self.py, "benchmarks/diagnose.py", "--model", str(self.start), "--data", str(self.synth / "train.json"),
-                "--json", str(diag_json), "--samples", str(args.diagnose_samples)]
-        for k in ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels"):
-            diag += ["--" + k.replace("_", "-"), str(args.rl[k])]
-        self.st.run("diagnose", diag, diag_json.is_file)
+        b = json.loads(bench_json.read_text())
+        self.summary["cost"] = {"rova_over_grpo": b["rova_over_grpo"], "rova_over_dual": b["rova_over_dual"],
+                                "modes": b["modes"], "steps": b["config"]["steps"]}
+        self.save()
+
+    # -- bookkeeping
+    def wall(self, *stages):
+        return sum(self.st.timings.get(s, 0.0) for s in stages)
+
+    def save(self):
+        """The summary, its claims and the results page, as they stand."""
+        if self.text:
+            write_json(self.out / "summary.json", self.summary)
+        else:
+            self.summary["claims"] = claims(self.summary)
+            self.summary["wall_s"] = sum(self.st.timings.values())
+            write_json(self.args.summary, self.summary)
+        text = render(self.summary, self.st.commands)
+        (self.out / "results.md").write_text(text)
+        tag = "reproduce-text" if self.text else "reproduce"
+        write_marked(Path(self.args.results), text, f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->")
 
 
 def main(argv=None):
     args = parse_args(argv)
     r = Reproduction(args)
     r.train_sft()
-    r.lr = r.choose_budget()   # (--policy text: --lr or the demo's; parse_args sets it)
-    r.train_rows(r.lr)
-    r.equal_completions()
-    if not r.text:  # bench_step / diagnose measure the VLM's step
+    r.choose_budget()   # (--policy text: --lr or the demo's; parse_args sets it)
+    if not r.text:  # bench_step measures the VLM's step (short: before the long stage)
         r.cost()
-    text = render(args, r)
-    (r.out / "results.md").write_text(text)
-    tag = "reproduce-text" if r.text else "reproduce"
-    write_marked(Path(args.results), text, f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->")
-    print(f"tables in {r.out / 'results.md'} and {args.results}")
+    r.train_rows()
+    r.equal_completions()
+    r.save()
+    print(f"summary in {args.summary if not r.text else r.out / 'summary.json'}; tables in {args.results}")
 
 
-# ----------------------------------------------------------------------------- tables
+# ----------------------------------------------------------------------------- what a run measured
 
-def mean_sd(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+def orig_of(res):
+    return res["results"]["pvrbench"]["accuracy"]["orig"]
 
 
-def fmt(m, sd=None, digits=3):
-    if m is None:
-        return "–"
-    return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
-
-
-def pct(m, sd=None):
-    if m is None:
-        return "–"
-    return f"{100 * m:.0f}%" + (f" ± {100 * sd:.0f}" if sd is not None else "")
-
-
-def accuracy_row(res):
+def evaluation_record(res):
+    """Table 2's columns and the collapse diagnostics of one evaluation's results.json."""
     acc = res["results"]["pvrbench"]["accuracy"]
-    row = {key: acc["categories"].get(key) for key, _ in CATEGORIES}
-    row.update(avg=acc["avg"], orig=acc["orig"], drop=acc["drop"])
-    return row
+    rec = {"orig": acc["orig"], "avg": acc["avg"], "drop": acc["drop"], "categories": dict(acc["categories"])}
+    diag = res["results"].get("diagnostics", {}).get("sources", {})
+    tasks, share, fmt_rate = {}, [], {}
+    for src, d in diag.items():
+        share.append(d.get("one_answer_share"))
+        fmt_rate.update(d.get("format_rate", {}))
+        for task, conds in d["tasks"].items():
+            tasks[task] = {c: {k: v[k] for k in ("accuracy", "best_constant", "constant_accuracy", "margin", "se",
+                                                 "collapsed", "top_share")} for c, v in conds.items()}
+    rec.update(one_answer_share=max((x for x in share if x is not None), default=None), tasks=tasks,
+               format_rate=fmt_rate)
+    rec["collapsed"] = collapsed(rec)
+    return rec
+
+
+def collapsed(rec):
+    """RULES["collapse"]: the reasons a run counts as collapsed (empty: it does not)."""
+    why = []
+    if rec["one_answer_share"] is not None and rec["one_answer_share"] > 0.2:
+        why.append(f"one answer to {rec['one_answer_share']:.0%} of the questions")
+    for task, conds in rec["tasks"].items():
+        for cond, v in conds.items():
+            if v["margin"] is None or v["se"] is None or v["margin"] <= 2 * v["se"]:
+                why.append(f"{task} ({cond}): {v['accuracy']:.3f} vs {v['constant_accuracy']:.3f} for "
+                           f"'{v['best_constant']}'")
+    return why
+
+
+def start_gate(res):
+    """RULES["gate"] on the SFT start's evaluation: the tasks whose clean margin is not above 2 SE."""
+    rec = evaluation_record(res)
+    failed = [f"{t}: clean {c['clean']['accuracy']:.3f} vs {c['clean']['constant_accuracy']:.3f} for "
+              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin']:+.3f} ± {c['clean']['se']:.3f})"
+              for t, c in rec["tasks"].items() if "clean" in c and not c["clean"]["margin"] > 2 * c["clean"]["se"]]
+    return {"failed": failed, "rule": RULES["gate"]}
 
 
 def rl_records(run):
@@ -396,20 +495,19 @@ def trained_completions(run, recs=None):
     return sum(r.get("selected", 0) for r in (rl_records(run) if recs is None else recs)) * g
 
 
-def training_stats(run):
+def training_record(run):
+    """What a run's log.jsonl says: rollout accuracies (first vs last quarter), the curriculum's rates, the
+    completions trained, seconds per step."""
     recs = rl_records(run)
 
-    def avg(key, part):
-        return mean_sd([r.get(key) for r in part])[0]
+    def avg(key):
+        return mean_sd([r.get(key) for r in recs])[0]
 
-    (acc_clean_first, acc_clean_last), (acc_pert_first, acc_pert_last) = (first_last(recs, "acc_clean"),
-                                                                          first_last(recs, "acc_perturbed"))
-    return {"acc_clean_first": acc_clean_first, "acc_clean_last": acc_clean_last,
-            "acc_pert_first": acc_pert_first, "acc_pert_last": acc_pert_last,
-            "r_alignment": avg("r_alignment", recs), "sim_a": avg("sim_a", recs), "sim_r": avg("sim_r", recs),
-            "rho": avg("rho", recs), "defer": avg("defer_rate", recs), "discard": avg("discard_rate", recs),
-            "clip": avg("clip_fraction", recs), "sec_step": avg("sec_step", recs), "steps": len(recs),
-            "completions": trained_completions(run, recs), "categories": category_rates(recs)}
+    return {"acc_clean_rollouts": first_last(recs, "acc_clean"),
+            "acc_corrupted_rollouts": first_last(recs, "acc_perturbed"),
+            "r_alignment": avg("r_alignment"), "rho": avg("rho"), "defer": avg("defer_rate"),
+            "discard": avg("discard_rate"), "sec_step": avg("sec_step"), "steps": len(recs),
+            "completions": trained_completions(run, recs), "curriculum": category_rates(recs)}
 
 
 def category_rates(recs):
@@ -422,201 +520,174 @@ def category_rates(recs):
     return out
 
 
-def table2(rows):
-    """Table 2's accuracy columns: (label, [result rows over seeds]) -> markdown lines (mean ± sd)."""
-    L = ["| Model | " + " | ".join(lbl for _, lbl in CATEGORIES) + " | Avg. | drop | Orig. |",
-         "|---|" + "---|" * (len(CATEGORIES) + 3)]
-    for label, res in rows:
-        cells = [fmt(*mean_sd([r[k] for r in res])) for k, _ in CATEGORIES]
-        L.append(f"| {label} | " + " | ".join(cells) + f" | {fmt(*mean_sd([r['avg'] for r in res]))} | "
-                 f"{pct(*mean_sd([r['drop'] for r in res]))} | {fmt(*mean_sd([r['orig'] for r in res]))} |")
-    return L
+# ----------------------------------------------------------------------------- claims
+
+def mean_sd(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
 def paired(a, b):
-    """A claim "a > b" over seeds (the runs of one seed share data order and spec stream): the per-seed
-    differences a - b, their mean ± sd, and the verdict by the rule stated in the results: holds if every
-    seed's difference is > 0, mixed if the mean is > 0 but not every seed's, does not hold otherwise."""
+    """RULES["paired"]: a claim "a > b" over seeds from the per-seed values (None: not measured, left out).
+    Returns (difference text, verdict)."""
     d = [x - y for x, y in zip(a, b) if x is not None and y is not None]
     if not d:
         return "–", "not measured"
     m, sd = mean_sd(d)
-    verdict = "holds" if all(x > 0 for x in d) else ("mixed" if m > 0 else "does not hold")
-    return f"{m:+.3f} ± {sd:.3f} ({', '.join(f'{x:+.3f}' for x in d)})", verdict
+    se = sd / math.sqrt(len(d))
+    verdict = "holds" if m > 2 * se and m > 0 else ("mixed" if m > 0 else "does not hold")
+    return f"{m:+.3f} ± {se:.3f} SE ({', '.join(f'{x:+.3f}' for x in d)})", verdict
 
 
-class Tables:
-    """The results page, section by section, from a finished Reproduction."""
-
-    def __init__(self, args, r):
-        self.args, self.r = args, r
-        self.acc = {name: accuracy_row(latest_results(r.out / "eval" / name)) for name in r.runs}
-        self.stats = {name: training_stats(run) for name, (_, _, run) in r.runs.items()}
-        self.sft = latest_results(r.out / "eval" / "sft")
-
-    def by_row(self, row, table="acc"):
-        src = self.acc if table == "acc" else self.stats
-        return [src[f"{row}-s{s}"] for s in self.args.seeds]
-
-    def header(self):
-        a, r = self.args, self.r
-        return [f"Measured by `{a.command}` ({time.strftime('%Y-%m-%d')}; seeds {', '.join(map(str, a.seeds))}; "
-                f"{a.rl['rl_steps']} RL steps per run at lr {r.lr:g}; total wall time "
-                f"{sum(r.st.timings.values()) / 60:.1f} min over the stages below).", ""]
-
-    def budget(self):
-        if not self.r.budget:
-            return []
-        orig, sft = accuracy_row(self.sft)["orig"], clean_scores(self.r.out / "eval" / "sft")
-        L = ["### RL budget (standard GRPO, seed 0)", "",
-             f"Held-out clean accuracy after {self.args.rl['rl_steps']} steps of `--mode grpo` from the SFT checkpoint, "
-             f"pooled over the questions (SFT {statistics.fmean(sft.values()):.3f}) and as Table 2's task mean "
-             f"(Orig., SFT {orig:.3f}). The rule: the highest pooled accuracy wins, ties to the smaller learning rate; "
-             "GRPO measurably learns where its paired gain over the SFT checkpoint (the same questions) exceeds "
-             "twice its standard error.", "",
-             "| lr | pooled | paired gain vs SFT ± SE (questions) | measured | Orig. |", "|---|---|---|---|---|"]
-        for lr, (_, res, scores) in sorted(self.r.budget.items()):
-            g, se, n = paired_gain(scores, sft)
-            gain, yes = ("–", "–") if g is None else (f"{g:+.3f} ± {se:.3f} ({n})", "yes" if g > 2 * se else "no")
-            L.append(f"| {lr:g}{' (chosen)' if lr == self.r.lr else ''} | {statistics.fmean(scores.values()):.3f} | "
-                     f"{gain} | {yes} | {res['results']['pvrbench']['accuracy']['orig']:.3f} |")
-        return L + [""]
-
-    def accuracy(self):
-        n_q = self.sft["n_samples"] if self.sft else None
-        rows = ([("SFT checkpoint (start of every run)", [accuracy_row(self.sft)])] if self.sft else [])
-        rows += [(f"+ {row}", self.by_row(row)) for row in self.args.rows]
-        L = ["### Accuracy under perturbation (Table 2's columns)", "",
-             f"PVRBench static protocol on the synthetic benchmark's held-out questions, every question clean and "
-             f"under each of the 12 subtypes ({n_q} scored samples per model); task-mean accuracy (MRA for counting) "
-             "as eval_pvrbench.py, Avg. the mean of the four categories; mean ± standard deviation over seeds.", "",
-             *table2(rows)]
-        L += ["", "Per seed (Avg. / Orig.):", "", "| row | " + " | ".join(f"seed {s}" for s in self.args.seeds)
-              + " |", "|---|" + "---|" * len(self.args.seeds)]
-        for row in self.args.rows:
-            L.append(f"| {row} | " + " | ".join(f"{fmt(x['avg'])} / {fmt(x['orig'])}" for x in self.by_row(row)) + " |")
-        return L
-
-    def equal(self):
-        if not self.r.equal:
-            return []
-        by = {}
-        for name, (row, seed, step, target) in self.r.equal.items():
-            res = accuracy_row(latest_results(self.r.out / "eval" / name))
-            by.setdefault(row, []).append((seed, step, target, res))
-        L = ["", "### At equal trained completions", "",
-             "Each mode without a curriculum evaluated at its weights snapshot nearest to the completions `rova` "
-             "trained on in the same seed (selected samples x G over its run; snapshots every "
-             f"{self.args.rl['snapshot_every']} steps); `rova` itself at its end.", ""]
-        rows = [("+ rova (end)", self.by_row("rova"))]
-        rows += [(f"+ {row} at step " + "/".join(str(st) for _, st, _, _ in v), [x for *_, x in v])
-                 for row, v in by.items()]
-        targets = [t for _, _, t, _ in next(iter(by.values()))]
-        return L + table2(rows) + ["", "rova's trained completions per seed: " + ", ".join(map(str, targets))]
-
-    def dynamics(self):
-        L = ["", "### Training dynamics (from each run's log.jsonl; means over seeds)", "",
-             "Rollout accuracy (mean reward 1[a = g] over the G rollouts, first vs last quarter of the steps), "
-             "alignment reward r^A and its answer part Sim^a, the effective training ratio rho, the curriculum's "
-             "rates, Eq. 7's clip fraction, the completions trained on, and the mean step time during training.", "",
-             "| row | clean rollouts | corrupted rollouts | r^A | Sim^a | rho | deferred | discarded | clipped | "
-             "completions | s/step |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for row in self.args.rows:
-            ts = self.by_row(row, "stats")
-
-            def m(key):
-                return mean_sd([t[key] for t in ts])[0]
-
-            def arrow(a, b):
-                return "–" if m(a) is None else f"{m(a):.2f} → {m(b):.2f}"
-
-            L.append(f"| {row} | {arrow('acc_clean_first', 'acc_clean_last')} | "
-                     f"{arrow('acc_pert_first', 'acc_pert_last')} | {fmt(m('r_alignment'), digits=2)} | "
-                     f"{fmt(m('sim_a'), digits=2)} | {fmt(m('rho'), digits=2)} | {fmt(m('defer'), digits=2)} | "
-                     f"{fmt(m('discard'), digits=2)} | {fmt(m('clip'), digits=3)} | {m('completions'):.0f} | "
-                     f"{fmt(m('sec_step'), digits=2)} |")
-        return L
-
-    def curriculum(self):
-        rows = [row for row, (mode, _) in self.args.rows.items() if mode == "rova"]
-        if not rows:
-            return []
-        L = ["", "### The curriculum per corruption category (Table 12's rates; means over seeds)", "",
-             "Share of a category's samples trained (rho), deferred to the buffer and discarded as easy; "
-             "promoted samples count as samples of their category.", "",
-             "| row | " + " | ".join(f"{lbl} rho / defer / discard" for _, lbl in CATEGORIES) + " |",
-             "|---|" + "---|" * len(CATEGORIES)]
-        for row in rows:
-            cats = [t["categories"] for t in self.by_row(row, "stats")]
-            cells = []
-            for cat, _ in CATEGORIES:
-                v = [mean_sd([c[cat][k] for c in cats])[0] for k in ("trained", "deferred", "discarded")]
-                cells.append(" / ".join(fmt(x, digits=2) for x in v))
-            L.append(f"| {row} | " + " | ".join(cells) + " |")
-        return L
-
-    def cost(self):
-        bench_path, diag_path, L = self.r.out / "bench_step.json", self.r.out / "diagnose.json", []
-        if bench_path.is_file():
-            import bench_step
-            b = json.loads(bench_path.read_text())
-            L += ["", "### Cost per step (Table 13, Table 14)", "",
-                  f"`benchmarks/bench_step.py`: {b['config']['steps']} timed steps per mode after "
-                  f"{b['config']['warmup']} warm-up steps, the three modes interleaved in one process from the SFT "
-                  "checkpoint.", "", "```", bench_step.report(b), "```"]
-        if diag_path.is_file():
-            import diagnose
-            L += ["", "### What the training signals can teach the SFT checkpoint", "",
-                  "`benchmarks/diagnose.py`: the rollout groups of RL's first steps on the SFT checkpoint, measured "
-                  "once without training (train.py's spec stream, judge and curriculum thresholds).", "", "```",
-                  diagnose.report(json.loads(diag_path.read_text())), "```"]
-        return L
-
-    def claims(self):
-        """Each claim of the paper as a paired comparison over seeds (see `paired` for the rule)."""
-        have = set(self.args.rows)
-        acc = {row: self.by_row(row) for row in have}
-        sec = {row: [t["sec_step"] for t in self.by_row(row, "stats")] for row in have}
-        rows = []
-
-        def claim(text, a, b):
-            if a[0] in have and b[0] in have:
-                rows.append((text, *paired(a[1](a[0]), b[1](b[0]))))
-
-        def neg(v):
-            return None if v is None else -v
-
-        avg = lambda row: [x["avg"] for x in acc[row]]            # noqa: E731
-        less_drop = lambda row: [neg(x["drop"]) for x in acc[row]]  # noqa: E731
-        faster = lambda row: [neg(x) for x in sec[row]]            # noqa: E731
-        claim("Table 2: ROVA's drop smaller than standard GRPO's (drop_grpo - drop_rova)", ("rova", less_drop),
-              ("grpo", less_drop))
-        claim("Table 3: ROVA's Avg. above naive dual-branch's", ("rova", avg), ("dual", avg))
-        claim("Table 3: naive dual-branch's Avg. above standard GRPO's", ("dual", avg), ("grpo", avg))
-        claim("ROVA's Avg. above GRPO on corrupted clips (generic augmentation)", ("rova", avg), ("grpo-aug", avg))
-        claim("Table 13: a ROVA step cheaper than a naive dual-branch step (s, training logs)", ("rova", faster),
-              ("dual", faster))
-        L = ["", "### The paper's claims, seed by seed", "",
-             "Each claim as a difference between two rows, computed per seed (the two runs of a seed share the data "
-             "order and the corruption-spec stream) and shown as mean ± sd (each seed's). The rule, fixed before the "
-             "runs: holds if every seed's difference has the claimed sign, mixed if only the mean has it, does not "
-             "hold otherwise.", "", "| claim | difference | verdict |", "|---|---|---|"]
-        L += [f"| {t} | {d} | {v} |" for t, d, v in rows]
-        bench_path = self.r.out / "bench_step.json"
-        if bench_path.is_file():
-            b = json.loads(bench_path.read_text())["modes"].get("rova", {}).get("share", {})
-            sa, rv = 100 * b.get("self_assessment", 0), 100 * b.get("memory_reevaluation", 0)
-            L.append(f"| Table 14: self-assessment and re-evaluation small shares of a ROVA step (paper 4.6% and "
-                     f"1.5%; rule: each under 10%) | {sa:.1f}% and {rv:.1f}% (bench_step.py) | "
-                     f"{'holds' if sa < 10 and rv < 10 else 'does not hold'} |")
-        return L
+def per_seed(summary, row, key, seeds):
+    runs = summary["runs"]
+    return [None if f"{row}-s{s}" not in runs else runs[f"{row}-s{s}"][key] for s in seeds]
 
 
-def render(args, r):
-    t = Tables(args, r)
-    L = (t.header() + t.budget() + t.accuracy() + t.equal() + t.claims() + t.dynamics() + t.curriculum()
-         + t.cost() + r.st.report())
+def claims(summary):
+    """Each claim of the paper (and the issue's robustness target) with its verdict by RULES."""
+    seeds, out = summary["settings"]["seeds"], []
+    ab = summary["settings"]["ablation_seeds"]
+    start = summary["start"]
+
+    def neg(xs):
+        return [None if x is None else -x for x in xs]
+
+    def claim(text, a, b):
+        diff, verdict = paired(a, b)
+        out.append({"claim": text, "difference": diff, "verdict": verdict})
+
+    if start:
+        sft_drop = [start["drop"]] * len(seeds)
+        for row in ("grpo-aug", "dual"):
+            claim(f"robust training: {row}'s drop below the SFT start's (drop_SFT - drop_{row})",
+                  neg(per_seed(summary, row, "drop", seeds)), neg(sft_drop))
+            claim(f"robust training: {row}'s drop below standard GRPO's (drop_grpo - drop_{row})",
+                  neg(per_seed(summary, row, "drop", seeds)), neg(per_seed(summary, "grpo", "drop", seeds)))
+            m, _ = mean_sd(per_seed(summary, row, "orig", seeds))
+            if m is not None:
+                ok = m >= start["orig"] - 0.02
+                out.append({"claim": f"robust training: {row} keeps clean accuracy (Orig. >= SFT - 0.02)",
+                            "difference": f"{m:.3f} vs {start['orig']:.3f}",
+                            "verdict": "holds" if ok else "does not hold"})
+    claim("Table 2: ROVA's drop below standard GRPO's (drop_grpo - drop_rova)",
+          neg(per_seed(summary, "rova", "drop", seeds)), neg(per_seed(summary, "grpo", "drop", seeds)))
+    claim("Table 3: ROVA's Avg. above naive dual-branch's", per_seed(summary, "rova", "avg", seeds),
+          per_seed(summary, "dual", "avg", seeds))
+    claim("Table 3: naive dual-branch's Avg. above standard GRPO's", per_seed(summary, "dual", "avg", seeds),
+          per_seed(summary, "grpo", "avg", seeds))
+    claim("App. H.1: per-component advantages' Avg. above the summed reward's (rova+h1 - rova)",
+          per_seed(summary, "rova+h1", "avg", ab), per_seed(summary, "rova", "avg", ab))
+    cost = summary.get("cost")
+    if cost:
+        r = cost["rova_over_dual"]
+        out.append({"claim": "Table 13: a ROVA step cheaper than a naive dual-branch step (paper 0.94)",
+                    "difference": f"rova/dual = {r:.3f}",
+                    "verdict": "mixed" if 0.95 <= r <= 1.05 else ("holds" if r < 1 else "does not hold")})
+        share = cost["modes"]["rova"]["share"]
+        sa, rv = 100 * share["self_assessment"], 100 * share["memory_reevaluation"]
+        out.append({"claim": "Table 14: self-assessment and memory re-evaluation small shares of a ROVA step "
+                             "(paper 4.6% and 1.5%)", "difference": f"{sa:.1f}% and {rv:.1f}%",
+                    "verdict": "holds" if sa < 10 and rv < 10 else "does not hold"})
+    return out
+
+
+# ----------------------------------------------------------------------------- the results page
+
+def fmt(m, sd=None, digits=3):
+    if m is None:
+        return "–"
+    return f"{m:.{digits}f}" + (f" ± {sd:.{digits}f}" if sd is not None else "")
+
+
+def pct(m, sd=None):
+    if m is None:
+        return "–"
+    return f"{100 * m:.0f}%" + (f" ± {100 * sd:.0f}" if sd is not None else "")
+
+
+def table2(rows):
+    """Table 2's accuracy columns plus the collapse diagnostics: (label, [records over seeds]) -> markdown."""
+    L = ["| Model | seeds | " + " | ".join(lbl for _, lbl in CATEGORIES) + " | Avg. | drop | Orig. | one answer | "
+         "collapsed |", "|---|---|" + "---|" * (len(CATEGORIES) + 5)]
+    for label, recs in rows:
+        if not recs:
+            continue
+        cells = [fmt(*mean_sd([r["categories"].get(k) for r in recs])) for k, _ in CATEGORIES]
+        n_coll = sum(bool(r["collapsed"]) for r in recs)
+        L.append(f"| {label} | {len(recs)} | " + " | ".join(cells) + f" | {fmt(*mean_sd([r['avg'] for r in recs]))} | "
+                 f"{pct(*mean_sd([r['drop'] for r in recs]))} | {fmt(*mean_sd([r['orig'] for r in recs]))} | "
+                 f"{pct(mean_sd([r['one_answer_share'] for r in recs])[0])} | {n_coll} of {len(recs)} |")
+    return L
+
+
+def render(summary, commands=()):
+    """The results page from the summary alone (docs/results/v4.json)."""
+    st, runs = summary["settings"], summary["runs"]
+    lr = (summary.get("lr") or {}).get("value")
+    L = [f"Measured by `{summary['command']}` ({time.strftime('%Y-%m-%d')}); summary: docs/results/v4.json. "
+         f"Rows: main seeds {', '.join(map(str, st['seeds']))}, ablation seeds "
+         f"{', '.join(map(str, st['ablation_seeds'])) or 'none'}; {st['rl']['rl_steps']} RL steps per run at lr "
+         f"{fmt(lr, digits=6) if lr is None else format(lr, 'g')}; toy: families {st['families']}, eta {st['eta']}; "
+         f"total wall time {summary.get('wall_s', 0) / 3600:.2f} h so far.", ""]
+    if summary["start"]:
+        gate = summary["start"]["gate"]
+        L += ["The start's gate (" + gate["rule"] + "): " + ("passed." if not gate["failed"] else
+                                                            "FAILED: " + "; ".join(gate["failed"])), ""]
+    if summary["budget"]:
+        L += ["### RL learning rate (validation benchmark, grpo-aug seed 0)", "", "Rule: " + RULES["budget"] + ".", "",
+              "| lr | corrupted-clip gain vs SFT ± SE (items) | Avg. | Orig. |", "|---|---|---|---|"]
+        for k, v in summary["budget"].items():
+            gain = "–" if v["gain"] is None else f"{v['gain']:+.3f} ± {v['se']:.3f} ({v['n']})"
+            L.append(f"| {k}{' (chosen)' if lr is not None and float(k) == lr else ''} | {gain} | {fmt(v['avg'])} | "
+                     f"{fmt(v['orig'])} |")
+        L.append("")
+    rows = ([("SFT start", [summary["start"]])] if summary["start"] else [])
+    rows += [(f"+ {row}", [r for r in runs.values() if r["row"] == row]) for row in st["rows"]]
+    L += ["### Accuracy under perturbation (Table 2's columns) and collapse diagnostics", "",
+          "PVRBench static protocol on the held-out questions, every question clean and under each of the 12 "
+          "subtypes; mean ± sd over seeds; one answer: share of questions answered identically under all 13 "
+          "conditions; collapsed: runs failing the rule (" + RULES["collapse"] + ").", "", *table2(rows)]
+    if summary["equal"]:
+        eq = [(f"+ {row} at rova's completions", [r for r in summary["equal"].values() if r["row"] == row])
+              for row in COMPARED]
+        L += ["", "### At equal trained completions", "",
+              "Each mode without a curriculum at its snapshot nearest to the completions `rova` trained on in the "
+              "same seed.", "", *table2([("+ rova (end)", [r for r in runs.values() if r["row"] == "rova"])] + eq)]
+    if summary["claims"]:
+        L += ["", "### Claims", "", "Rule: " + RULES["paired"] + "; " + RULES["orig"] + "; " + RULES["cost"] + ".", "",
+              "| claim | difference | verdict |", "|---|---|---|"]
+        L += [f"| {c['claim']} | {c['difference']} | {c['verdict']} |" for c in summary["claims"]]
+    L += dynamics(summary)
+    if commands:
+        L += ["", "### Commands", "", "```", *commands, "```"]
     return "\n".join(L) + "\n"
+
+
+def dynamics(summary):
+    runs = summary["runs"]
+    if not runs:
+        return []
+    L = ["", "### Training (each run's log.jsonl; means over seeds)", "",
+         "| row | clean rollouts | corrupted rollouts | rho | deferred | discarded | completions | s/step | wall min |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for row in summary["settings"]["rows"]:
+        rs = [r for r in runs.values() if r["row"] == row]
+        if not rs:
+            continue
+
+        def m(key, i=None):
+            return mean_sd([r[key] if i is None else r[key][i] for r in rs])[0]
+
+        def arrow(key):
+            return "–" if m(key, 0) is None else f"{m(key, 0):.2f} → {m(key, 1):.2f}"
+
+        L.append(f"| {row} | {arrow('acc_clean_rollouts')} | {arrow('acc_corrupted_rollouts')} | "
+                 f"{fmt(m('rho'), digits=2)} | {fmt(m('defer'), digits=2)} | {fmt(m('discard'), digits=2)} | "
+                 f"{m('completions'):.0f} | {fmt(m('sec_step'), digits=2)} | {m('wall_s') / 60:.1f} |")
+    return L
 
 
 def write_marked(path, text, begin=BEGIN, end=END):

@@ -17,7 +17,7 @@ def vlm_smoke(tmp_path_factory):
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\nhand-written discussion\n\n<!-- reproduce:begin -->\nold\n<!-- reproduce:end -->\n\ntail\n")
     cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--modes", "grpo-aug,rova", "--out", str(tmp_path / "r"),
-           "--results", str(results)]
+           "--results", str(results), "--summary", str(tmp_path / "v4.json")]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     return tmp_path, results, cmd, first
 
@@ -28,11 +28,18 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
     text = results.read_text()
     assert text.startswith("# Results\n\nhand-written discussion\n") and text.rstrip().endswith("tail")
     assert "\nold\n" not in text
-    for row in ("| SFT checkpoint", "| + grpo-aug |", "| + rova |", "rova_over_grpo=", "rova_over_dual=",
-                "### RL budget", "| 0.0001 (chosen) |", "### At equal trained completions", "| + rova (end) |",
-                "### The paper's claims, seed by seed", "ROVA's Avg. above GRPO on corrupted clips",
-                "### The curriculum per corruption category", "| rova | "):
+    for row in ("| SFT start |", "| + grpo-aug |", "| + rova |", "### RL learning rate", "| 0.0001 (chosen) |",
+                "### At equal trained completions", "| + rova (end) |", "### Claims",
+                "Table 3: ROVA's Avg. above naive dual-branch's", "The start's gate"):
         assert row in text, row
+    summary = json.loads((tmp_path / "v4.json").read_text())
+    assert summary["version"] == 4 and set(summary["runs"]) == {"grpo-aug-s0", "rova-s0"}
+    run = summary["runs"]["rova-s0"]
+    for key in ("orig", "avg", "drop", "categories", "one_answer_share", "tasks", "collapsed", "rho", "defer",
+                "discard", "completions", "wall_s"):
+        assert key in run, key
+    assert summary["lr"]["value"] == 1e-4 and summary["budget"]["0.0001"]["n"] > 0
+    assert {c["verdict"] for c in summary["claims"]} <= {"holds", "mixed", "does not hold", "not measured"}
     bench = json.loads((tmp_path / "r" / "bench_step.json").read_text())
     assert set(bench["modes"]) == {"grpo", "dual", "rova"}
     for mode, r in bench["modes"].items():  # the components and "other" add up to the mean step
@@ -42,14 +49,16 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
     timings = json.loads((tmp_path / "r" / "timings.json").read_text())
     equal = [k for k in timings if k.startswith("eval-grpo-aug-s0-at")]   # the snapshot at rova's completions
     assert len(equal) == 1 and equal[0][len("eval-grpo-aug-s0-at"):] in ("1", "2")
-    assert set(timings) - set(equal) == {"sft", "eval-sft", "rl-budget-lr0.0001", "eval-budget-lr0.0001",
-                                         "rl-grpo-aug-s0", "rl-rova-s0", "eval-grpo-aug-s0", "eval-rova-s0",
-                                         "bench-step", "diagnose"}
-    budget = lines_of(tmp_path / "r" / "eval" / "budget-lr0.0001")
-    assert budget == {"clean"}   # the budget stage evaluates clean videos only
+    assert set(timings) - set(equal) == {"sft", "eval-sft", "validation-sft", "rl-budget-lr0.0001",
+                                         "validation-budget-lr0.0001", "rl-grpo-aug-s0", "rl-rova-s0",
+                                         "eval-grpo-aug-s0", "eval-rova-s0", "bench-step"}
+    budget = lines_of(tmp_path / "r" / "validation" / "budget-lr0.0001")
+    assert "clean" in budget and len(budget) > 1   # the budget stage measures corrupted clips
+    assert (tmp_path / "r" / "validation" / "eval.jsonl").is_file()
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and again.stdout.count("done already, skipped") == len(timings)
     assert json.loads((tmp_path / "r" / "timings.json").read_text()) == timings
+    assert json.loads((tmp_path / "v4.json").read_text())["runs"] == summary["runs"]
 
 
 def lines_of(folder):
@@ -60,12 +69,29 @@ def lines_of(folder):
 def test_paired_claims_follow_the_stated_rule():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import reproduce
+    # d = (.1, .1, .1): mean .1 > 2 SE (0)
     assert reproduce.paired([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])[1] == "holds"
-    assert reproduce.paired([0.5, 0.6, 0.3], [0.4, 0.5, 0.35])[1] == "mixed"        # +.1, +.1, -.05
-    assert reproduce.paired([0.4, 0.6], [0.5, 0.55])[1] == "does not hold"          # -.1, +.05
+    # d = (.1, .1, -.05): mean .05, sd .0866, SE .05: 0 < mean <= 2 SE
+    assert reproduce.paired([0.5, 0.6, 0.3], [0.4, 0.5, 0.35])[1] == "mixed"
+    assert reproduce.paired([0.4, 0.6], [0.5, 0.55])[1] == "does not hold"          # -.1, +.05: mean < 0
     diff, verdict = reproduce.paired([None, 0.2], [0.1, 0.1])
     assert verdict == "holds" and diff.startswith("+0.100 ± 0.000")                 # a missing seed is left out
     assert reproduce.paired([], []) == ("–", "not measured")
+
+
+def test_collapse_rule_by_hand():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reproduce
+
+    def task(acc, const, se):
+        return {"accuracy": acc, "best_constant": "A", "constant_accuracy": const, "margin": acc - const, "se": se,
+                "collapsed": None, "top_share": 0.5}
+    rec = {"one_answer_share": 0.1, "tasks": {"t": {"clean": task(0.9, 0.33, 0.05), "perturbed": task(0.6, 0.33, 0.05)}}}
+    assert reproduce.collapsed(rec) == []
+    rec["tasks"]["t"]["perturbed"] = task(0.42, 0.33, 0.05)       # margin .09 <= 2 SE
+    assert len(reproduce.collapsed(rec)) == 1
+    rec["one_answer_share"] = 0.25
+    assert len(reproduce.collapsed(rec)) == 2
 
 
 def test_stages_keep_the_timings_of_another_process(tmp_path):
