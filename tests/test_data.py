@@ -531,6 +531,54 @@ def test_score_sample():
     assert data.score_sample("Option: [B]; Reason: it is nearer", u) == 1.0
 
 
+def test_official_style_reads_the_raw_output_as_the_official_scorers():
+    vsi, urban, r1 = _mc("vsibench"), _mc("urbanvideo"), _mc("video-r1")
+    num = _mc("vsibench", options=[], answer="7", problem_type="regression", task="object_counting")
+    for text, reason, official in ((" B", 1.0, 0.0), ("  B  ", 1.0, 0.0), ("\nB", 1.0, 1.0), ("B.\n", 1.0, 0.0),
+                                   ("<answer>B</answer>", 1.0, 0.0), ("<answer>B", 1.0, 0.0), ("B. table", 1.0, 1.0)):
+        assert data.score_sample(text, vsi) == reason, text               # lmms-eval: split(" ")[0], then strip()
+        assert data.score_sample(text, vsi, style="official") == official, text
+    assert data.score_sample(" 7", num, style="official") == 0.0 and data.score_sample(" 7", num) == 1.0
+    assert data.score_sample("Seven", num, style="official") == 0.0 and data.score_sample("Seven", num) == 1.0
+    for text in ("\nB", "\xa0B", " B", "<answer>B</answer>", "<answer>B"):   # eval.py: the first character
+        assert data.score_sample(text, urban, style="official") == 0.0 and data.score_sample(text, urban) == 1.0
+    assert data.extract_answer("\nB", "urbanvideo", style="official") == "\n"
+    assert data.score_sample("Option: [B]; Reason: near", urban, style="official") == 1.0
+    assert data.score_sample("<answer>B", r1, style="official") == 0.0 and data.score_sample("<answer>B", r1) == 1.0
+    assert data.score_sample(" B \n", r1, style="official") == 1.0        # eval_bench strips before comparing
+    assert data.extract_answer("<answer></answer> x", "video-r1", style="official") == "<answer></answer> x"
+    numerical = _mc(options=[], answer="7", problem_type="numerical")
+    assert data.score_sample("<answer>Seven</answer>", numerical, style="official") == 0.0
+    ocr = _mc(options=[], answer="KEEP LEFT", problem_type="OCR")
+    assert data.score_sample("KEEP LEFT", ocr) == 1.0 and data.score_sample("KEEP LEFT", ocr, style="official") == 0.0
+    with pytest.raises(ValueError, match="style"):
+        data.score_sample("B", vsi, style="lmms")
+    with pytest.raises(ValueError, match="strict"):
+        data.extract_answer("B", strict=True, style="official")
+
+
+def test_urbanvideo_drops_what_pandas_reads_back_as_missing():
+    for text in (None, "", "None", "N/A", "nan", "NaN", "null", "NULL", "NA", "#N/A", "<NA>", "n/a", "-nan"):
+        assert data.urban_dropped(text), text
+    for text in (" ", "  ", "\n", "none", " None", "None ", "N/A.", "Nan", "nil", "A"):
+        assert not data.urban_dropped(text), text   # whitespace-only: eval.py keeps it, wrong
+    assert data.extract_answer("  ", "urbanvideo", style="official") == " "
+
+
+def test_lmms_eval_073_first_number():
+    cases = {"3": "3.0", "There are 3 chairs.": "3.0", "about 2.5 m": "2.5", "-4": "-4.0", "three": "3.0",
+             "Three boxes.": "3.0", "twenty-one": "21.0", "three hundred and twenty-one": "321.0",
+             "one apple, room 2": "1.0", "room 2, one apple": "2.0", "a hundred": "100.0", "two thousand and five":
+             "2005.0", "1,000": "1.0", "none": "", "": "", "3e5": "3.0", "zero": "0.0", "1.5.2": "1.5"}
+    for text, n in cases.items():
+        assert data._first_number(text) == n, text
+    num = _mc("vsibench", options=[], answer="21", problem_type="regression", task="object_counting")
+    assert data.score_sample("There are twenty one chairs", num, scoring="lmms-eval-0.7.3", style="official") == 1.0
+    assert data.score_sample("There are twenty one chairs", num, style="official") == 0.0
+    with pytest.raises(ValueError, match="scoring"):
+        data.extract_answer("3", "vsibench", scoring="lmms-eval-0.8")
+
+
 def test_words_to_number():
     cases = {"zero": 0, "three": 3, "twelve": 12, "twenty": 20, "twenty-one": 21, "Ninety Nine": 99,
              "one hundred": 100, "one hundred and five": 105, "nine hundred ninety-nine": 999, "Seven.": 7}
