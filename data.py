@@ -875,9 +875,9 @@ EXTENSIONS = {
     "whitespace": (("reason",), "the output is stripped before the first-token (VSI-Bench) and first-character "
                    "(UrbanVideo) rules: ' A', '\\nA' score 1 (lmms-eval reads an empty first token, eval.py the "
                    "whitespace character)"),
-    "number_words": (("reason", "training"), "English number words count as numbers ('Seven', 'twenty-one'); no "
-                     "official scorer reads them (lmms-eval 0.7.3's extract_number does, with --scoring "
-                     "lmms-eval-0.7.3)"),
+    "number_words": (("reason", "training"), "English number words and phrases count as numbers ('Seven', 'twenty "
+                     "one', 'one hundred and five'); no official scorer reads them (lmms-eval 0.7.3's "
+                     "extract_number does, with --scoring lmms-eval-0.7.3)"),
     "urbanvideo_dropped": (("reason",), "an UrbanVideo output eval.py drops (empty, or a missing-value string such "
                            "as 'None', 'N/A', 'nan') scores 0 in overall/tasks; overall_official_rule and "
                            "tasks_official_rule drop it as eval.py does"),
@@ -976,6 +976,17 @@ def _first_number(text: str) -> str:
     return repr(float(total + current))
 
 
+def _leading_number_phrase(span: str) -> str:
+    """The longest phrase of 2 to 6 number words that starts `span` ("twenty one meters" -> "twenty one"), else "".
+    The reasoning style reads it whole where VSI-Bench's first-token rule would keep "twenty" (our addition)."""
+    tokens = span.split()
+    for k in range(min(len(tokens), 6), 1, -1):
+        phrase = " ".join(tokens[:k]).rstrip(".,")
+        if words_to_number(phrase) is not None:
+            return phrase
+    return ""
+
+
 def _answer_span(text: str) -> tuple[str, bool]:
     """(answer text, whether a complete <answer>...</answer> pair was found).
 
@@ -1018,7 +1029,8 @@ def extract_answer(text, source: str | None = None, *, problem_type: str | None 
        ``strict=True`` is Video-R1's training reward: "" unless a complete tag pair exists.
     2. The source's official post-processing of that text:
        ``"vsibench"``: lmms-eval ``fuzzy_matching`` (first space-separated token, trailing '.'
-       stripped), or with ``scoring="lmms-eval-0.7.3"`` its extract_number for numeric answers; ``"urbanvideo"``:
+       stripped), a leading number-word phrase read whole ("twenty one"), or with
+       ``scoring="lmms-eval-0.7.3"`` its extract_number for numeric answers; ``"urbanvideo"``:
        ``Option:\\s*[\\[\\s]*(\\w)`` else the first character upper-cased; ``"video-r1"``/``"synthetic"``: the
        text itself (Video-R1's eval_bench falls back to the whole output); ``None``: the tag content as is, a
        bare output through the "Option:" regex and then the VSI first-token rule.
@@ -1040,8 +1052,10 @@ def extract_answer(text, source: str | None = None, *, problem_type: str | None 
     if problem_type in TEXT_TYPES or not span:
         return span
     if source == "vsibench":
-        if problem_type in ("numerical", "regression") and scoring == "lmms-eval-0.7.3":
-            return _first_number(span)
+        if problem_type in ("numerical", "regression"):
+            if scoring == "lmms-eval-0.7.3":
+                return _first_number(span)
+            return _leading_number_phrase(span) or _fuzzy_matching(span)
         return _fuzzy_matching(span)
     if source == "urbanvideo":
         return _urban_letter(span)

@@ -579,6 +579,16 @@ def test_lmms_eval_073_first_number():
         data.extract_answer("3", "vsibench", scoring="lmms-eval-0.8")
 
 
+def test_reasoning_style_reads_a_leading_number_phrase_whole():
+    """VSI-Bench's first-token rule would read "twenty one" as 20 and "one hundred and five" as 1."""
+    for text, n in (("twenty one", "21"), ("twenty one meters", "21"), ("one hundred and five", "105"),
+                    ("<answer>one hundred and five.</answer>", "105"), ("Seven", "7"), ("3 meters", "3")):
+        s = _mc("vsibench", options=[], answer=n, problem_type="regression", task="object_counting")
+        assert data.score_sample(text, s) == 1.0, text
+    assert data.extract_answer("twenty one, I think", "vsibench", problem_type="regression") == "twenty one"
+    assert data.extract_answer("one of them", "vsibench", problem_type="regression") == "one"
+
+
 def test_words_to_number():
     cases = {"zero": 0, "three": 3, "twelve": 12, "twenty": 20, "twenty-one": 21, "Ninety Nine": 99,
              "one hundred": 100, "one hundred and five": 105, "nine hundred ninety-nine": 999, "Seven.": 7}
