@@ -19,7 +19,9 @@ beside the clips. Conditions:
 the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
 not confounded by the task mix.
 
-Scores: each source's official rules (App. B.1, data.score_sample; benchmark_score); Table 2's accuracy per
+Scores: each source's official rules (App. B.1, data.score_sample; benchmark_score): with --style official exactly its
+official code's, with --style reason (the default) with the project's extensions (data.EXTENSIONS, written into
+results.json's `scoring`); Table 2's accuracy per
 category, Avg. (the mean of the four category columns, as in every row of Table 2), Orig. (clean) and the
 drop; its reasoning quality from --judge (judge.reasoning_quality of each perturbed response against the
 clean one; an openai: judge also sees
@@ -93,20 +95,16 @@ def drop(orig, avg):
 
 # ----------------------------------------------------------------------------- scoring (App. B.1, Table 2)
 
-def benchmark_score(records, source):
-    """Official aggregate of one condition's records ({"task", "score", "error"}) of one source.
+def benchmark_score(records, source, style="reason"):
+    """Official aggregate of one condition's records ({"task", "score", "error", "response"}) of one source.
     vsibench/synthetic: lmms-eval's vsibench_aggregate_results (rel_direction levels merged, unweighted mean
-    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total (empty outputs scored 0:
-    urban_official)."""
-    by_task = defaultdict(list)
-    for r in records:
-        if r.get("error") is None:
-            by_task[r["task"]].append(r["score"])
-    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
+    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total. UrbanVideo's outputs that
+    eval.py drops (data.urban_dropped) count as 0 in the reasoning style, with eval.py's figures beside
+    (urban_official); in the official style `overall` and `tasks` are eval.py's."""
     if source == "urbanvideo":
-        tasks, overall = dict(per_type), mean([s for v in by_task.values() for s in v])
-        return {"overall": overall, "tasks": tasks, "question_types": per_type, "n": len(records),
-                "n_errors": sum(r.get("error") is not None for r in records), **urban_official(records)}
+        return urban_score(records, style)
+    by_task = _by_task(records)
+    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
     tasks = {t: m for t, m in per_type.items() if t not in REL_DIRECTION}
     levels = [per_type[t] for t in REL_DIRECTION if t in per_type]
     if levels:
@@ -116,23 +114,50 @@ def benchmark_score(records, source):
             "n_errors": sum(r.get("error") is not None for r in records)}
 
 
-SCORING = {  # written into results.json: which rules scored it (docs/DESIGN.md, "Readings of the paper")
-    "answer_extraction": "the <answer>...</answer> content when present (every source), else the whole output; "
-                         "then the source's official rule",
-    "vsibench_numeric": "MRA on the first space-separated token (lmms-eval <= 0.7.2, thinking-in-space)",
-    "urbanvideo": "eval.py's Option: regex, else the first character; an empty output scores 0 (eval.py drops "
-                  "it: overall_official_rule, n_empty)",
-    "ocr_free_form": "Video-R1 grpo.py's rules (1 - WER; mean ROUGE-1/2/L F)",
-    "avg": "the mean of the four category columns (Table 2)",
-}
+def _by_task(records):
+    by_task = defaultdict(list)
+    for r in records:
+        if r.get("error") is None:
+            by_task[r["task"]].append(r["score"])
+    return by_task
+
+
+def urban_score(records, style="reason"):
+    """UrbanVideo-Bench's figures: accuracy per question_category and the micro total, of every output
+    (reasoning style: an output eval.py drops scores 0, the honest choice) or of the outputs eval.py keeps
+    (official style), with eval.py's figures and the number of dropped outputs beside (urban_official)."""
+    official = urban_official(records)
+    kept = [r for r in records if style == "reason" or not data.urban_dropped(r.get("response"))]
+    by_task = _by_task(kept)
+    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
+    return {"overall": mean([s for v in by_task.values() for s in v]), "tasks": dict(per_type),
+            "question_types": per_type, "n": len(records),
+            "n_errors": sum(r.get("error") is not None for r in records), **official}
 
 
 def urban_official(records):
-    """UrbanVideo's eval.py drops an empty output from numerator and denominator (empty -> NaN -> dropna); here it
-    scores 0, the honest choice. Beside it: how many outputs were empty, and the total under eval.py's rule."""
+    """UrbanVideo's eval.py figures: it drops an output that pandas reads back from run.py's CSV as missing (empty,
+    'None', 'N/A', 'nan', 'null', ...: data.urban_dropped) from numerator and denominator, and keeps a
+    whitespace-only one (wrong). Its total, its accuracy per question_category and how many outputs it drops."""
     ok = [r for r in records if r.get("error") is None]
-    answered = [r["score"] for r in ok if (r.get("response") or "").strip()]
-    return {"n_empty": len(ok) - len(answered), "overall_official_rule": mean(answered)}
+    kept = [r for r in ok if not data.urban_dropped(r.get("response"))]
+    by_task = _by_task(kept)
+    return {"n_dropped": len(ok) - len(kept), "overall_official_rule": mean([r["score"] for r in kept]),
+            "tasks_official_rule": {t: float(np.mean(v)) for t, v in sorted(by_task.items())}}
+
+
+def scoring_block(style="reason", scoring=data.SCORINGS[0]):
+    """results.json's `scoring`: which rules scored the run (docs/DESIGN.md, "Readings of the paper"): the style,
+    the official code each source follows, and the project's departures from it in this style (data.EXTENSIONS)."""
+    reading = ("exactly as the source's official scorer (the raw output, whitespace and tags included)"
+               if style == "official" else "the <answer>...</answer> content when present (every source), else the "
+               "whole output, stripped; then the source's official rule")
+    return {"style": style, "answer_extraction": reading, "official_code": dict(data.OFFICIAL_SCORERS),
+            "vsibench_numeric": {"lmms-eval-0.7.2": "MRA on the first space-separated token (lmms-eval <= 0.7.2, "
+                                 "thinking-in-space)", "lmms-eval-0.7.3": "MRA on lmms-eval 0.7.3's extract_number "
+                                 "(the first number or number-word phrase anywhere)"}[scoring],
+            "extensions": {k: text for k, (styles, text) in data.EXTENSIONS.items() if style in styles},
+            "avg": "the mean of the four category columns (Table 2)"}
 
 
 def accuracy_block(overall, subtypes):
@@ -165,26 +190,27 @@ def source_reasoning(recs, subtypes):
                            per_condition=per_cond)
 
 
-def source_block(recs, src, subtypes):
+def source_block(recs, src, subtypes, style="reason"):
     """One source's aggregates: per condition, Table 2's blocks, per task (clean, perturbed pooled and per
     category: Figs. 14-18)."""
-    conds = {c: benchmark_score([r for r in recs if r["condition"] == c], src)
+    conds = {c: benchmark_score([r for r in recs if r["condition"] == c], src, style)
              for c in ("clean", *subtypes) if any(r["condition"] == c for r in recs)}
     pert = [r for r in recs if r["condition"] != "clean"]
     per_task = {"clean": conds.get("clean", {}).get("tasks", {}),
-                "perturbed": benchmark_score(pert, src)["tasks"] if pert else {}}
+                "perturbed": benchmark_score(pert, src, style)["tasks"] if pert else {}}
     for cat in perturb.CATEGORIES:
         sub = [r for r in pert if perturb.CATEGORY_OF[r["condition"]] == cat]
-        per_task[cat] = benchmark_score(sub, src)["tasks"] if sub else {}
+        per_task[cat] = benchmark_score(sub, src, style)["tasks"] if sub else {}
     return {"accuracy": accuracy_block({c: v["overall"] for c, v in conds.items()}, subtypes),
             "reasoning": source_reasoning(recs, subtypes),
             "conditions": conds, "per_task": per_task, "n_samples": len(recs),
             "n_errors": sum(r.get("error") is not None for r in recs)}
 
 
-def summarize(records_by_source, subtypes):
-    """All aggregates. records: {"condition", "task", "score", "error", "judge"} per (question, condition)."""
-    sources = {src: source_block(recs, src, subtypes) for src, recs in records_by_source.items()}
+def summarize(records_by_source, subtypes, style="reason"):
+    """All aggregates. records: {"condition", "task", "score", "error", "response", "judge"} per (question,
+    condition); `style` as --style (UrbanVideo's figures, see benchmark_score)."""
+    sources = {src: source_block(recs, src, subtypes, style) for src, recs in records_by_source.items()}
     combined = defaultdict(list)
     for block in sources.values():
         for c, v in block["conditions"].items():
@@ -607,6 +633,7 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
                              roots.get(n, roots.get(None))] for n, p in paths.items()},
                 subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
                 eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=perturb.RENDER_VERSION,
+                **({"scoring": args.scoring} if args.scoring != data.SCORINGS[0] else {}),
                 **ext.run_key(args, spec),
                 depth=depths.Depth(args.depth_model).key(),
                 **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
@@ -676,22 +703,30 @@ class Store:
                     out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
         return out
 
-    def records(self, groups):
-        """{source: the final records, in plan order, each with its verdict}."""
+    def records(self, groups, style="reason", scoring=data.SCORINGS[0]):
+        """{source: the final records, in plan order, each with its verdict}, scored again from the stored response
+        under the current rules (a store written before a change of the scoring code gets today's scores)."""
         flat = defaultdict(list)
         for g in groups:
             for s, conds in g.items:
-                flat[g.source] += [dict(self.gen[g.source][(s.id, c)],
-                                        judge=self.jdg[g.source].get((s.id, c), {}).get("judge")) for c in conds]
+                for c in conds:
+                    r = self.gen[g.source][(s.id, c)]
+                    flat[g.source].append(dict(r, **scored(s, r["response"], r.get("error"), style, scoring),
+                                               judge=self.jdg[g.source].get((s.id, c), {}).get("judge")))
         return flat
 
 
-def record(g, s, cond, prompt, text, error):
-    ok = error is None
-    pred = data.extract_answer(text, s.source, problem_type=s.problem_type) if ok else None
+def record(g, s, cond, prompt, text, error, style="reason", scoring=data.SCORINGS[0]):
     return {"doc_id": s.id, "condition": cond, "video_id": g.video_id, "task": s.task, "input": prompt,
-            "target": s.answer, "response": text, "filtered_resps": pred,
-            "score": data.score(pred, s.answer, s.problem_type, s.source) if ok else None, "error": error}
+            "target": s.answer, "response": text, **scored(s, text, error, style, scoring), "error": error}
+
+
+def scored(s, text, error, style="reason", scoring=data.SCORINGS[0]):
+    """A sample's extracted answer (filtered_resps) and score under --style / --scoring (None after an error)."""
+    if error is not None:
+        return {"filtered_resps": None, "score": None}
+    pred = data.extract_answer(text, s.source, problem_type=s.problem_type, style=style, scoring=scoring)
+    return {"filtered_resps": pred, "score": data.score(pred, s.answer, s.problem_type, s.source, style=style)}
 
 
 class Runner:
@@ -805,7 +840,7 @@ class Runner:
             self.sec_generate += time.perf_counter() - t0
             rows = defaultdict(list)
             for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
-                rows[g.source].append(record(g, s, c, p, text, err))
+                rows[g.source].append(record(g, s, c, p, text, err, self.args.style, self.args.scoring))
             for src, rs in rows.items():
                 self.store.append("samples", src, rs)
             self.generated += len(batch)
@@ -833,7 +868,8 @@ class Runner:
         try:
             for k, (text, err) in results:
                 g, s, c = todo[k]
-                self.store.append("samples", g.source, [record(g, s, c, prompts[k], text, err)])
+                self.store.append("samples", g.source, [record(g, s, c, prompts[k], text, err, self.args.style,
+                                                               self.args.scoring)])
                 self.generated += 1
                 if self.bar is not None:
                     self.bar.update(1)
@@ -967,7 +1003,12 @@ def parse_args(argv=None, ext=None):
       "untrained tiny model, said so)")
     m("--adapter", default="", help="a peft LoRA adapter folder for --model")
     m("--model-name", default="", help="name of the results folder (default: from --model)")
-    m("--style", default="reason", choices=data.STYLES, help="prompt: reason (think/answer) or official")
+    m("--style", default="reason", choices=data.STYLES, help="prompt and scoring: reason (think/answer; the answer "
+      "read with the project's extensions, data.EXTENSIONS) or official (each benchmark's direct prompt; every "
+      "output scored exactly as its official code)")
+    m("--scoring", default=data.SCORINGS[0], choices=data.SCORINGS, help="VSI-Bench's numeric answers: "
+      "lmms-eval-0.7.2 (the first token, as thinking-in-space) or lmms-eval-0.7.3 (its extract_number: the first "
+      "number or number-word phrase anywhere)")
     m("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")
     m("--batch-size", type=int, default=None, help="questions a local model decodes at once (default 8; synthetic "
       "32; a clip's questions share one prefill); an openai: model keeps --api-concurrency requests in flight")
@@ -1059,8 +1100,8 @@ def main(argv=None, ext=None):
         return None
     if hasattr(judge, "close"):
         judge.close()
-    flat = store.records(groups)
-    results = summarize(flat, subtypes)
+    flat = store.records(groups, args.style, args.scoring)
+    results = summarize(flat, subtypes, args.style)
     results["diagnostics"] = diagnostics.collapse(flat, sources)   # did the model stop looking at the video?
     table, legend = {**TABLES, **ext.tables}.get(args.protocol, TABLES["pvrbench"])
     table = table(name, args.frames, results["pvrbench"])
@@ -1076,7 +1117,8 @@ def main(argv=None, ext=None):
                       "judge_stats": getattr(judge, "stats", None)},
            "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
                (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
-           "raw_question_rows": raw_question_rows(sources), "scoring": SCORING,
+           "raw_question_rows": raw_question_rows(sources),
+           "scoring": scoring_block(args.style, args.scoring),
            **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
            "n_errors": results["n_errors"], "timing": {
                "total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,

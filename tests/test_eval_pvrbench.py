@@ -202,13 +202,52 @@ def test_the_12_subtype_mean_misses_rows_of_table2():
     assert round(acc["avg_subtypes"] + 1e-9, 2) == .28 and round(acc["avg"] + 1e-9, 2) == .27
 
 
-def test_urbanvideo_empty_outputs_score_0_with_the_official_rule_total_beside():
-    recs = [{"task": "t", "score": 1.0, "response": "Option: [A]"}, {"task": "t", "score": 0.0, "response": "  "},
-            {"task": "t", "score": 0.0, "response": "Option: [B]"}, {"task": "t", "score": None, "error": "x"}]
+def test_urbanvideo_outputs_eval_py_drops_score_0_with_its_figures_beside():
+    recs = [{"task": "t", "score": 1.0, "response": "Option: [A]"}, {"task": "t", "score": 0.0, "response": ""},
+            {"task": "t", "score": 0.0, "response": "Option: [B]"}, {"task": "t", "score": None, "error": "x"},
+            {"task": "u", "score": 0.0, "response": "N/A"}, {"task": "u", "score": 0.0, "response": "  "},
+            {"task": "u", "score": 1.0, "response": "Option: [C]"}]
     got = ev.benchmark_score(recs, "urbanvideo")
-    assert got["overall"] == pytest.approx(1 / 3) and got["n_empty"] == 1   # ours: the empty output scores 0
-    assert got["overall_official_rule"] == pytest.approx(1 / 2)            # eval.py: dropped from both
-    assert "n_empty" not in ev.benchmark_score(recs, "vsibench")
+    assert got["overall"] == pytest.approx(2 / 6) and got["n_dropped"] == 2   # ours: "" and "N/A" score 0
+    assert got["tasks"] == pytest.approx({"t": 1 / 3, "u": 1 / 3})
+    assert got["overall_official_rule"] == pytest.approx(2 / 4)              # eval.py: both dropped, "  " kept
+    assert got["tasks_official_rule"] == pytest.approx({"t": 1 / 2, "u": 1 / 2})
+    official = ev.benchmark_score(recs, "urbanvideo", style="official")       # the official style: eval.py's figures
+    assert official["overall"] == pytest.approx(2 / 4) and official["tasks"] == got["tasks_official_rule"]
+    assert "n_dropped" not in ev.benchmark_score(recs, "vsibench")
+
+
+def test_scoring_block_lists_the_styles_departures():
+    reason, official = ev.scoring_block("reason"), ev.scoring_block("official", "lmms-eval-0.7.3")
+    assert {"answer_tag", "unclosed_tag", "whitespace", "number_words",
+            "urbanvideo_dropped"} <= set(reason["extensions"])
+    assert set(official["extensions"]) == {"ground_truth_zero"}   # lmms-eval's MRA raises on it: no official score
+    assert "extract_number" in official["vsibench_numeric"] and official["style"] == "official"
+    assert "format_whitespace" not in reason["extensions"]        # a training reward's, not an evaluation's
+
+
+def test_stored_records_are_scored_again_under_the_runs_style(tmp_path):
+    """A store written under older scoring code gets today's scores; --style picks the rules (here a leading
+    space: the reasoning style strips it, lmms-eval's first-token rule reads an empty token)."""
+    s = fake("vsibench", 1, "route_planning", "A")
+    store = ev.Store(tmp_path, "none")
+    store.append("samples", "vsibench", [dict(ev.record(ev.Group("vsibench", "vid", "v.mp4", []), s, "clean", "p",
+                                                        " A", None), score=0.5, filtered_resps="stale")])
+    groups = [ev.Group("vsibench", "vid", "v.mp4", [(s, ["clean"])])]
+    (reason,) = store.records(groups)["vsibench"]
+    (official,) = store.records(groups, "official")["vsibench"]
+    assert (reason["filtered_resps"], reason["score"]) == ("A", 1.0)
+    assert (official["filtered_resps"], official["score"]) == ("", 0.0)
+
+
+def test_the_scoring_rule_is_part_of_the_run_hash_when_not_the_default(tmp_path):
+    ext = ev.Extension()
+
+    def key(*flags):
+        args = ev.parse_args(["--benchmark", f"synthetic={tmp_path}", "--depth-model", "proxy", *flags], ext)
+        return ev.run_config(args, "m", None, str(tmp_path), {"synthetic": tmp_path}, {}, ["fog"], ext)
+    assert "scoring" not in key()   # the default: the hashes of earlier runs stay as they were
+    assert key("--scoring", "lmms-eval-0.7.3")["scoring"] == "lmms-eval-0.7.3"
 
 
 def test_urbanvideo_and_pvrbench_combination_by_hand():
