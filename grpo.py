@@ -33,7 +33,8 @@ FORMAT_PATTERN = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOT
 
 def format_reward(text: str) -> float:
     """Eq. 9 (Alg. 1 Step 1): 1.0 if the output, stripped of surrounding whitespace, is exactly a
-    <think>...</think> block followed by an <answer>...</answer> block, else 0.0."""
+    <think>...</think> block followed by an <answer>...</answer> block, else 0.0. The stripping is our addition
+    (data.EXTENSIONS["format_whitespace"]): Video-R1's fullmatch gives "...</answer>\n" 0."""
     return 1.0 if isinstance(text, str) and FORMAT_PATTERN.fullmatch(text.strip()) else 0.0
 
 
