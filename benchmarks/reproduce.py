@@ -13,7 +13,7 @@ Every stage is one of the project's own commands (printed, and listed in the res
 stage whose output exists is skipped, an interrupted training run resumes from its last checkpoint (--resume
 auto), an interrupted evaluation from its sample store: the same command continues where it stopped. Stages:
 
-1. SFT: `python train.py --out OUT/sft --rl-steps 0` (the CPU demo: tiny model, synthetic benchmark, 10 epochs of
+1. SFT: `python train.py --out OUT/sft --rl-steps 0` (the CPU demo: tiny model, synthetic benchmark, 30 epochs of
    task SFT with a photometric jitter of its clips, and the answerability warm-up at App. D's eta), on the toy's
    question families (TOY["families"]),
    evaluated at the toy's corruption intensities (TOY["eta"], calibrated on this start by
@@ -84,8 +84,12 @@ RL_FLAGS.update(save_every=25, snapshot_every=10)
 # (without it an 8-grey-level brightening breaks the tiny model's text: format rate .07 under overexposure at
 # eta 0.05); and per-subtype intensities at which an oracle still answers, the SFT start keeps its answer format
 # and loses at most 45% (Table 2's worst category).
-TOY = dict(families="next_action", sft_jitter=0.3, eta="0.7")
-VLM = dict(sft_epochs=train.DEMO["sft_epochs"], rl_steps=train.DEMO["rl_steps"])
+TOY = dict(families="next_action", sft_jitter=0.15,   # eta: calibrate_toy.py's choice on the v4 start (RESULTS.md)
+           eta="0.7,dusk=0.1,night=0.1,overexposure=0.2,shadow=1,translation=1,zoom=1,rotation=1,static=1,"
+               "dynamic=0.85,fog=0.35,rain=1,snow=1")
+# 30 SFT epochs: the toy's one family is a quarter of the demo's questions, so as many steps as the demo's 10
+# (10 left the jittered start at chance: 0.33 clean); the demo's 100 RL steps.
+VLM = dict(sft_epochs=30.0, rl_steps=train.DEMO["rl_steps"])
 SMOKE = dict(demo_clips=16, sft_epochs=1.0, rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, save_every=1,
              snapshot_every=1, reeval_period=2, bench_steps=2, eval_limit=3, seeds="0", ablation_seeds="",
              lrs="1e-4", val_clips=8)
@@ -94,9 +98,9 @@ RULES = {
     "paired": "a claim 'a beats b' over seeds: d = the per-seed differences (the runs of one seed share the data "
               "order and the corruption-spec stream), SE = sd(d) / sqrt(n); holds if mean(d) > 2 SE, mixed if "
               "0 < mean(d) <= 2 SE, does not hold if mean(d) <= 0",
-    "collapse": "a run collapses if more than 20% of its questions get one answer under all 13 conditions, or a "
-                "task's accuracy (clean, or pooled over the corrupted conditions) is not above its best constant "
-                "answer by more than 2 SE",
+    "collapse": "a run collapses if its one-answer share (the questions given their task's most frequent answer "
+                "under all 13 conditions although their truth is another) exceeds 0.2, or a task's accuracy (clean, "
+                "or pooled over the corrupted conditions) is not above its best constant answer by more than 2 SE",
     "orig": "robust training keeps clean accuracy if mean Orig. >= SFT's Orig. - 0.02",
     "cost": "Table 13 holds if bench_step's rova/dual < 1 (mixed within 0.95-1.05 of 1); Table 14 holds if "
             "self-assessment and memory re-evaluation are each under 10% of a ROVA step",
@@ -125,7 +129,7 @@ def parse_args(argv=None):
     a("--eta", default=TOY["eta"], help="the toy's corruption intensity, per subtype (train.py --eta)")
     a("--sft-jitter", type=float, default=TOY["sft_jitter"], help="photometric jitter of the SFT clips (train.py's "
       "sft_jitter)")
-    a("--sft-epochs", type=float, default=None, help=f"default {VLM['sft_epochs']:g} (the demo's)")
+    a("--sft-epochs", type=float, default=None, help=f"default {VLM['sft_epochs']:g}")
     a("--bench-steps", type=int, default=30, help="timed steps per mode of bench_step.py")
     a("--eval-limit", type=int, default=0, help="questions evaluated (0: all)")
     a("--variant", action="append", default=[], metavar="NAME='MODE FLAGS'",
@@ -447,7 +451,7 @@ def evaluation_record(res):
         fmt_rate.update(d.get("format_rate", {}))
         for task, conds in d["tasks"].items():
             tasks[task] = {c: {k: v[k] for k in ("accuracy", "best_constant", "constant_accuracy", "margin", "se",
-                                                 "collapsed", "top_share")} for c, v in conds.items()}
+                                                 "collapsed", "top_share")} for c, v in conds.items() if v}
     rec.update(one_answer_share=max((x for x in share if x is not None), default=None), tasks=tasks,
                format_rate=fmt_rate)
     rec["collapsed"] = collapsed(rec)
@@ -470,9 +474,11 @@ def collapsed(rec):
 def start_gate(res):
     """RULES["gate"] on the SFT start's evaluation: the tasks whose clean margin is not above 2 SE."""
     rec = evaluation_record(res)
+    def passes(b):
+        return b["margin"] is not None and b["se"] is not None and b["margin"] > 2 * b["se"]
     failed = [f"{t}: clean {c['clean']['accuracy']:.3f} vs {c['clean']['constant_accuracy']:.3f} for "
-              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin']:+.3f} ± {c['clean']['se']:.3f})"
-              for t, c in rec["tasks"].items() if "clean" in c and not c["clean"]["margin"] > 2 * c["clean"]["se"]]
+              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin']:+.3f} ± {c['clean']['se'] or 0:.3f})"
+              for t, c in rec["tasks"].items() if c.get("clean") and not passes(c["clean"])]
     return {"failed": failed, "rule": RULES["gate"]}
 
 
@@ -625,45 +631,64 @@ def table2(rows):
 
 def render(summary, commands=()):
     """The results page from the summary alone (docs/results/v4.json)."""
-    st, runs = summary["settings"], summary["runs"]
-    lr = (summary.get("lr") or {}).get("value")
+    L = header(summary) + budget_table(summary) + accuracy_tables(summary) + claims_table(summary) + dynamics(summary)
+    if commands:
+        L += ["", "### Commands", "", "```", *commands, "```"]
+    return "\n".join(L) + "\n"
+
+
+def header(summary):
+    st, lr = summary["settings"], (summary.get("lr") or {}).get("value")
     L = [f"Measured by `{summary['command']}` ({time.strftime('%Y-%m-%d')}); summary: docs/results/v4.json. "
          f"Rows: main seeds {', '.join(map(str, st['seeds']))}, ablation seeds "
          f"{', '.join(map(str, st['ablation_seeds'])) or 'none'}; {st['rl']['rl_steps']} RL steps per run at lr "
-         f"{fmt(lr, digits=6) if lr is None else format(lr, 'g')}; toy: families {st['families']}, eta {st['eta']}; "
-         f"total wall time {summary.get('wall_s', 0) / 3600:.2f} h so far.", ""]
+         f"{'(not chosen yet)' if lr is None else format(lr, 'g')}; toy: families {st['families']}, SFT jitter "
+         f"{st.get('sft_jitter')}, eta {st['eta']}; total wall time {summary.get('wall_s', 0) / 3600:.2f} h so far.",
+         ""]
     if summary["start"]:
         gate = summary["start"]["gate"]
         L += ["The start's gate (" + gate["rule"] + "): " + ("passed." if not gate["failed"] else
                                                             "FAILED: " + "; ".join(gate["failed"])), ""]
-    if summary["budget"]:
-        L += ["### RL learning rate (validation benchmark, grpo-aug seed 0)", "", "Rule: " + RULES["budget"] + ".", "",
-              "| lr | corrupted-clip gain vs SFT ± SE (items) | Avg. | Orig. |", "|---|---|---|---|"]
-        for k, v in summary["budget"].items():
-            gain = "–" if v["gain"] is None else f"{v['gain']:+.3f} ± {v['se']:.3f} ({v['n']})"
-            L.append(f"| {k}{' (chosen)' if lr is not None and float(k) == lr else ''} | {gain} | {fmt(v['avg'])} | "
-                     f"{fmt(v['orig'])} |")
-        L.append("")
+    return L
+
+
+def budget_table(summary):
+    if not summary["budget"]:
+        return []
+    lr = (summary.get("lr") or {}).get("value")
+    L = ["### RL learning rate (validation benchmark, grpo-aug seed 0)", "", "Rule: " + RULES["budget"] + ".", "",
+         "| lr | corrupted-clip gain vs SFT ± SE (items) | Avg. | Orig. |", "|---|---|---|---|"]
+    for k, v in summary["budget"].items():
+        gain = "–" if v["gain"] is None else f"{v['gain']:+.3f} ± {v['se']:.3f} ({v['n']})"
+        chosen = " (chosen)" if lr is not None and float(k) == lr else ""
+        L.append(f"| {k}{chosen} | {gain} | {fmt(v['avg'])} | {fmt(v['orig'])} |")
+    return L + [""]
+
+
+def accuracy_tables(summary):
+    runs = summary["runs"]
     rows = ([("SFT start", [summary["start"]])] if summary["start"] else [])
-    rows += [(f"+ {row}", [r for r in runs.values() if r["row"] == row]) for row in st["rows"]]
-    L += ["### Accuracy under perturbation (Table 2's columns) and collapse diagnostics", "",
-          "PVRBench static protocol on the held-out questions, every question clean and under each of the 12 "
-          "subtypes; mean ± sd over seeds; one answer: share of questions answered identically under all 13 "
-          "conditions; collapsed: runs failing the rule (" + RULES["collapse"] + ").", "", *table2(rows)]
+    rows += [(f"+ {row}", [r for r in runs.values() if r["row"] == row]) for row in summary["settings"]["rows"]]
+    L = ["### Accuracy under perturbation (Table 2's columns) and collapse diagnostics", "",
+         "PVRBench static protocol on the held-out questions, every question clean and under each of the 12 "
+         "subtypes; mean ± sd over seeds; one answer: the share of questions given their task's most frequent answer "
+         "under all 13 conditions although their truth is another (diagnostics.py); collapsed: runs failing the "
+         "rule (" + RULES["collapse"] + ").", "", *table2(rows)]
     if summary["equal"]:
         eq = [(f"+ {row} at rova's completions", [r for r in summary["equal"].values() if r["row"] == row])
               for row in COMPARED]
         L += ["", "### At equal trained completions", "",
               "Each mode without a curriculum at its snapshot nearest to the completions `rova` trained on in the "
               "same seed.", "", *table2([("+ rova (end)", [r for r in runs.values() if r["row"] == "rova"])] + eq)]
-    if summary["claims"]:
-        L += ["", "### Claims", "", "Rule: " + RULES["paired"] + "; " + RULES["orig"] + "; " + RULES["cost"] + ".", "",
-              "| claim | difference | verdict |", "|---|---|---|"]
-        L += [f"| {c['claim']} | {c['difference']} | {c['verdict']} |" for c in summary["claims"]]
-    L += dynamics(summary)
-    if commands:
-        L += ["", "### Commands", "", "```", *commands, "```"]
-    return "\n".join(L) + "\n"
+    return L
+
+
+def claims_table(summary):
+    if not summary["claims"]:
+        return []
+    L = ["", "### Claims", "", "Rule: " + RULES["paired"] + "; " + RULES["orig"] + "; " + RULES["cost"] + ".", "",
+         "| claim | difference | verdict |", "|---|---|---|"]
+    return L + [f"| {c['claim']} | {c['difference']} | {c['verdict']} |" for c in summary["claims"]]
 
 
 def dynamics(summary):
