@@ -132,11 +132,11 @@ def one_answer_share(records, samples_by_id) -> float | None:
     multi = {doc: a for doc, a in answers.items() if len(a) >= 2}
     if not multi:
         return None
+    top = {task: counts.most_common(1)[0][0] for task, counts in by_task.items()}
 
     def stuck(doc, a):
         s = samples_by_id[doc]
-        top = by_task[s.task].most_common(1)[0][0]
-        return set(a) == {top} and data.score(top, s.answer, s.problem_type, s.source) < 1.0
+        return set(a) == {top[s.task]} and data.score(top[s.task], s.answer, s.problem_type, s.source) < 1.0
     return sum(stuck(doc, a) for doc, a in multi.items()) / len(multi)
 
 

@@ -191,17 +191,21 @@ def choose(oracle, model, etas, subtypes, tasks, clean_oracle):
     return chosen
 
 
-def eta_flag(chosen, smallest):
-    """--eta's value: App. D's 0.7 for the others, each chosen subtype's eta; a subtype no eta passes gets the
-    smallest of the grid (it misses the targets, and the table says so)."""
-    table = {s: (e if e is not None else smallest) for s, e in chosen.items()}
-    return ",".join([f"{perturb.DEFAULT_ETA:g}"] + [f"{s}={e:g}" for s, e in table.items() if e != perturb.DEFAULT_ETA])
+def resolved(chosen, smallest):
+    """Each subtype's eta to use: the chosen one, or the grid's smallest where none passes (it misses the targets,
+    and the table says so)."""
+    return {s: (e if e is not None else smallest) for s, e in chosen.items()}
+
+
+def eta_flag(use):
+    """--eta's value: App. D's 0.7 for the others, then each subtype's eta (`resolved`)."""
+    return ",".join([f"{perturb.DEFAULT_ETA:g}"] + [f"{s}={e:g}" for s, e in use.items() if e != perturb.DEFAULT_ETA])
 
 
 def report(oracle, model, chosen, etas, subtypes, tasks, args):
     """The calibration table (markdown): per subtype, App. D's 0.7 -> the chosen eta."""
     clean = np.mean([model["clean"][t] for t in tasks])
-    use = {s: (e if e is not None else min(etas)) for s, e in chosen.items()}
+    use = resolved(chosen, min(etas))
 
     def cell(table, sub, eta, key=None):
         row = table[f"{sub}@{eta:g}"]
@@ -227,7 +231,7 @@ def report(oracle, model, chosen, etas, subtypes, tasks, args):
         d7 = 1 - np.mean([cell(model, s, 0.7) for s in subs]) / clean
         d = 1 - np.mean([cell(model, s, use[s]) for s in subs]) / clean
         L.append(f"| {cat} | {d7:.0%} | {d:.0%} | 31-45% |")
-    return "\n".join(L + ["", f"The toy's intensities: `--eta {eta_flag(chosen, min(etas))}`"]) + "\n"
+    return "\n".join(L + ["", f"The toy's intensities: `--eta {eta_flag(use)}`"]) + "\n"
 
 
 def main(argv=None):
@@ -261,7 +265,7 @@ def main(argv=None):
     if args.model:
         model = result["model"] = model_scores(args.model, args.bench, etas, args.work, subtypes, tasks)
         result["chosen"] = chosen = choose(table, model, etas, subtypes, tasks, table["clean"])
-        result["eta"] = eta_flag(chosen, min(etas))
+        result["eta"] = eta_flag(resolved(chosen, min(etas)))
         text = report(table, model, chosen, etas, subtypes, tasks, args)
         print(text)
         if args.results:

@@ -297,9 +297,9 @@ class Reproduction:
             cmd += flags({"eval_limit": 4})
         self.st.run("sft", cmd, lambda: (self.sft / "summary.json").is_file())
         res = self.evaluate("sft", self.start)
-        self.summary["start"] = dict(evaluation_record(res), wall_s=self.wall("sft", "eval-sft"))
-        gate = start_gate(res)
-        self.summary["start"]["gate"] = gate
+        rec = evaluation_record(res)
+        gate = start_gate(rec)
+        self.summary["start"] = dict(rec, wall_s=self.wall("sft", "eval-sft"), gate=gate)
         self.save()
         if gate["failed"] and not args.smoke and not self.text:
             raise SystemExit("the SFT start fails the gate (" + "; ".join(gate["failed"]) + "): RL from it cannot "
@@ -458,6 +458,12 @@ def evaluation_record(res):
     return rec
 
 
+def within_noise(b):
+    """A task block of diagnostics.py not above its best constant by more than 2 SE: its own `collapsed` flag,
+    or a margin or SE it could not measure."""
+    return bool(b.get("collapsed")) or b.get("margin") is None or b.get("se") is None
+
+
 def collapsed(rec):
     """RULES["collapse"]: the reasons a run counts as collapsed (empty: it does not)."""
     why = []
@@ -465,20 +471,17 @@ def collapsed(rec):
         why.append(f"one answer to {rec['one_answer_share']:.0%} of the questions")
     for task, conds in rec["tasks"].items():
         for cond, v in conds.items():
-            if v["margin"] is None or v["se"] is None or v["margin"] <= 2 * v["se"]:
+            if within_noise(v):
                 why.append(f"{task} ({cond}): {v['accuracy']:.3f} vs {v['constant_accuracy']:.3f} for "
                            f"'{v['best_constant']}'")
     return why
 
 
-def start_gate(res):
-    """RULES["gate"] on the SFT start's evaluation: the tasks whose clean margin is not above 2 SE."""
-    rec = evaluation_record(res)
-    def passes(b):
-        return b["margin"] is not None and b["se"] is not None and b["margin"] > 2 * b["se"]
+def start_gate(rec):
+    """RULES["gate"] on the SFT start's evaluation record: the tasks whose clean margin is not above 2 SE."""
     failed = [f"{t}: clean {c['clean']['accuracy']:.3f} vs {c['clean']['constant_accuracy']:.3f} for "
-              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin']:+.3f} ± {c['clean']['se'] or 0:.3f})"
-              for t, c in rec["tasks"].items() if c.get("clean") and not passes(c["clean"])]
+              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin'] or 0:+.3f} ± {c['clean']['se'] or 0:.3f})"
+              for t, c in rec["tasks"].items() if c.get("clean") and within_noise(c["clean"])]
     return {"failed": failed, "rule": RULES["gate"]}
 
 

@@ -85,7 +85,7 @@ def test_collapse_rule_by_hand():
 
     def task(acc, const, se):
         return {"accuracy": acc, "best_constant": "A", "constant_accuracy": const, "margin": acc - const, "se": se,
-                "collapsed": None, "top_share": 0.5}
+                "collapsed": acc - const <= 2 * se, "top_share": 0.5}   # as diagnostics.constant_margin sets it
     rec = {"one_answer_share": 0.1, "tasks": {"t": {"clean": task(0.9, 0.33, 0.05), "perturbed": task(0.6, 0.33, 0.05)}}}
     assert reproduce.collapsed(rec) == []
     rec["tasks"]["t"]["perturbed"] = task(0.42, 0.33, 0.05)       # margin .09 <= 2 SE
