@@ -199,10 +199,12 @@ class Stages:
     reproduce.py processes that share OUT with disjoint --seeds (the second with --lr, so that only the
     first runs the budget stage)."""
 
-    def __init__(self, out):
+    def __init__(self, out, timings=None):
         self.out = out
         self.timings_path = out / "timings.json"
-        self.timings = json.loads(self.timings_path.read_text()) if self.timings_path.is_file() else {}
+        self.timings = dict(timings or {})   # a summary's, when OUT is new but the summary not
+        if self.timings_path.is_file():
+            self.timings.update(json.loads(self.timings_path.read_text()))
         self.commands = []
 
     def run(self, name, cmd, done):
@@ -223,6 +225,11 @@ class Stages:
         self.timings[name] = seconds
         write_json(self.timings_path, self.timings)
         print(f"[{name}] {seconds:.0f} s", flush=True)
+
+    def report(self):
+        """The "Commands and wall time" section of a results file: each stage's seconds, then the commands."""
+        return (["", "### Commands and wall time", "", "| stage | seconds |", "|---|---|"]
+                + [f"| {k} | {v:.0f} |" for k, v in self.timings.items()] + ["", "```"] + self.commands + ["```"])
 
 
 def write_json(path, obj):
@@ -269,7 +276,6 @@ class Reproduction:
     def __init__(self, args):
         self.args, self.out, self.py = args, Path(args.out).resolve(), sys.executable
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        self.st = Stages(self.out)
         self.text = args.policy == "text"
         self.sft = self.out / "sft"
         self.synth, self.start, self.val = self.sft / "synthetic", self.sft / "final", self.out / "validation"
@@ -284,6 +290,28 @@ class Reproduction:
             "eta": args.eta, "seeds": args.seeds, "ablation_seeds": args.ablation_seeds, "lrs": args.lrs,
             "rows": {k: [m, *x] for k, (m, x) in args.rows.items()}},
             "start": None, "budget": {}, "lr": None, "runs": {}, "equal": {}, "cost": None, "claims": []}
+        self.kept = self.resume_from_summary()
+        self.st = Stages(self.out, self.summary.get("timings"))
+
+    def resume_from_summary(self):
+        """A reproduction spans sessions whose working folder (OUT) is lost but whose committed summary is not:
+        with the same settings, every stage the summary records is kept and not run again (the SFT start is
+        trained again, and must be the same weights: its hash is recorded). Returns whether anything was kept."""
+        path = Path(self.args.summary)
+        if self.text or not path.is_file():
+            return False
+        prior = json.loads(path.read_text())
+        if prior.get("version") != 4 or prior.get("settings") != self.summary["settings"]:
+            print(f"{path} holds another reproduction's settings: starting afresh (it will be overwritten)",
+                  flush=True)
+            return False
+        for key in ("start", "budget", "lr", "runs", "equal", "cost", "timings"):
+            if prior.get(key) is not None:
+                self.summary[key] = prior[key]
+        print(f"kept from {path}: " + ", ".join(f"{k}" for k in ("start", "lr", "cost") if prior.get(k)) +
+              f", {len(self.summary['runs'])} runs, {len(self.summary['equal'])} equal-completion evaluations",
+              flush=True)
+        return True
 
     # -- stages
     def train_sft(self):
@@ -295,11 +323,20 @@ class Reproduction:
             cmd += flags({"demo_families": args.families, "sft_jitter": args.sft_jitter})
         if args.smoke:
             cmd += flags({"eval_limit": 4})
+        kept_seconds = self.st.timings.get("sft")
         self.st.run("sft", cmd, lambda: (self.sft / "summary.json").is_file())
+        weights = weights_hash(self.start)
+        if self.summary["start"]:   # kept from the summary: the runs it records started from these weights
+            self.st.timings["sft"] = kept_seconds   # (training it again is the session's cost, not the stage's)
+            if self.summary["start"].get("weights") != weights:
+                raise SystemExit(f"the SFT start in {self.start} (weights {weights[:12]}) is not the one "
+                                 f"{self.args.summary} records ({str(self.summary['start'].get('weights'))[:12]}): "
+                                 "its runs cannot be continued from it; use another --summary to start afresh")
+            return
         res = self.evaluate("sft", self.start)
         rec = evaluation_record(res)
         gate = start_gate(rec)
-        self.summary["start"] = dict(rec, wall_s=self.wall("sft", "eval-sft"), gate=gate)
+        self.summary["start"] = dict(rec, wall_s=self.wall("sft", "eval-sft"), gate=gate, weights=weights)
         self.save()
         if gate["failed"] and not args.smoke and not self.text:
             raise SystemExit("the SFT start fails the gate (" + "; ".join(gate["failed"]) + "): RL from it cannot "
@@ -329,6 +366,9 @@ class Reproduction:
         if self.lr is not None:
             self.summary["lr"] = {"value": self.lr, "chosen_by": "--lr"}
             return self.lr
+        if self.summary["lr"]:   # chosen in an earlier session
+            self.lr = self.summary["lr"]["value"]
+            return self.lr
         if not (self.val / "eval.jsonl").is_file():
             synthetic.make_synthetic(self.val, n=args.val_clips, seed=1, num_frames=args.rl["frames"], size=56,
                                      eval_fraction=1.0, families=args.families.split(","))
@@ -353,43 +393,48 @@ class Reproduction:
         return self.lr
 
     def train_rows(self):
-        """Stage 3: seed-major (every row of a seed before the next seed), each run evaluated when it ends."""
+        """Stage 3: seed-major (every row of a seed before the next seed; `rova` first), each run evaluated when
+        it ends, and each mode without a curriculum again at `rova`'s trained completions. A run the summary
+        already records is not run again."""
         args = self.args
         rl = dict(args.rl, lr=self.lr)
         for seed in sorted(set(args.seeds) | set(args.ablation_seeds)):
-            for row, (mode, extra) in args.rows.items():
-                if seed not in seeds_of(args, row):
-                    continue
+            for row in sorted(args.rows, key=lambda r: r != "rova"):
+                mode, extra = args.rows[row]
                 name = f"{row}-s{seed}"
+                if seed not in seeds_of(args, row) or name in self.summary["runs"]:
+                    continue
                 run = self.out / "runs" / name
                 self.train(name, mode, seed, run, rl, extra)
                 res = self.evaluate(name, run / "final")
                 self.summary["runs"][name] = dict(row=row, seed=seed, **evaluation_record(res), **training_record(run),
                                                   wall_s=self.wall(f"rl-{name}", f"eval-{name}"))
                 self.save()
+                if row in COMPARED:
+                    self.equal_completions(row, seed, run)
 
-    def equal_completions(self):
-        """Each compared mode's snapshot nearest to rova's trained completions, seed by seed."""
+    def equal_completions(self, row, seed, run):
+        """A mode without a curriculum at its snapshot nearest to `rova`'s trained completions in the same seed
+        (before its run folder is gone: the working folder does not outlive a session)."""
         every = self.args.rl.get("snapshot_every", 0)
-        if self.text or not every or "rova" not in self.args.rows:
+        rova = self.summary["runs"].get(f"rova-s{seed}")
+        if self.text or not every or rova is None:
             return
-        for seed in self.args.seeds:
-            target = self.summary["runs"][f"rova-s{seed}"]["completions"]
-            for row in (r for r in COMPARED if r in self.args.rows):
-                run = self.out / "runs" / f"{row}-s{seed}"
-                recs = rl_records(run)
-                per_step = trained_completions(run, recs) / max(1, len(recs))
-                step = min(len(recs), max(every, every * round(target / per_step / every)))
-                model = run / "final" if step >= len(recs) else run / "snapshots" / f"step_{step}"
-                name = f"{row}-s{seed}-at{step}"
-                res = self.evaluate(name, model)
-                self.summary["equal"][name] = dict(row=row, seed=seed, step=step, rova_completions=target,
-                                                   **evaluation_record(res))
-                self.save()
+        recs = rl_records(run)
+        per_step = trained_completions(run, recs) / max(1, len(recs))
+        step = min(len(recs), max(every, every * round(rova["completions"] / per_step / every)))
+        model = run / "final" if step >= len(recs) else run / "snapshots" / f"step_{step}"
+        name = f"{row}-s{seed}-at{step}"
+        res = self.evaluate(name, model)
+        self.summary["equal"][name] = dict(row=row, seed=seed, step=step, rova_completions=rova["completions"],
+                                           **evaluation_record(res))
+        self.save()
 
     def cost(self):
         args, out = self.args, self.out
         bench_json = out / "bench_step.json"
+        if self.summary["cost"]:   # measured in an earlier session
+            return
         bench = [self.py, "benchmarks/bench_step.py", "--model", str(self.start), "--data",
                  str(self.synth / "train.json"), "--work", str(out / "bench_step"), "--json", str(bench_json),
                  "--steps", str(args.bench_steps), "--lr", str(self.lr), "--eta", args.eta]
@@ -413,6 +458,7 @@ class Reproduction:
             write_json(self.out / "summary.json", self.summary)
         else:
             self.summary["claims"] = claims(self.summary)
+            self.summary["timings"] = self.st.timings
             self.summary["wall_s"] = sum(self.st.timings.values())
             write_json(self.args.summary, self.summary)
         text = render(self.summary, self.st.commands)
@@ -429,7 +475,6 @@ def main(argv=None):
     if not r.text:  # bench_step measures the VLM's step (short: before the long stage)
         r.cost()
     r.train_rows()
-    r.equal_completions()
     r.save()
     print(f"summary in {args.summary if not r.text else r.out / 'summary.json'}; tables in {args.results}")
 
@@ -483,6 +528,15 @@ def start_gate(rec):
               f"'{c['clean']['best_constant']}' (margin {c['clean']['margin'] or 0:+.3f} ± {c['clean']['se'] or 0:.3f})"
               for t, c in rec["tasks"].items() if c.get("clean") and within_noise(c["clean"])]
     return {"failed": failed, "rule": RULES["gate"]}
+
+
+def weights_hash(model_dir):
+    """sha256 of a checkpoint's weight files (safetensors), in name order."""
+    import hashlib
+    h = hashlib.sha256()
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
 
 def rl_records(run):
