@@ -56,9 +56,33 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
     assert "clean" in budget and len(budget) > 1   # the budget stage measures corrupted clips
     assert (tmp_path / "r" / "validation" / "eval.jsonl").is_file()
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and again.stdout.count("done already, skipped") == len(timings)
+    # the summary records every stage after the SFT start, whose checkpoint is there: nothing runs
+    assert again.returncode == 0 and "kept from" in again.stdout, again.stdout[-2000:] + again.stderr[-2000:]
+    assert again.stdout.count("done already, skipped") == 1 and "[rl-" not in again.stdout
     assert json.loads((tmp_path / "r" / "timings.json").read_text()) == timings
     assert json.loads((tmp_path / "v4.json").read_text())["runs"] == summary["runs"]
+
+
+def test_reproduce_continues_from_its_summary_in_a_new_working_folder(vlm_smoke):
+    """The next session has the committed summary but not the working folder: the SFT start is trained again
+    (the same weights, by hash), and nothing the summary records runs again."""
+    tmp_path, results, cmd, first = vlm_smoke
+    assert first.returncode == 0
+    summary = json.loads((tmp_path / "v4.json").read_text())
+    fresh = [*cmd[:cmd.index("--out") + 1], str(tmp_path / "new"), *cmd[cmd.index("--out") + 2:]]
+    again = subprocess.run(fresh, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    ran = [x.split("]")[0][1:] for x in again.stdout.splitlines() if x.startswith("[") and "skipped" not in x]
+    assert set(ran) == {"sft"}, ran
+    after = json.loads((tmp_path / "v4.json").read_text())
+    assert after["runs"] == summary["runs"] and after["start"] == summary["start"]
+    assert after["timings"]["sft"] == summary["timings"]["sft"]
+    # another start (different weights) is refused, not mixed with the recorded runs
+    after["start"]["weights"] = "0" * 64
+    (tmp_path / "v4.json").write_text(json.dumps(after))
+    refused = subprocess.run(fresh, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "is not the one" in refused.stderr
+    (tmp_path / "v4.json").write_text(json.dumps(summary))
 
 
 def lines_of(folder):
