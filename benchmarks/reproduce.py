@@ -71,6 +71,13 @@ ABLATIONS = {
     "rova-fixed-norm": ("rova", ["--set", "loss_norm=fixed"]),                # Eq. 7 over N x G, Dr. GRPO
 }
 ROWS = {**MAIN, **ABLATIONS}
+# train.py's defaults that v4 tests against an alternative: ablation row -> the default's claim (Avg. of `rova`
+# above the row's). A default that does not hold is reported, not changed by this script.
+DEFAULTS = {
+    "rova-reassess-rule": "re-evaluation by the verdict's one forward (App. G) rather than G rollouts (Eq. 5)",
+    "rova+h1": "Eq. 8 on the summed reward rather than per component (App. H.1's alternative)",
+    "rova-fixed-norm": "Eq. 7 averaged over the kept completions rather than over N x G (Dr. GRPO)",
+}
 COMPARED = ("grpo", "grpo-aug", "dual")   # rho = 1: evaluated again at rova's trained completions
 CATEGORIES = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
 BEGIN, END = "<!-- reproduce:begin -->", "<!-- reproduce:end -->"  # --policy text: reproduce-text
@@ -139,6 +146,7 @@ def parse_args(argv=None):
       "(python -m extensions.embodied_r.train) instead of the VLM")
     a("--perceiver", default="cv", help="--policy text: the perception model (hf:PATH | openai:MODEL | cv)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing (no gate)")
+    a("--render", action="store_true", help="run nothing: the claims and the results page again from --summary")
     args = ap.parse_args(argv)
     args.command = " ".join(["python benchmarks/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
     args.sft_epochs = VLM["sft_epochs"] if args.sft_epochs is None else args.sft_epochs
@@ -199,17 +207,18 @@ class Stages:
     reproduce.py processes that share OUT with disjoint --seeds (the second with --lr, so that only the
     first runs the budget stage)."""
 
-    def __init__(self, out, timings=None):
+    def __init__(self, out, timings=None, commands=()):
         self.out = out
         self.timings_path = out / "timings.json"
         self.timings = dict(timings or {})   # a summary's, when OUT is new but the summary not
         if self.timings_path.is_file():
             self.timings.update(json.loads(self.timings_path.read_text()))
-        self.commands = []
+        self.commands = list(commands)   # (a summary's, kept across sessions)
 
     def run(self, name, cmd, done):
         shown = " ".join(cmd).replace(sys.executable, "python").replace(str(ROOT) + "/", "")
-        self.commands.append(shown)
+        if shown not in self.commands:
+            self.commands.append(shown)
         if done():
             print(f"[{name}] done already, skipped", flush=True)
             return
@@ -291,7 +300,7 @@ class Reproduction:
             "rows": {k: [m, *x] for k, (m, x) in args.rows.items()}},
             "start": None, "budget": {}, "lr": None, "runs": {}, "equal": {}, "cost": None, "claims": []}
         self.kept = self.resume_from_summary()
-        self.st = Stages(self.out, self.summary.get("timings"))
+        self.st = Stages(self.out, self.summary.get("timings"), self.summary.get("commands", ()))
 
     def resume_from_summary(self):
         """A reproduction spans sessions whose working folder (OUT) is lost but whose committed summary is not:
@@ -305,7 +314,7 @@ class Reproduction:
             print(f"{path} holds another reproduction's settings: starting afresh (it will be overwritten)",
                   flush=True)
             return False
-        for key in ("start", "budget", "lr", "runs", "equal", "cost", "timings"):
+        for key in ("start", "budget", "lr", "runs", "equal", "cost", "timings", "commands"):
             if prior.get(key) is not None:
                 self.summary[key] = prior[key]
         print(f"kept from {path}: " + ", ".join(f"{k}" for k in ("start", "lr", "cost") if prior.get(k)) +
@@ -454,14 +463,14 @@ class Reproduction:
 
     def save(self):
         """The summary, its claims and the results page, as they stand."""
+        self.summary["timings"], self.summary["commands"] = self.st.timings, self.st.commands
+        self.summary["wall_s"] = sum(self.st.timings.values())
         if self.text:
             write_json(self.out / "summary.json", self.summary)
         else:
             self.summary["claims"] = claims(self.summary)
-            self.summary["timings"] = self.st.timings
-            self.summary["wall_s"] = sum(self.st.timings.values())
             write_json(self.args.summary, self.summary)
-        text = render(self.summary, self.st.commands)
+        text = render(self.summary)
         (self.out / "results.md").write_text(text)
         tag = "reproduce-text" if self.text else "reproduce"
         write_marked(Path(self.args.results), text, f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->")
@@ -469,6 +478,13 @@ class Reproduction:
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.render:
+        summary = json.loads(Path(args.summary).read_text())
+        summary["claims"] = claims(summary)
+        write_json(args.summary, summary)
+        write_marked(Path(args.results), render(summary))
+        print(f"{args.results} rendered from {args.summary}")
+        return
     r = Reproduction(args)
     r.train_sft()
     r.choose_budget()   # (--policy text: --lr or the demo's; parse_args sets it)
@@ -643,6 +659,8 @@ def claims(summary):
           per_seed(summary, "grpo", "avg", seeds))
     claim("App. H.1: per-component advantages' Avg. above the summed reward's (rova+h1 - rova)",
           per_seed(summary, "rova+h1", "avg", ab), per_seed(summary, "rova", "avg", ab))
+    for row, what in DEFAULTS.items():   # each default of train.py against its alternative (the ablation row)
+        claim(f"default: {what} (rova - {row})", per_seed(summary, "rova", "avg", ab), per_seed(summary, row, "avg", ab))
     cost = summary.get("cost")
     if cost:
         r = cost["rova_over_dual"]
@@ -686,11 +704,11 @@ def table2(rows):
     return L
 
 
-def render(summary, commands=()):
+def render(summary):
     """The results page from the summary alone (docs/results/v4.json)."""
     L = header(summary) + budget_table(summary) + accuracy_tables(summary) + claims_table(summary) + dynamics(summary)
-    if commands:
-        L += ["", "### Commands", "", "```", *commands, "```"]
+    if summary.get("commands"):
+        L += ["", "### Commands", "", "```", *summary["commands"], "```"]
     return "\n".join(L) + "\n"
 
 

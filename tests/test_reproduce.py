@@ -85,6 +85,21 @@ def test_reproduce_continues_from_its_summary_in_a_new_working_folder(vlm_smoke)
     (tmp_path / "v4.json").write_text(json.dumps(summary))
 
 
+def test_render_writes_the_page_from_the_summary_alone(vlm_smoke, tmp_path):
+    smoke, results, cmd, first = vlm_smoke
+    assert first.returncode == 0
+    summary = json.loads((smoke / "v4.json").read_text())
+    (tmp_path / "v4.json").write_text(json.dumps(summary))
+    page = tmp_path / "RESULTS.md"
+    done = subprocess.run([sys.executable, "benchmarks/reproduce.py", "--render", "--summary", str(tmp_path / "v4.json"),
+                           "--results", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = page.read_text()
+    assert "| + rova |" in text and "### Commands" in text and summary["commands"][0] in text
+    assert "default: re-evaluation by the verdict's one forward" in text   # the defaults' claims (no seeds here)
+    assert not list(tmp_path.glob("*/"))                                    # nothing was run
+
+
 def lines_of(folder):
     """The conditions of an evaluation's stored samples."""
     return {json.loads(x)["condition"] for f in folder.glob("run_*/samples_*.jsonl") for x in f.read_text().splitlines()}
