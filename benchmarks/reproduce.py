@@ -46,6 +46,7 @@ import dataclasses
 import glob
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -288,6 +289,7 @@ class Reproduction:
         self.text = args.policy == "text"
         self.sft = self.out / "sft"
         self.synth, self.start, self.val = self.sft / "synthetic", self.sft / "final", self.out / "validation"
+        self.saved_start = Path(args.summary).with_name(Path(args.summary).stem + "-start")   # docs/results/v4-start
         self.cache = (["--perceiver", args.perceiver, "--perception-cache", str(self.out / "perception_cache.sqlite")]
                       if self.text else [])
         self.trainer = [self.py, "-m", "extensions.embodied_r.train"] if self.text else [self.py, "train.py"]
@@ -334,22 +336,41 @@ class Reproduction:
             cmd += flags({"eval_limit": 4})
         kept_seconds = self.st.timings.get("sft")
         self.st.run("sft", cmd, lambda: (self.sft / "summary.json").is_file())
-        weights = weights_hash(self.start)
         if self.summary["start"]:   # kept from the summary: the runs it records started from these weights
             self.st.timings["sft"] = kept_seconds   # (training it again is the session's cost, not the stage's)
-            if self.summary["start"].get("weights") != weights:
-                raise SystemExit(f"the SFT start in {self.start} (weights {weights[:12]}) is not the one "
-                                 f"{self.args.summary} records ({str(self.summary['start'].get('weights'))[:12]}): "
-                                 "its runs cannot be continued from it; use another --summary to start afresh")
+            self.check_start()
             return
         res = self.evaluate("sft", self.start)
         rec = evaluation_record(res)
         gate = start_gate(rec)
-        self.summary["start"] = dict(rec, wall_s=self.wall("sft", "eval-sft"), gate=gate, weights=weights)
+        self.summary["start"] = dict(rec, wall_s=self.wall("sft", "eval-sft"), gate=gate,
+                                     weights=weights_hash(self.start), data=data_hash(self.synth))
+        if not self.text:   # (next to the summary: another machine's kernels may train other weights)
+            shutil.rmtree(self.saved_start, ignore_errors=True)
+            shutil.copytree(self.start, self.saved_start)
         self.save()
         if gate["failed"] and not args.smoke and not self.text:
             raise SystemExit("the SFT start fails the gate (" + "; ".join(gate["failed"]) + "): RL from it cannot "
                              "test the paper (see diagnostics in " + str(self.out / "eval" / "sft") + ")")
+
+    def check_start(self):
+        """The start the summary's runs began from: the retrained one if it has the recorded weights, else the
+        copy saved beside the summary (float kernels differ between CPUs); the benchmark must be the same."""
+        start, recorded = self.summary["start"], self.summary["start"].get("weights")
+        if start.get("data") and data_hash(self.synth) != start["data"]:
+            raise SystemExit(f"the synthetic benchmark in {self.synth} is not the one {self.args.summary} records: "
+                             "its runs cannot be continued; use another --summary to start afresh")
+        if weights_hash(self.start) == recorded:
+            return
+        if self.saved_start.is_dir() and weights_hash(self.saved_start) == recorded:
+            print(f"the SFT start trained here differs from the recorded one (weights {weights_hash(self.start)[:12]} "
+                  f"vs {recorded[:12]}): continuing from the copy in {self.saved_start}", flush=True)
+            shutil.rmtree(self.start)
+            shutil.copytree(self.saved_start, self.start)
+            return
+        raise SystemExit(f"the SFT start in {self.start} (weights {weights_hash(self.start)[:12]}) is not the one "
+                         f"{self.args.summary} records ({str(recorded)[:12]}), and {self.saved_start} does not hold "
+                         "it: its runs cannot be continued; use another --summary to start afresh")
 
     def train(self, name, mode, seed, run, rl, extra=()):
         self.st.run(f"rl-{name}", [*self.trainer, "--model", str(self.start), "--data", str(self.synth / "train.json"),
@@ -552,6 +573,16 @@ def weights_hash(model_dir):
     h = hashlib.sha256()
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def data_hash(bench):
+    """sha256 of a synthetic benchmark's question files (its videos are rendered from the same seeds)."""
+    import hashlib
+    h = hashlib.sha256()
+    for name in ("train.json", "eval.jsonl"):
+        if (Path(bench) / name).is_file():
+            h.update((Path(bench) / name).read_bytes())
     return h.hexdigest()
 
 

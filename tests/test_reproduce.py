@@ -77,7 +77,14 @@ def test_reproduce_continues_from_its_summary_in_a_new_working_folder(vlm_smoke)
     after = json.loads((tmp_path / "v4.json").read_text())
     assert after["runs"] == summary["runs"] and after["start"] == summary["start"]
     assert after["timings"]["sft"] == summary["timings"]["sft"]
-    # another start (different weights) is refused, not mixed with the recorded runs
+    # a start trained to other weights here (another CPU's kernels) is replaced by the copy beside the summary
+    final = tmp_path / "new" / "sft" / "final" / "model.safetensors"
+    saved = (tmp_path / "v4-start" / "model.safetensors").read_bytes()
+    final.write_bytes(saved[:-1] + bytes([saved[-1] ^ 1]))
+    restored = subprocess.run(fresh, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert restored.returncode == 0 and "continuing from the copy" in restored.stdout, restored.stderr[-2000:]
+    assert final.read_bytes() == saved
+    # another start (different weights, no copy of them) is refused, not mixed with the recorded runs
     after["start"]["weights"] = "0" * 64
     (tmp_path / "v4.json").write_text(json.dumps(after))
     refused = subprocess.run(fresh, cwd=ROOT, capture_output=True, text=True, timeout=300)
