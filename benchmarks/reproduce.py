@@ -301,28 +301,27 @@ class Reproduction:
             "eta": args.eta, "seeds": args.seeds, "ablation_seeds": args.ablation_seeds, "lrs": args.lrs,
             "rows": {k: [m, *x] for k, (m, x) in args.rows.items()}},
             "start": None, "budget": {}, "lr": None, "runs": {}, "equal": {}, "cost": None, "claims": []}
-        self.kept = self.resume_from_summary()
+        self.resume_from_summary()
         self.st = Stages(self.out, self.summary.get("timings"), self.summary.get("commands", ()))
 
     def resume_from_summary(self):
         """A reproduction spans sessions whose working folder (OUT) is lost but whose committed summary is not:
         with the same settings, every stage the summary records is kept and not run again (the SFT start is
-        trained again, and must be the same weights: its hash is recorded). Returns whether anything was kept."""
+        trained again, and must be the same weights: its hash is recorded)."""
         path = Path(self.args.summary)
         if self.text or not path.is_file():
-            return False
+            return
         prior = json.loads(path.read_text())
         if prior.get("version") != 4 or prior.get("settings") != self.summary["settings"]:
             print(f"{path} holds another reproduction's settings: starting afresh (it will be overwritten)",
                   flush=True)
-            return False
+            return
         for key in ("start", "budget", "lr", "runs", "equal", "cost", "timings", "commands"):
             if prior.get(key) is not None:
                 self.summary[key] = prior[key]
         print(f"kept from {path}: " + ", ".join(f"{k}" for k in ("start", "lr", "cost") if prior.get(k)) +
               f", {len(self.summary['runs'])} runs, {len(self.summary['equal'])} equal-completion evaluations",
               flush=True)
-        return True
 
     # -- stages
     def train_sft(self):
@@ -360,15 +359,16 @@ class Reproduction:
         if start.get("data") and data_hash(self.synth) != start["data"]:
             raise SystemExit(f"the synthetic benchmark in {self.synth} is not the one {self.args.summary} records: "
                              "its runs cannot be continued; use another --summary to start afresh")
-        if weights_hash(self.start) == recorded:
+        here = weights_hash(self.start)
+        if here == recorded:
             return
         if self.saved_start.is_dir() and weights_hash(self.saved_start) == recorded:
-            print(f"the SFT start trained here differs from the recorded one (weights {weights_hash(self.start)[:12]} "
+            print(f"the SFT start trained here differs from the recorded one (weights {here[:12]} "
                   f"vs {recorded[:12]}): continuing from the copy in {self.saved_start}", flush=True)
             shutil.rmtree(self.start)
             shutil.copytree(self.saved_start, self.start)
             return
-        raise SystemExit(f"the SFT start in {self.start} (weights {weights_hash(self.start)[:12]}) is not the one "
+        raise SystemExit(f"the SFT start in {self.start} (weights {here[:12]}) is not the one "
                          f"{self.args.summary} records ({str(recorded)[:12]}), and {self.saved_start} does not hold "
                          "it: its runs cannot be continued; use another --summary to start afresh")
 
@@ -567,23 +567,24 @@ def start_gate(rec):
     return {"failed": failed, "rule": RULES["gate"]}
 
 
-def weights_hash(model_dir):
-    """sha256 of a checkpoint's weight files (safetensors), in name order."""
+def files_hash(files):
+    """sha256 of the files' bytes, in the order given (missing files left out)."""
     import hashlib
     h = hashlib.sha256()
-    for f in sorted(Path(model_dir).glob("*.safetensors")):
-        h.update(f.read_bytes())
+    for f in files:
+        if Path(f).is_file():
+            h.update(Path(f).read_bytes())
     return h.hexdigest()
+
+
+def weights_hash(model_dir):
+    """A checkpoint's weight files (safetensors), in name order."""
+    return files_hash(sorted(Path(model_dir).glob("*.safetensors")))
 
 
 def data_hash(bench):
-    """sha256 of a synthetic benchmark's question files (its videos are rendered from the same seeds)."""
-    import hashlib
-    h = hashlib.sha256()
-    for name in ("train.json", "eval.jsonl"):
-        if (Path(bench) / name).is_file():
-            h.update((Path(bench) / name).read_bytes())
-    return h.hexdigest()
+    """A synthetic benchmark's question files (its videos are rendered from the same seeds)."""
+    return files_hash(Path(bench) / name for name in ("train.json", "eval.jsonl"))
 
 
 def rl_records(run):
