@@ -43,7 +43,7 @@ main(argv, ext) with every flag of this script and its own; this file imports no
 """
 from __future__ import annotations
 
-import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
 import argparse
 import concurrent.futures
 import hashlib
@@ -61,14 +61,14 @@ from typing import Any
 
 import numpy as np
 
-import chat
-import data
-import depth as depths
-import diagnostics
+from machinery import chat
+from machinery import data
+from machinery import depth as depths
+from machinery import diagnostics
 import judge as judges
 import perturb
-import synthetic
-import video
+from machinery import synthetic
+from machinery import video
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
@@ -457,7 +457,7 @@ class HFModel:
     share_clips = True
 
     def __init__(self, path, adapter=None, batch_size=8):
-        import policy
+        from machinery import policy
         self.policy, self.batch_size = policy, batch_size
         self.model, self.processor = policy.load_policy(path)
         if adapter:
@@ -595,7 +595,7 @@ def resolve_model(args, ext, models):
     print(f"no --model and no {DEMO_CHECKPOINT} (`python train.py` trains it): evaluating an UNTRAINED tiny model "
           f"({tiny})", flush=True)
     if not (tiny / "config.json").is_file():
-        import policy
+        from machinery import policy
         with runtime.no_hf_progress_bars():
             policy.build_tiny(tiny)
     return str(tiny), args.model_name or "tiny-untrained"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import data
+from machinery import data
 
 log = logging.getLogger(__name__)
 

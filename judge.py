@@ -37,8 +37,8 @@ import re
 import threading
 import unicodedata
 
-import chat
-import data
+from machinery import chat
+from machinery import data
 
 log = logging.getLogger(__name__)
 
@@ -506,7 +506,7 @@ def _encoder(model_path=None):
         if key not in _ENCODERS:
             from sentence_transformers import SentenceTransformer
 
-            import runtime
+            from machinery import runtime
             with runtime.no_hf_progress_bars():  # loaded lazily, inside a training or evaluation bar
                 _ENCODERS[key] = SentenceTransformer(key, device="cpu")
         return _ENCODERS[key]

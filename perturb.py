@@ -60,8 +60,8 @@ from typing import Callable
 import cv2
 import numpy as np
 
-import runtime
-import video
+from machinery import runtime
+from machinery import video
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),
@@ -1621,7 +1621,7 @@ def _depth(args, frames, video_id, indices, given, what):
     """(depth for `apply`, `what` + where it comes from), by --depth-model: auto, the clip's own (`given`: the
     built-in clip's true depth) or else the recommended model's; proxy, none (perturb.depth_proxy); NAME, that
     model's (depth.py, cached)."""
-    import depth as depth_model   # (torch and transformers load only with a depth model)
+    from machinery import depth as depth_model   # (torch and transformers load only with a depth model)
 
     name = args.depth_model or depth_model.PROXY
     if name == depth_model.PROXY:
@@ -1694,7 +1694,7 @@ def main(argv=None):
     _check_cli_args(args)
     out = runtime.out_file(args.out, OUT_SUFFIXES, "--out") if args.out else None
     grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
-    import depth as depth_model   # (torch and transformers load only to run a depth model)
+    from machinery import depth as depth_model   # (torch and transformers load only to run a depth model)
 
     depth_model.check_source(args.depth_model, args.depth_cache, needs_model=False)   # one line now (auto: below)
     return _on_input(args, out, grid) if args.input else _on_sample(args, out, grid)
@@ -1706,7 +1706,7 @@ def _on_input(args, out, grid):
         info = video.probe(args.input)  # a VideoError names the file
     if out is not None and out.resolve() == Path(args.input).resolve():
         raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
-    import depth as depth_model
+    from machinery import depth as depth_model
 
     depth_model.check_source(args.depth_model, args.depth_cache)   # auto: a real video needs the model
     video_id = str(Path(args.input).resolve())
@@ -1724,7 +1724,7 @@ def _on_input(args, out, grid):
 
 def _on_sample(args, out, grid):
     """--out and/or --grid of the built-in clip (depth: its true depth, or --depth-model's)."""
-    import synthetic  # the built-in clip (imported here: synthetic imports data, which the engine needs not)
+    from machinery import synthetic  # the built-in clip (imported here: synthetic imports data, which the engine needs not)
 
     frames, true_depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
     video_id, indices = f"perturb-sample-clip/{args.size}", range(len(frames))

@@ -27,7 +27,7 @@ phases they change (docs/DESIGN.md, "Extensions").
 """
 from __future__ import annotations
 
-import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
 import gc
 import json
 import math
@@ -46,16 +46,16 @@ import torch
 import torch.distributed as dist
 
 import buffer as curriculum
-import data
-import depth as depths
+from machinery import data
+from machinery import depth as depths
 import grpo
 import judge as judges
-import memory
-import parallel
+from machinery import memory
+from machinery import parallel
 import perturb
-import policy
-import synthetic
-import video
+from machinery import policy
+from machinery import synthetic
+from machinery import video
 
 log = print  # rank-aware in main()
 RESUME_HINT = "rerun the same command to continue from the last checkpoint"  # Ctrl-C's line; main() names OUT
@@ -91,7 +91,7 @@ class Config:
     micro_batch_size: int = _arg(8, "rows per forward/backward: a step's completions (RL) or samples (SFT) are "
                                     "accumulated in micro-batches of this many; 0: all at once", "model")
     # data
-    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python data.py "
+    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python -m machinery.data "
                          "make-subset`); empty: the demo", "data")
     video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)", "data")
     frames: int = _arg(16, "frames per video (App. D: 16 in training)", "data")

@@ -47,11 +47,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 
 import eval_pvrbench as ev  # noqa: E402
-import synthetic  # noqa: E402
+from machinery import synthetic  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- the benchmark and the server
@@ -248,7 +248,7 @@ def hf_part(bench, out, tiny, style, max_new_tokens):
 def sharpened_tiny(folder):
     import torch
 
-    import policy
+    from machinery import policy
     from bench_rollout import sharpen
     model, processor = policy.load_policy(policy.build_tiny(folder / "build"), dtype=torch.float32)
     sharpen(model, std=0.2)

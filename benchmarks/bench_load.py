@@ -32,13 +32,13 @@ LIBGOMP_DEFAULT = "300000"  # libgomp's GOMP_SPINCOUNT when neither it nor OMP_W
 
 def worker(assets: Path, repeats: int, busy: bool):
     sys.path.insert(0, str(ROOT))
-    import runtime  # noqa: F401 - before torch, as the scripts do (it leaves a given GOMP_SPINCOUNT alone)
+    from machinery import runtime  # noqa: F401 - before torch, as the scripts do (it leaves a given GOMP_SPINCOUNT alone)
     import numpy as np
     import torch
 
-    import data
+    from machinery import data
 
-    import policy
+    from machinery import policy
     import train
 
     model, processor = policy.load_policy(str(assets / "tiny"), device="cpu")
@@ -90,10 +90,10 @@ def main(argv=None):
     if args.worker:
         return worker(Path(args.worker), args.repeats, args.busy)
     sys.path.insert(0, str(ROOT))
-    import runtime
+    from machinery import runtime
     with tempfile.TemporaryDirectory() as tmp:
         assets = Path(tmp)
-        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import policy, synthetic; "
+        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from machinery import policy, synthetic; "
                         "policy.build_tiny(sys.argv[2] + '/tiny'); "
                         "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)

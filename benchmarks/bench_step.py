@@ -31,14 +31,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import data  # noqa: E402
+from machinery import data  # noqa: E402
 
-import synthetic  # noqa: E402
-import policy  # noqa: E402
+from machinery import synthetic  # noqa: E402
+from machinery import policy  # noqa: E402
 import train  # noqa: E402
 
 MODES = ("grpo", "dual", "rova")

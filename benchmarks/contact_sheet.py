@@ -31,7 +31,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import synthetic  # noqa: E402
+from machinery import synthetic  # noqa: E402
 
 SHEETS = {"photo": ("rocket", "camera"), "street": ("street", "street-proxy"),
           "closeup": ("coffee", "chelsea", "astronaut"), "topdown": ("grass", "gravel", "brick")}

@@ -21,9 +21,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import data  # noqa: E402
-import synthetic  # noqa: E402
-import policy  # noqa: E402
+from machinery import data  # noqa: E402
+from machinery import synthetic  # noqa: E402
+from machinery import policy  # noqa: E402
 
 
 def _generate_vs_logprobs(model, processor, inputs, n=2, max_new_tokens=12):
@@ -66,8 +66,8 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     from transformers import AutoModelForImageTextToText
 
     import grpo
-    import memory
-    import parallel
+    from machinery import memory
+    from machinery import parallel
 
     _, proc = policy.load_policy(vlm_dir, device=device)
     proc.video_processor.size = {"shortest_edge": 56 * 56, "longest_edge": 128 * 28 * 28}  # App. D's budget

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import runtime  # noqa: E402,I001 - first: it sets the OpenMP wait policy before torch loads
-import memory  # noqa: E402
+from machinery import runtime  # noqa: E402,I001 - first: it sets the OpenMP wait policy before torch loads
+from machinery import memory  # noqa: E402
 
 SETTINGS = ("batch_size", "group_size", "temporal_grpo", "frames", "max_pixels", "text_tokens", "max_new_tokens",
             "micro_batch_size", "lora_r")

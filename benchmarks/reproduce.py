@@ -55,7 +55,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-import synthetic  # noqa: E402
+from machinery import synthetic  # noqa: E402
 import train  # noqa: E402  (its modes and the CPU demo's settings)
 
 MODES = ("grpo", "grpo-aug", "dual", "rova")  # train.MODES, in the tables' order

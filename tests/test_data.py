@@ -6,10 +6,11 @@ import math
 import os
 
 import pytest
+from pathlib import Path
 
-import data
-from data import DataError, Sample
-from runtime import UserError
+from machinery import data
+from machinery.data import DataError, Sample
+from machinery.runtime import UserError
 
 # --------------------------------------------------------------------------- fixtures
 COT = "<think>Let me think. The sign is on the left, so the answer is B.</think>"
@@ -801,7 +802,8 @@ def test_make_subset_malformed_rows(tmp_path):
 def _cli(*args):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "data.py", *map(str, args)], cwd="/work/main",
+    return subprocess.run([sys.executable, "-m", "machinery.data", *map(str, args)],
+                          cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-import data
-import depth
+from machinery import data
+from machinery import depth
 import eval_pvrbench as ev
 import perturb
-import runtime
-import synthetic
+from machinery import runtime
+from machinery import synthetic
 import train
-import video
+from machinery import video
 
 ROOT = Path(__file__).resolve().parents[1]
 

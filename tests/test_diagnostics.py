@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-import diagnostics as dg
-from data import Sample
+from machinery import diagnostics as dg
+from machinery.data import Sample
 
 
 def sample(i, answer, task="count", problem_type="numerical", options=()):

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import data
-import depth
+from machinery import data
+from machinery import depth
 import eval_pvrbench as ev
 import perturb
-import runtime
-import policy
-import synthetic
-import video
+from machinery import runtime
+from machinery import policy
+from machinery import synthetic
+from machinery import video
 
 
 @pytest.fixture(scope="module")

@@ -264,7 +264,7 @@ def test_normalisation_options():
 
 def run_toy_grpo(tmp_path, steps, lr, use_advantages=True):
     """GRPO on the tiny policy with a toy reward: the fraction of one chosen token in the completion."""
-    import policy
+    from machinery import policy
     torch.manual_seed(0)
     model, proc = policy.load_policy(policy.build_tiny(tmp_path / "tiny"))
     ref = policy.frozen_copy(model)

@@ -320,7 +320,7 @@ def test_calibrate_thresholds_on_separable_data():
 # --------------------------------------------------------------------------- the HF judge
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    import policy
+    from machinery import policy
     return policy.build_tiny(tmp_path_factory.mktemp("tiny_judge"))
 
 

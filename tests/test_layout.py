@@ -7,7 +7,7 @@ from pathlib import Path
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = sorted(ROOT.glob("*.py"))
+CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").glob("*.py"))
 
 
 def imported_modules(path):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import memory
+from machinery import memory
 
 ROOT = Path(__file__).resolve().parents[1]
 

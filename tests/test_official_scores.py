@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-import data
+from machinery import data
 import eval_pvrbench as ev
 import grpo
 

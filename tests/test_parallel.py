@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import parallel
-import policy
+from machinery import parallel
+from machinery import policy
 import train
 from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
@@ -148,7 +148,7 @@ def test_the_sft_optimizer_is_gone_before_rl(assets, tmp_path, monkeypatch):
 
 def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
     """SFT's loss is the mean over every target token of the step, whatever the micro-batch size."""
-    import data
+    from machinery import data
     root, tiny, data_json = assets
     samples, _ = data.load_video_r1(data_json)
     model, processor = policy.load_policy(tiny)
@@ -184,7 +184,7 @@ MISMATCH = """
 import sys, time
 sys.path.insert(0, ".")
 import torch, torch.distributed as dist
-import runtime
+from machinery import runtime
 rank, world, device = runtime.setup_distributed()
 if rank == 0:
     dist.all_reduce(torch.ones(3))   # rank 1 never enters this collective

@@ -10,10 +10,10 @@ import cv2
 import numpy as np
 import pytest
 
-import depth
+from machinery import depth
 import perturb
-import synthetic
-import video
+from machinery import synthetic
+from machinery import video
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,7 +98,7 @@ def test_static_spec_is_stable_across_processes():
 
 
 def test_apply_is_bit_identical_across_processes(tmp_path):
-    code = ("import hashlib, perturb, synthetic; f, d = synthetic.sample_clip(6, 48, 64); "
+    code = ("import hashlib, perturb; from machinery import synthetic; f, d = synthetic.sample_clip(6, 48, 64); "
             "h = lambda a: hashlib.sha256(a.tobytes()).hexdigest()[:12]; "
             "print(''.join(h(perturb.apply(f, perturb.static_spec('v1', s), d)) for s in perturb.SUBTYPES))")
     outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
@@ -489,7 +489,7 @@ def test_cli_debug_shows_the_traceback(tmp_path):
 
 
 def test_cli_refuses_a_clip_that_does_not_fit_in_memory_before_decoding(cli_clips, tmp_path, monkeypatch):
-    import runtime
+    from machinery import runtime
 
     monkeypatch.setattr(perturb, "_memory_available", lambda: 1_000_000)  # 30 x 160x128 x 3 x 2 = 3.7 MB
     monkeypatch.setattr(video, "read_clip", lambda *a, **k: pytest.fail("decoded anyway"))

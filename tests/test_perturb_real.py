@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import perturb
-import synthetic
+from machinery import synthetic
 
 
 def ramp(a, b, x):

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-import data
+from machinery import data
 
-import synthetic
+from machinery import synthetic
 import perturb
-import policy
-import video
+from machinery import policy
+from machinery import video
 
 
 @pytest.fixture(scope="module")

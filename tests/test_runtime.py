@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import runtime
+from machinery import runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ def run_py(code, env=None):
 
 
 def test_run_prints_a_user_error_as_one_line_with_exit_code_2():
-    code = ("import runtime\n"
+    code = ("from machinery import runtime\n"
             "def main():\n    raise runtime.UserError('bad.json: row 3 (id q7): field\\n solution: missing')\n"
             "runtime.run(main)")
     out = run_py(code)
@@ -28,7 +28,7 @@ def test_run_prints_a_user_error_as_one_line_with_exit_code_2():
 
 
 def test_run_turns_ctrl_c_into_one_line_with_the_hint():
-    out = run_py("import runtime\ndef main():\n    raise KeyboardInterrupt\n"
+    out = run_py("from machinery import runtime\ndef main():\n    raise KeyboardInterrupt\n"
                  "runtime.run(main, interrupted=lambda: 'rerun the same command')")
     assert out.returncode == 130 and out.stderr.strip() == "interrupted: rerun the same command"
 
@@ -65,23 +65,23 @@ def test_model_source_tells_paths_from_hub_ids(tmp_path, monkeypatch):
 
 
 def test_an_uncached_hub_id_offline_is_one_line():
-    out = run_py("import runtime\nruntime.run(lambda: runtime.model_source('someorg/not-cached'))",
+    out = run_py("from machinery import runtime\nruntime.run(lambda: runtime.model_source('someorg/not-cached'))",
                  env={"HF_HUB_OFFLINE": "1"})
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "HF_HUB_OFFLINE=1" in lines[0] and "hf download" in lines[0]
 
 
 def test_bitsandbytes_is_quiet_and_the_spin_count_is_set():
-    out = run_py("import runtime, os, peft, bitsandbytes; print(os.environ['GOMP_SPINCOUNT'])")
+    out = run_py("from machinery import runtime; import os, peft, bitsandbytes; print(os.environ['GOMP_SPINCOUNT'])")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "gemm_4bit" not in out.stderr and "kernels" not in out.stderr
     assert out.stdout.strip() == runtime.GOMP_SPINCOUNT
-    mine = run_py("import runtime, os; print(os.environ['GOMP_SPINCOUNT'])", env={"GOMP_SPINCOUNT": "7"})
+    mine = run_py("from machinery import runtime; import os; print(os.environ['GOMP_SPINCOUNT'])", env={"GOMP_SPINCOUNT": "7"})
     assert mine.stdout.strip() == "7"  # a user's own setting wins
 
 
 def test_saving_a_checkpoint_draws_no_shard_bar(tmp_path, capfd):
-    import policy
+    from machinery import policy
     tiny = policy.build_tiny(tmp_path / "tiny")
     model, processor = policy.load_policy(str(tiny))
     capfd.readouterr()

@@ -71,7 +71,7 @@ def test_answerability_confidence_normalises_over_yes_and_no():
 
 
 def test_answerability_token_ids_on_the_tiny_tokenizer(tmp_path):
-    import policy
+    from machinery import policy
     _, processor = policy.load_policy(policy.build_tiny(tmp_path / "tiny"))
     yes, no = buffer.answerability_token_ids(processor.tokenizer)
     assert yes and no and not set(yes) & set(no)

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import data
-import synthetic
-import video
+from machinery import data
+from machinery import synthetic
+from machinery import video
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,7 @@ def test_rendered_motion_matches_the_action():
 
 
 def test_cli(tmp_path):
-    run = subprocess.run([sys.executable, "synthetic.py", "--out", str(tmp_path / "s"), "--n", "3",
+    run = subprocess.run([sys.executable, "-m", "machinery.synthetic", "--out", str(tmp_path / "s"), "--n", "3",
                           "--seed", "1", "--frames", "4", "--size", "56"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())

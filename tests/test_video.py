@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import video
-from synthetic import sample_clip
-from video import VideoError, contact_sheet, read_frames, smart_resize, uniform_indices, write_gif, write_video
+from machinery import video
+from machinery.synthetic import sample_clip
+from machinery.video import VideoError, contact_sheet, read_frames, smart_resize, uniform_indices, write_gif, write_video
 
 MAX_PIXELS, MIN_PIXELS = 128 * 28 * 28, 4 * 28 * 28
 

@@ -14,14 +14,14 @@ with the same results; this adds to it through eval_pvrbench.Extension.
 """
 from __future__ import annotations
 
-import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
 import functools
 import json
 import re
 from pathlib import Path
 
-import chat
-import data
+from machinery import chat
+from machinery import data
 import eval_pvrbench as ev
 from extensions.embodied_r import keyframes, perceive
 
@@ -68,7 +68,7 @@ class TextOnly:
             self.client = chat.ChatClient(base_url=base_url, model=spec.split(":", 1)[1], max_retries=retries,
                                           timeout=timeout)
             return
-        import policy
+        from machinery import policy
         self.client, self.policy = None, policy
         self.model, self.processor = policy.load_policy(spec)
 

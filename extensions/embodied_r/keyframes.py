@@ -10,7 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-import video
+from machinery import video
 
 
 def _overlap(ref_gray: np.ndarray, cur_gray: np.ndarray, orb, matcher) -> float | None:

@@ -307,7 +307,7 @@ class HFPerceiver:
             return im
         import cv2
 
-        import video
+        from machinery import video
         h, w = video.smart_resize(im.shape[0], im.shape[1], max_pixels=self.max_pixels)
         return cv2.resize(im, (w, h), interpolation=cv2.INTER_AREA)
 
@@ -339,7 +339,7 @@ class OpenAIPerceiver:
 
     def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  max_tokens: int = 256, temperature: float = 0.0, timeout: float = 60, max_retries: int = 5):
-        import chat
+        from machinery import chat
 
         self.max_tokens = int(max_tokens)
         self.client = chat.ChatClient(base_url=base_url, model=model, api_key_env=api_key_env, timeout=timeout,
@@ -717,7 +717,7 @@ class PerceptionCache:
     version). ``path=None`` keeps it in memory."""
 
     def __init__(self, path=None):
-        import chat
+        from machinery import chat
 
         self.path = None if path is None else str(path)
         self._store = chat.ReplyCache(self.path)
@@ -827,7 +827,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", default=None, help="a SQLite file to cache the text in")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    import video
+    from machinery import video
     from extensions.embodied_r.keyframes import keyframe_sampler
 
     try:
@@ -846,5 +846,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    import runtime
+    from machinery import runtime
     runtime.run(main)

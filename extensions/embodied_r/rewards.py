@@ -7,7 +7,7 @@ import functools
 import logging
 import re
 
-import data
+from machinery import data
 from extensions.embodied_r import judging
 from grpo import accuracy_reward
 

@@ -17,12 +17,12 @@ Every flag of train.py applies too.
 """
 from __future__ import annotations
 
-import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
 from dataclasses import dataclass
 from pathlib import Path
 
-import data
-import policy
+from machinery import data
+from machinery import policy
 import train
 from extensions.embodied_r import perceive
 from extensions.embodied_r import rewards as er_rewards

@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 
 import perturb
-import runtime
+from machinery import runtime
 
 EXTRA_SUBTYPES = ("motion_blur", "noise")
 CATEGORY = "sensor"

@@ -13,7 +13,7 @@ flag works here too, with the same results; this adds to it through eval_pvrbenc
 """
 from __future__ import annotations
 
-import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
 import functools
 
 import eval_pvrbench as ev

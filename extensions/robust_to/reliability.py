@@ -583,7 +583,7 @@ def format_profile(p: dict) -> str:
 def _read_clip(path, num_frames: int):
     """``(frames, video frame indices, total frames)``: ``num_frames`` frames decoded uniformly
     (video.read_frames), at most the clip's own count and never the same frame twice."""
-    import video
+    from machinery import video
 
     with video.held_native_stderr():  # ffmpeg's lines about a bad file: the VideoError says it in one
         total = video.probe(path)["frames"]
@@ -594,7 +594,7 @@ def _read_clip(path, num_frames: int):
 
 
 def main(argv=None) -> int:
-    import runtime
+    from machinery import runtime
 
     ap = argparse.ArgumentParser(description="Per-frame disturbance, reliability, relevance and Robust-TO frame "
                                              "selection for one video.")
@@ -626,6 +626,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    import runtime
+    from machinery import runtime
 
     runtime.run(main)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-import data
+from machinery import data
 from grpo import accuracy_reward
 
 def _option_text(answer: str, options) -> str:

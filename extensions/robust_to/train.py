@@ -16,7 +16,7 @@ Every flag of train.py applies too.
 """
 from __future__ import annotations
 
-import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-import parallel
+from machinery import parallel
 import perturb
-import policy
+from machinery import policy
 import train
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise and the robust-to protocol
 from extensions.robust_to import orchestrate

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import data
-import policy
-import synthetic
+from machinery import data
+from machinery import policy
+from machinery import synthetic
 from extensions.embodied_r import eval as er_eval
 from extensions.embodied_r import perceive
 

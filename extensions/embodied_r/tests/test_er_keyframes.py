@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-import video
+from machinery import video
 from extensions.embodied_r import keyframes as kf
 
 
@@ -77,8 +77,8 @@ def test_read_frames_with_the_keyframe_sampler(tmp_path):
 
 def test_train_and_eval_run_with_key_frames(tmp_path):
     """Training and evaluation read key frames end to end (Embodied-R's entry points, --frame-sampler keyframes)."""
-    import policy
-    import synthetic
+    from machinery import policy
+    from machinery import synthetic
     from extensions.embodied_r import eval as er_eval
     from extensions.embodied_r import train as er_train
     tiny = policy.build_tiny(tmp_path / "tiny")

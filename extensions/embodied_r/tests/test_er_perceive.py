@@ -214,7 +214,7 @@ def test_openai_perceiver_wraps_judge(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    import policy
+    from machinery import policy
     return policy.build_tiny(tmp_path_factory.mktemp("perceive") / "tiny")
 
 

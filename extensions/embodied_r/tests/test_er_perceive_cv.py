@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 
-import synthetic
+from machinery import synthetic
 from extensions.embodied_r import perceive
 import perturb
 from extensions.embodied_r.perceive import (

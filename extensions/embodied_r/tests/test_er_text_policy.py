@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import data
+from machinery import data
 from extensions.embodied_r import perceive
-import policy
-import synthetic
+from machinery import policy
+from machinery import synthetic
 import train
 from extensions.embodied_r import train as er
 

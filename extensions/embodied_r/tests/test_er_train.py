@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-import policy
-import synthetic
+from machinery import policy
+from machinery import synthetic
 import train
 from extensions.embodied_r import train as er
 

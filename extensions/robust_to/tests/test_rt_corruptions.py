@@ -13,8 +13,8 @@ import pytest
 
 import extensions.robust_to.corruptions as C  # registers motion_blur, noise and PROTOCOLS["robust-to"]
 import perturb
-import synthetic
-import video
+from machinery import synthetic
+from machinery import video
 
 ROOT = Path(__file__).resolve().parents[3]
 EXTRAS = C.EXTRA_SUBTYPES

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import perturb
-import policy
-import synthetic
+from machinery import policy
+from machinery import synthetic
 from extensions.robust_to import eval as rt_eval
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-import data
-import synthetic
+from machinery import data
+from machinery import synthetic
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise, PROTOCOLS["robust-to"]
 from extensions.robust_to import orchestrate as orc
 from extensions.robust_to.orchestrate import HIGH, LOW, MEDIUM, Evidence, SubQuery, tier
@@ -154,7 +154,7 @@ def test_supports():
 # --------------------------------------------------------------------------- the agent on the tiny model
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    import policy
+    from machinery import policy
     root = tmp_path_factory.mktemp("agent")
     path = policy.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
@@ -163,7 +163,7 @@ def tiny(tmp_path_factory):
 
 
 def _samples(root, n=3):
-    import video
+    from machinery import video
     samples, _ = data.load_vsibench(root / "synth" / "eval.jsonl", root / "synth" / "videos")
     samples = samples[:n]
     return samples, [video.read_frames(s.video, num_frames=8, max_pixels=56 * 56)[0] for s in samples]
@@ -222,7 +222,7 @@ def test_agent_with_rule_synthesis_writes_the_tiers_answer_and_cannot_be_sampled
 
 
 def test_vlm_confidence_is_the_geometric_mean_token_probability(tiny):
-    import policy
+    from machinery import policy
     import torch
     root, _, model, processor = tiny
     _, clips = _samples(root, 1)
@@ -277,7 +277,7 @@ def test_agent_flags_are_checked():
 def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
     """The warm-up's decomposition target is valid JSON that parse_subqueries reads back as the plan."""
     from extensions.robust_to import train as rt
-    import video
+    from machinery import video
     root, _, model, processor = tiny
     samples, _ = data.load_vsibench(root / "synth" / "eval.jsonl", root / "synth" / "videos")
 

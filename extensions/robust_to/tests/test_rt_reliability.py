@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 
-import synthetic
+from machinery import synthetic
 import perturb
 from extensions.robust_to import corruptions
 from extensions.robust_to import reliability as R
-import video
+from machinery import video
 
 ETAS = (0.0, 0.3, 0.6, 0.9)
 T = 16

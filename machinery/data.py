@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-import runtime
+from machinery import runtime
 
 log = logging.getLogger(__name__)
 

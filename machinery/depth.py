@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-import runtime
+from machinery import runtime
 
 RECOMMENDED = "depth-anything/Depth-Anything-V2-Small-hf"
 AUTO, PROXY = "auto", "proxy"   # --depth-model's values besides a model's name or folder

@@ -31,8 +31,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-import policy
-import runtime
+from machinery import policy
+from machinery import runtime
 
 MODES = ("auto", "fsdp", "ddp", "none")
 

@@ -50,9 +50,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import data
-import runtime
-import synthetic
+from machinery import data
+from machinery import runtime
+from machinery import synthetic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]

@@ -1,6 +1,6 @@
 """Per-GPU memory plan of ROVA training: what one RL step holds, phase by phase, in GiB.
 
-    import memory
+    from machinery import memory
     p = memory.plan("qwen2.5-vl-7b", "fsdp", gpus=4)          # App. D's settings: 4 videos x G = 8 per GPU
     p = memory.plan(model.config, "lora", micro_batch_size=4)  # a loaded model's config works as well
     memory.check_fits(p, 80)                                   # raises MemoryPlanError when p["peak"] > 80 GiB
@@ -41,7 +41,7 @@ import math
 import weakref
 from dataclasses import asdict, dataclass, fields, replace
 
-import runtime
+from machinery import runtime
 
 GIB = 2 ** 30
 MODES = ("fsdp", "ddp", "lora", "qlora", "single")
@@ -646,7 +646,7 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     import grpo
-    import policy
+    from machinery import policy
 
     config = config or validation_config()
     torch.manual_seed(seed)
