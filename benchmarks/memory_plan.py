@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from machinery import runtime  # noqa: E402,I001 - first: it sets the OpenMP wait policy before torch loads
+import grpo  # noqa: E402
 from machinery import memory  # noqa: E402
 
 SETTINGS = ("batch_size", "group_size", "temporal_grpo", "frames", "max_pixels", "text_tokens", "max_new_tokens",
@@ -106,7 +107,7 @@ def validate(args):
     cases = [("float32", True, "fp32, checkpointing (single)"), ("bfloat16", True, "bf16, checkpointing (ddp)"),
              ("float32", False, "fp32, no checkpointing (single)")]  # the check last
     for dtype, checkpointing, label in cases:
-        v = memory.validate(dtype=dtype, gradient_checkpointing=checkpointing)
+        v = memory.validate(grpo.grpo_loss, dtype=dtype, gradient_checkpointing=checkpointing)
         print(f"  {label:<34} measured {v['measured'] * 1024:7.1f} MiB  planned {v['planned'] * 1024:7.1f} MiB  "
               f"ratio {v['ratio']:.3f}")
     print(f"measured_gib={v['measured']:.4f} planned_gib={v['planned']:.4f} ratio={v['ratio']:.3f}")

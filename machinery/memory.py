@@ -633,11 +633,11 @@ def _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed)
     return inputs, completion.masked_fill(completion_mask == 0, 0), completion_mask
 
 
-def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True,
+def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True,
                    seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
     """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
     validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
-    `lora_r`, peft adapters and the adapters off), grpo.grpo_loss, backward, gradient clipping and an AdamW step,
+    `lora_r`, peft adapters and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an AdamW step,
     as train.RL.grpo_loss + train.Optim.step. `dtype` of the weights (float32 or bfloat16: AdamW's states follow
     it), `gradient_checkpointing` as policy.load_policy sets it. Measured at the second update (AdamW's states
     exist: the steady state the plan describes). Returns bytes: "peak", "base" (weights, states, reference and
@@ -645,7 +645,6 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    import grpo
     from machinery import policy
 
     config = config or validation_config()
@@ -666,7 +665,7 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
         model.train()
         logp = policy.token_logprobs(model, inputs, ids, mask)
         ref_logp = policy.reference_logprobs(model, inputs, ids, mask, ref_model=ref) if reference else logp.detach()
-        loss, _ = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask)
+        loss, _ = loss_fn(logp, logp.detach(), ref_logp, adv, mask)
         (loss * rows).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -682,13 +681,13 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
     return {"peak": live.peak, "base": base}
 
 
-def validate(rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True, dtype="float32",
+def validate(loss_fn, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True, dtype="float32",
              gradient_checkpointing=False) -> dict:
-    """The plan of validation_config() against measure_update: GiB measured, planned, and planned / measured.
+    """The plan of validation_config() against measure_update (`loss_fn`: grpo.grpo_loss): GiB measured, planned, and planned / measured.
     fp32 is planned as `single`; bf16 as `ddp` (bf16 weights, grads and AdamW states: what a CPU can run of the
     GPU modes' accounting), without the CUDA overhead."""
     config = validation_config()
-    measured = measure_update(config, rows, text_tokens, frames, side, new_tokens, reference, dtype=dtype,
+    measured = measure_update(loss_fn, config, rows, text_tokens, frames, side, new_tokens, reference, dtype=dtype,
                               gradient_checkpointing=gradient_checkpointing)
     p = plan(config, "single" if dtype == "float32" else "ddp", batch_size=1, group_size=rows, micro_batch_size=rows,
              frames=frames, max_pixels=side * side, text_tokens=text_tokens, max_new_tokens=new_tokens,

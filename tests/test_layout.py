@@ -1,5 +1,6 @@
-"""The layout docs/DESIGN.md promises: the core never imports an extension, train.py's --help lists the core's
-flags only, and no comment points outside the repository."""
+"""The layout docs/DESIGN.md promises: the core never imports an extension, the machinery never imports a stage
+script, no import cycles, train.py's --help lists the core's flags only, and no comment points outside the
+repository."""
 import ast
 import re
 from pathlib import Path
@@ -10,12 +11,49 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").glob("*.py"))
 
 
+STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
+
+
 def imported_modules(path):
+    """Every module `path` imports, at module level or inside a function (`from machinery import x` is
+    machinery.x)."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             yield node.module
+            if node.module == "machinery":
+                yield from (f"machinery.{a.name}" for a in node.names)
+
+
+def module_name(path):
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts)
+
+
+def test_the_machinery_never_imports_a_stage_script():
+    edges = [(p.name, m) for p in CORE if p.parent.name == "machinery" for m in imported_modules(p)
+             if m.split(".")[0] in STAGES]
+    assert edges == []
+
+
+def test_the_core_has_no_import_cycle():
+    names = {module_name(p) for p in CORE}
+    graph = {module_name(p): {m for m in imported_modules(p) if m in names and m != module_name(p)} for p in CORE}
+    done, stack = set(), []
+
+    def visit(node):  # depth-first: a node met again on the current path closes a cycle
+        if node in stack:
+            raise AssertionError(f"import cycle: {' -> '.join(stack[stack.index(node):] + [node])}")
+        if node in done:
+            return
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        stack.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
 
 
 def test_the_core_never_imports_an_extension():

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+import grpo
 from machinery import memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ def test_plan_is_within_15_percent_of_a_measured_update(dtype, checkpointing):
     """One real GRPO update (token_logprobs, reference log-probs, grpo_loss, backward, AdamW) of a small random
     Qwen2.5-VL on the CPU, peak of live tensor bytes vs the plan: fp32 without checkpointing (mode `single`, the
     issue's check), with checkpointing, and bf16 with checkpointing (mode `ddp`: the GPU modes' accounting)."""
-    v = memory.validate(dtype=dtype, gradient_checkpointing=checkpointing)
+    v = memory.validate(grpo.grpo_loss, dtype=dtype, gradient_checkpointing=checkpointing)
     assert v["measured"] > 0.05  # GiB: states and activations dominate the fixed overheads
     assert abs(v["planned"] / v["measured"] - 1) <= 0.15, v
 
