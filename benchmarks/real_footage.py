@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import perturb  # noqa: E402
-from machinery import synthetic  # noqa: E402
+from machinery import scene, synthetic  # noqa: E402
 from contact_sheet import load_engine  # noqa: E402  (benchmarks/ is the script's folder)
 
 
@@ -57,7 +57,7 @@ def _working_depth(clip):
     plane under a close-up would otherwise vouch for its own occluders)."""
     T, H, W = clip.shape[:3]
     sh, sw = max(24, round(H / 8)), max(24, round(W / 8))
-    return perturb.depth_proxy(cv2.resize(clip[T // 2], (sw, sh), interpolation=cv2.INTER_AREA))
+    return scene.depth_proxy(cv2.resize(clip[T // 2], (sw, sh), interpolation=cv2.INTER_AREA))
 
 
 def floating(engine, clip, seed, style, eta):

@@ -3,7 +3,7 @@ perturbations), optional and cached.
 
 perturb.py grades fog, rain and snow layers, shadows and occluders by scene depth. `--depth-model` (perturb.py,
 train.py, eval_pvrbench.py; class Depth) says where it comes from: `auto` (the default) a clip's own depth where it
-has one (the synthetic benchmark's) and else the recommended model below; `proxy` none (perturb.depth_proxy: a sky
+has one (the synthetic benchmark's) and else the recommended model below; `proxy` none (scene.depth_proxy: a sky
 over a ground plane, or one gentle depth where no sky is seen); NAME a transformers depth-estimation model, loaded
 by name or local folder with the Auto classes (AutoImageProcessor + AutoModelForDepthEstimation, safetensors
 weights only). Recommended:
@@ -73,7 +73,7 @@ def check_source(name: str, cache: str = "", what: str = "--depth-model", needs_
 
 
 def describe(name: str):
-    """The manifest's record of a depth source: "proxy" (perturb.depth_proxy), or {"model": NAME}."""
+    """The manifest's record of a depth source: "proxy" (scene.depth_proxy), or {"model": NAME}."""
     return {"model": name} if name and name != PROXY else "proxy"
 
 
@@ -106,7 +106,7 @@ class Depth:
     or None for perturb's proxy. NAME is
     - `auto` (the default): the clip's own depth where it has one (own_depth_file: the synthetic benchmark's true
       depth), else the RECOMMENDED model's (real footage: PVRBench is depth-conditioned, Sec. 4);
-    - `proxy`: none (perturb.depth_proxy: a sky over a ground plane, or one depth without a sky);
+    - `proxy`: none (scene.depth_proxy: a sky over a ground plane, or one depth without a sky);
     - a model's hub id or folder: that model's (Source), also for clips with their own depth."""
 
     def __init__(self, name: str = AUTO, cache_dir=None):

@@ -12,7 +12,7 @@ import pytest
 
 from machinery import depth
 import perturb
-from machinery import synthetic
+from machinery import perturb_cli, scene, synthetic
 from machinery import video
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_compositing_equation(sub, clip):
 def test_depth_proxy_puts_sky_far_and_ground_near():
     frames, depth = synthetic.sample_clip(1, 224, 224, seed=3)
     small = cv2.resize(frames[0], (56, 56), interpolation=cv2.INTER_AREA)  # as the engine calls it
-    d = perturb.depth_proxy(small)
+    d = scene.depth_proxy(small)
     assert d.shape == (56, 56) and d.min() >= 0 and d.max() <= 1
     true = cv2.resize(depth[0], (56, 56), interpolation=cv2.INTER_NEAREST)
     assert d[true >= 999].mean() > 0.8 and d[-4:].mean() < 0.3
@@ -427,7 +427,7 @@ def test_cli_grid_of_a_full_length_clip_shows_a_few_sampled_frames(cli_clips, tm
     grid = tmp_path / "grid.png"
     run = _cli(cli_clips["even"], "--grid", grid, "--protocol", "pvrbench")
     assert run.returncode == 0, run.stderr
-    h, w = video.smart_resize(128, 160, max_pixels=perturb.GRID_MAX_PIXELS)
+    h, w = video.smart_resize(128, 160, max_pixels=perturb_cli.GRID_MAX_PIXELS)
     with Image.open(grid) as im:
         assert im.size == (140 + 4 * w, 13 * h)  # 4 columns; clean + 12 rows
     assert f"x 4 frames of 16 sampled uniformly from {cli_clips['even']} (of its 30), {w}x{h} each" in run.stdout
@@ -491,7 +491,7 @@ def test_cli_debug_shows_the_traceback(tmp_path):
 def test_cli_refuses_a_clip_that_does_not_fit_in_memory_before_decoding(cli_clips, tmp_path, monkeypatch):
     from machinery import runtime
 
-    monkeypatch.setattr(perturb, "_memory_available", lambda: 1_000_000)  # 30 x 160x128 x 3 x 2 = 3.7 MB
+    monkeypatch.setattr(perturb_cli, "_memory_available", lambda: 1_000_000)  # 30 x 160x128 x 3 x 2 = 3.7 MB
     monkeypatch.setattr(video, "read_clip", lambda *a, **k: pytest.fail("decoded anyway"))
     out = tmp_path / "o.mp4"
     with pytest.raises(runtime.UserError, match=r"30 frames of 160x128 need about 0\.0 GB .* --frames N"):

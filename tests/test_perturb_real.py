@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import perturb
-from machinery import synthetic
+from machinery import kernels, occluders, scene, synthetic
 
 
 def ramp(a, b, x):
@@ -66,7 +66,7 @@ def band(profile, k):
 def test_no_band_on_a_smooth_sky(sky):
     clip = smooth_sky(*SKIES[sky])
     small = cv2.resize(clip[3], (24, 24), interpolation=cv2.INTER_AREA)  # the engine's working scale
-    rows = perturb.depth_proxy(small).mean(1)
+    rows = scene.depth_proxy(small).mean(1)
     assert np.diff(rows).max() <= 1e-3, rows.round(2)  # far at the top, nearer all the way down
     assert rows[0] > 0.95 and rows[-1] < 0.3  # the sky is found (even the dark dusk one), the ground is near
     for seed in range(3):
@@ -98,7 +98,7 @@ def test_a_real_photo_gets_a_sky_and_a_ground():
         assert clip.shape == (4, 224, 224, 3) and clip.dtype == np.uint8
         assert np.abs(np.diff(clip.astype(np.int16), axis=0)).mean() > 1  # it moves
         small = cv2.resize(clip[2], (28, 28), interpolation=cv2.INTER_AREA)
-        d = perturb.depth_proxy(small)
+        d = scene.depth_proxy(small)
         assert d[:3].max() > 0.97 and d[-3:].mean() < 0.5, name  # sky at the top, ground at the bottom
 
 
@@ -109,7 +109,7 @@ def test_shadow_never_falls_on_the_sky():
     clip = sky.copy()
     clip[:, 56:] = textured_ground(T=4)[:, 56:]  # a dark dusk sky over textured ground
     small = cv2.resize(clip[2], (24, 24), interpolation=cv2.INTER_AREA)
-    far = cv2.resize(perturb.depth_proxy(small), (96, 96), interpolation=cv2.INTER_LINEAR) >= 0.97
+    far = cv2.resize(scene.depth_proxy(small), (96, 96), interpolation=cv2.INTER_LINEAR) >= 0.97
     assert far[:36].all()
     shaded = 0.0
     for seed in range(6):
@@ -142,22 +142,22 @@ def test_no_streak_in_the_shadow_without_sky():
 # ----------------------------------------------------------------------------- occluders
 
 def test_a_walkers_planted_foot_stays_put_and_its_gait_advances():
-    step = perturb._STEP
+    step = occluders.STEP
     for leg in (0, 1):
         phases = np.linspace(0, np.pi, 9)[:-1] + np.pi * leg  # this leg's stance
-        world = [perturb._gait(ph)["ankle"][leg][0] + step * (ph - np.pi * leg) / np.pi for ph in phases]
+        world = [occluders.gait(ph)["ankle"][leg][0] + step * (ph - np.pi * leg) / np.pi for ph in phases]
         assert np.ptp(world) < 1e-9  # body advance (step per half stride) cancels the foot's motion under the hip
-    swing = [perturb._gait(ph)["ankle"][0] for ph in np.linspace(np.pi, 2 * np.pi, 9)]
+    swing = [occluders.gait(ph)["ankle"][0] for ph in np.linspace(np.pi, 2 * np.pi, 9)]
     assert min(a[1] for a in swing) < 0.965 - 0.04 and np.all(np.diff([a[0] for a in swing]) > 0)  # lifted, forward
-    a, b = perturb._gait(0.3), perturb._gait(0.3 + 2 * np.pi)
+    a, b = occluders.gait(0.3), occluders.gait(0.3 + 2 * np.pi)
     assert all(np.allclose(a[j], b[j]) for j in ("knee", "ankle", "wrist"))  # one stride = 2 pi
-    assert not np.allclose(perturb._gait(0.3)["ankle"], perturb._gait(1.3)["ankle"])
+    assert not np.allclose(occluders.gait(0.3)["ankle"], occluders.gait(1.3)["ankle"])
 
 
 def test_a_walker_has_a_head_of_one_seventh_and_a_half_of_its_height():
-    look = perturb._actor_look(np.random.default_rng(0), True)
+    look = occluders.actor_look(np.random.default_rng(0), True)
     for phase in (0.0, 1.0, 2.5):
-        _, alpha, _, _ = perturb._actor_frame(True, 300, phase, look, 1, {})
+        _, alpha, _, _ = occluders.actor_frame(True, 300, phase, look, 1, {})
         rows = np.nonzero(alpha.max(1) > 0.5)[0]
         height = rows[-1] - rows[0] + 1
         assert abs(height - 300) < 12
@@ -170,7 +170,7 @@ def test_an_occluder_is_shaded_by_one_light():
     disc = np.zeros((64, 64), np.uint8)
     cv2.circle(disc, (32, 32), 24, 255, -1)
     light = np.array([-0.6, -0.6, 0.53])
-    shade = perturb._emboss(disc, 8, light / np.linalg.norm(light))
+    shade = kernels.emboss(disc, 8, light / np.linalg.norm(light))
     inside = disc > 0
     lit, dark = shade[:32, :32][inside[:32, :32]].mean(), shade[32:, 32:][inside[32:, 32:]].mean()
     assert lit > dark + 0.2  # the side facing the light (top left) is brighter
@@ -227,7 +227,7 @@ def test_an_occluder_stands_on_ground_or_enters_from_the_lower_edge(name):
     pytest.importorskip("skimage")
     clip = synthetic.photo_clip(name, 8, 160)
     small = cv2.resize(clip[4], (24, 24), interpolation=cv2.INTER_AREA)   # the engine's working scale
-    d = perturb.depth_proxy(small)
+    d = scene.depth_proxy(small)
     recede = np.diff(d, axis=0)   # < 0 where depth grows upward
     for seed, eta in ((0, 0.3), (1, 0.5), (2, 0.7), (3, 1.0)):   # (nearness grows with eta)
         for style in ("pedestrian", "vehicle"):
@@ -261,7 +261,7 @@ def test_no_fog_band_and_no_shadow_of_nothing_on_real_pictures(name):
         peak = S.max()
         assert peak > 0.3, (name, seed)   # a shadow was cast
         small = cv2.resize(clip[4], (24, 24), interpolation=cv2.INTER_AREA)
-        d = cv2.resize(perturb.depth_proxy(small), (160, 160), interpolation=cv2.INTER_LINEAR)
+        d = cv2.resize(scene.depth_proxy(small), (160, 160), interpolation=cv2.INTER_LINEAR)
         edge = cv2.dilate((np.hypot(*np.gradient(d)) * 160 / 24 > 0.02).astype(np.uint8), np.ones((5, 5), np.uint8))
         for c in S:
             n, labels = cv2.connectedComponents((c > 0.5 * peak).astype(np.uint8))
@@ -274,8 +274,8 @@ def test_no_fog_band_and_no_shadow_of_nothing_on_real_pictures(name):
 
 
 def test_clothing_colours_vary_with_the_seed_and_only_with_it():
-    jackets = {tuple(np.round(perturb._actor_look(perturb._rng(s, "dynamic", "actor"), True)["jacket"], -1))
+    jackets = {tuple(np.round(occluders.actor_look(kernels.seeded_rng(s, "dynamic", "actor"), True)["jacket"], -1))
                for s in range(12)}
     assert len(jackets) >= 10
-    a, b = (perturb._actor_look(perturb._rng(7, "dynamic", "actor"), True) for _ in range(2))
+    a, b = (occluders.actor_look(kernels.seeded_rng(7, "dynamic", "actor"), True) for _ in range(2))
     assert all(np.array_equal(a[k], b[k]) for k in a)

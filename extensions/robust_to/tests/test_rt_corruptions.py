@@ -13,7 +13,7 @@ import pytest
 
 import extensions.robust_to.corruptions as C  # registers motion_blur, noise and PROTOCOLS["robust-to"]
 import perturb
-from machinery import synthetic
+from machinery import perturb_cli, synthetic
 from machinery import video
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -351,7 +351,7 @@ def test_cli_grid_of_a_full_length_clip_shows_a_few_sampled_frames(tmp_path):
     grid = tmp_path / "grid.png"
     run = _cli(src, "--grid", grid, "--protocol", "robust-to", "--depth-model", "proxy")   # (no depth model here)
     assert run.returncode == 0, run.stderr
-    h, w = video.smart_resize(128, 160, max_pixels=perturb.GRID_MAX_PIXELS)
+    h, w = video.smart_resize(128, 160, max_pixels=perturb_cli.GRID_MAX_PIXELS)
     with Image.open(grid) as im:
         assert im.size == (140 + 4 * w, 6 * h)  # 4 columns; clean + 5 rows
     assert f"x 4 frames of 16 sampled uniformly from {src} (of its 30), {w}x{h} each" in run.stdout

@@ -1,0 +1,235 @@
+"""perturb.py's command line: corrupt a video (or the built-in clip) with one subtype, or draw the contact sheet of
+a protocol's subtypes. `engine` is the perturb module (its registry, PerturbSpec and apply), passed in so that
+the machinery never imports a stage script.
+
+    python perturb.py clip.mp4 --subtype fog --out foggy.mp4
+    python perturb.py --grid sheet.png
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from machinery import runtime, video
+
+
+OUT_SUFFIXES = (".mp4",)  # H.264 via video.write_video; GIF is not offered (it merges equal frames, rounds the fps)
+GRID_FRAMES, GRID_MAX_PIXELS = 16, 256 * 28 * 28  # the --grid's sampled clip (the sheet shows 4 of its frames)
+SAMPLE_FRAMES, SAMPLE_FPS = 16, 8.0  # the built-in clip
+
+_CLI_EPILOG = (
+    "--out writes a corrupted copy of INPUT: every frame, at its native size and fps (an odd width or height "
+    "is padded by one pixel, repeating the edge: H.264 / yuv420p needs even sides). --frames and --max-pixels "
+    "opt in to sampling as the model does (qwen-vl-utils' uniform indices, smart_resize). Memory: the clip is "
+    "decoded and corrupted whole (the effects animate over all its frames), about 2 x frames x width x height "
+    "x 3 bytes (a minute of 1080p at 30 fps: ~22 GB, 3x with --shuffle); a clip that does not fit in the "
+    "available memory is refused before decoding. The --grid contact sheet samples a short clip (--frames, "
+    f"default {GRID_FRAMES} or the clip's length if shorter, at --max-pixels, default {GRID_MAX_PIXELS}) and shows "
+    "4 of its frames per row.")
+
+
+def _check_cli_args(args):
+    """The flag values, before any work: one-line UserErrors."""
+    for flag, value in (("--frames", args.frames), ("--max-pixels", args.max_pixels), ("--size", args.size)):
+        if value is not None and value < 1:
+            raise runtime.UserError(f"{flag} must be a positive integer, got {value}")
+    if args.out and not args.subtype:
+        raise runtime.UserError(f"--out {args.out} needs --subtype NAME, the perturbation to apply")
+    if args.max_pixels is not None and not args.input:
+        raise runtime.UserError("--max-pixels resizes an INPUT video; the built-in clip's side is --size")
+    try:
+        args.engine.PerturbSpec(args.subtype, eta=args.eta, seed=args.seed)
+    except ValueError as e:
+        raise runtime.UserError(str(e)) from None
+
+
+def _memory_available():
+    """Bytes of memory available now (Linux's MemAvailable, else the physical memory); None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _check_memory(path, info, num_frames, max_pixels, copies):
+    """Refuse, before decoding, a clip whose `copies` (decoded + corrupted [+ shuffled]) cannot fit, at the
+    size video.read_clip decodes it for these options."""
+    n, h, w = num_frames or info["frames"], info["height"], info["width"]
+    if max_pixels is not None:
+        try:
+            h, w = video.smart_resize(h, w, max_pixels=max_pixels)
+        except ValueError as e:
+            raise runtime.UserError(f"--max-pixels {max_pixels}: {e}") from None
+    need, have = copies * n * h * w * 3, _memory_available()
+    if have is not None and need > have:
+        raise runtime.UserError(
+            f"{path}: {n} frames of {w}x{h} need about {need / 1e9:.1f} GB of memory (the clip is decoded and "
+            f"corrupted whole), {have / 1e9:.1f} GB are available; sample it with --frames N and/or shrink it "
+            f"with --max-pixels P, or cut it first (ffmpeg -ss START -t SECONDS)")
+
+
+def _fps_text(fps):
+    return f"{round(float(fps), 3)}"
+
+
+def _read(path, num_frames, max_pixels):
+    """video.read_clip, ffmpeg's own messages about a bad file held back (the VideoError says it)."""
+    with video.held_native_stderr():
+        return video.read_clip(path, num_frames, max_pixels)
+
+
+def _read_for_out(args, info):
+    """INPUT for --out: (frames, their indices in INPUT, fps to write, what they are in words)."""
+    copies = (3 if args.shuffle else 2) + (args.depth_model != "proxy")   # (+ float16 depth: 2 of 3 bytes a pixel)
+    _check_memory(args.input, info, args.frames, args.max_pixels, copies)
+    frames, indices, fps = _read(args.input, args.frames, args.max_pixels)
+    frames, fps, what = _describe_out(args, info, frames, fps)
+    return frames, indices, fps, what
+
+
+def _describe_out(args, info, frames, fps):
+    """(frames, fps to write, what they are in words) of INPUT's frames read for --out."""
+    name, total, T = args.input, info["frames"], len(frames)
+    if args.frames is None:
+        what = f"all frames of {name}"
+    else:
+        what = f"{T} of the {total} frames of {name}, sampled uniformly" + (" (some repeated)" if T > total else "")
+    if args.max_pixels is None:
+        what += ", native size"
+    else:
+        what += f", resized from {info['width']}x{info['height']} by smart_resize (max_pixels={args.max_pixels})"
+    if not fps > 0:  # a stream without a frame rate: decord reports 0
+        return frames, SAMPLE_FPS, f"{what}; {name} has no frame rate, written at {SAMPLE_FPS} fps"
+    if args.frames is not None:
+        what += f"; its {_fps_text(fps)} fps scaled by {T}/{total} to keep its {total / fps:.2f} s"
+        fps = fps * T / total
+    return frames, fps, what
+
+
+def _depth(args, frames, video_id, indices, given, what):
+    """(depth for `apply`, `what` + where it comes from), by --depth-model: auto, the clip's own (`given`: the
+    built-in clip's true depth) or else the recommended model's; proxy, none (scene.depth_proxy); NAME, that
+    model's (depth.py, cached)."""
+    from machinery import depth as depth_model   # (torch and transformers load only with a depth model)
+
+    name = args.depth_model or depth_model.PROXY
+    if name == depth_model.PROXY:
+        return None, what
+    if name == depth_model.AUTO and given is not None:
+        return given, f"{what}, with its true depth"
+    source = depth_model.Depth(name, args.depth_cache or None).source
+    return source(frames, video_id, indices), f"{what}; depth by {source.name}"
+
+
+def _write_out(args, out, frames, fps, depth, what):
+    spec = args.engine.PerturbSpec(args.subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+    video.write_video(out, args.engine.apply(frames, spec, depth), fps=fps)
+    T, h, w = frames.shape[:3]
+    eh, ew = video.even_size(h, w)
+    if (eh, ew) != (h, w):
+        what += f"; {w}x{h} padded to {ew}x{eh}, repeating the edge: H.264 needs even sides"
+    print(f"wrote {out}: {T} frames, {ew}x{eh}, {_fps_text(fps)} fps ({what}); spec={spec.to_json()}")
+
+
+def _write_grid(args, grid, frames, depth, what):
+    rows, labels = [frames], ["clean"]
+    for sub in args.engine.PROTOCOLS[args.protocol]:
+        spec = args.engine.PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+        rows.append(args.engine.apply(frames, spec, depth))
+        labels.append(f"{args.engine.CATEGORY_OF[sub]}/{sub}")
+    cols = 4
+    video.contact_sheet(rows, labels, grid, num_cols=cols)
+    h, w = frames.shape[1:3]
+    print(f"wrote {grid}: clean + {len(rows) - 1} subtypes ({args.protocol}) x {min(cols, len(frames))} frames "
+          f"of {what}, {w}x{h} each; eta={args.eta}, seed={args.seed}")
+
+
+def main(argv, engine):
+    """`engine`: the perturb module."""
+    ap = argparse.ArgumentParser(
+        description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8) or a registered "
+                    "extension's, or render the contact sheet of a protocol's subtypes. "
+                    "With no INPUT, a procedural street clip (with its true depth) generated by the project "
+                    "is used.", epilog=_CLI_EPILOG)
+    ap.add_argument("input", nargs="?", help="input video (mp4, ...); default: the built-in sample clip")
+    ap.add_argument("--subtype", choices=tuple(engine.EFFECTS),
+                    help="perturbation subtype (Table 8, or a registered extension's)")
+    ap.add_argument("--eta", type=float, default=engine.DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
+    ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
+    ap.add_argument("--out", help="output .mp4 for --subtype: the corrupted copy of INPUT (all frames, native "
+                                  "size and fps unless --frames / --max-pixels)")
+    ap.add_argument("--grid", help="output .png: the contact sheet of clean + the protocol's subtypes")
+    ap.add_argument("--protocol", choices=sorted(engine.PROTOCOLS), default="pvrbench",
+                    help="subtypes of the --grid: pvrbench (Table 8's 12, default) or a registered protocol")
+    ap.add_argument("--frames", type=int, metavar="N",
+                    help="sample N frames uniformly from INPUT, as the model does (the fps written is scaled "
+                         f"to keep the clip's duration); default: all of them for --out, {GRID_FRAMES} for "
+                         f"--grid; with no INPUT, the built-in clip's length ({SAMPLE_FRAMES})")
+    ap.add_argument("--max-pixels", type=int, metavar="P",
+                    help="resize INPUT's frames to this pixel budget, as the model does (smart_resize: sides "
+                         f"multiples of 28); default: native size for --out, {GRID_MAX_PIXELS} for --grid")
+    ap.add_argument("--size", type=int, default=448, help="side of the built-in sample clip")
+    ap.add_argument("--depth-model", default="auto", metavar="NAME",
+                    help="depth of the depth-graded effects: auto (the built-in clip's true depth; for INPUT "
+                         "depth-anything/Depth-Anything-V2-Small-hf, cached: depth.py), proxy (the depth proxy, no "
+                         "model), or a transformers depth-estimation model's hub id or folder")
+    ap.add_argument("--depth-cache", default="", metavar="DIR",
+                    help="where --depth-model's maps are cached (default $XDG_CACHE_HOME/rova/depth, i.e. "
+                         "~/.cache/rova/depth)")
+    runtime.add_debug_flag(ap)
+    args = ap.parse_args(argv)
+    args.engine = engine
+    if not args.grid and not (args.subtype and args.out):
+        ap.error("give --grid OUT.png, or --subtype NAME --out OUT.mp4")
+    _check_cli_args(args)
+    out = runtime.out_file(args.out, OUT_SUFFIXES, "--out") if args.out else None
+    grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
+    from machinery import depth as depth_model   # (torch and transformers load only to run a depth model)
+
+    depth_model.check_source(args.depth_model, args.depth_cache, needs_model=False)   # one line now (auto: below)
+    return _on_input(args, out, grid) if args.input else _on_sample(args, out, grid)
+
+
+def _on_input(args, out, grid):
+    """--out and/or --grid of INPUT (depth: --depth-model's: by default the recommended model's)."""
+    with video.held_native_stderr():
+        info = video.probe(args.input)  # a VideoError names the file
+    if out is not None and out.resolve() == Path(args.input).resolve():
+        raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
+    from machinery import depth as depth_model
+
+    depth_model.check_source(args.depth_model, args.depth_cache)   # auto: a real video needs the model
+    video_id = str(Path(args.input).resolve())
+    if out is not None:
+        frames, indices, fps, what = _read_for_out(args, info)
+        _write_out(args, out, frames, fps, *_depth(args, frames, video_id, indices, None, what))
+        del frames
+    if grid is not None:
+        n, mp = args.frames or min(GRID_FRAMES, info["frames"]), args.max_pixels or GRID_MAX_PIXELS
+        frames, indices, _ = _read(args.input, n, mp)
+        what = f"{n} sampled uniformly from {args.input} (of its {info['frames']})"
+        _write_grid(args, grid, frames, *_depth(args, frames, video_id, indices, None, what))
+    return 0
+
+
+def _on_sample(args, out, grid):
+    """--out and/or --grid of the built-in clip (depth: its true depth, or --depth-model's)."""
+    from machinery import synthetic  # the built-in clip (imported here: the engine needs not its imports)
+
+    frames, true_depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
+    video_id, indices = f"perturb-sample-clip/{args.size}", range(len(frames))
+    depth, what = _depth(args, frames, video_id, indices, true_depth, "the built-in sample clip")
+    if out is not None:
+        _write_out(args, out, frames, SAMPLE_FPS, depth, what)
+    if grid is not None:
+        _write_grid(args, grid, frames, depth, f"{what} ({len(frames)} frames)")
+    return 0
