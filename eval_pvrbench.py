@@ -595,9 +595,9 @@ def resolve_model(args, ext, models):
     print(f"no --model and no {DEMO_CHECKPOINT} (`python train.py` trains it): evaluating an UNTRAINED tiny model "
           f"({tiny})", flush=True)
     if not (tiny / "config.json").is_file():
-        from machinery import policy
+        from machinery import tiny as tiny_model
         with runtime.no_hf_progress_bars():
-            policy.build_tiny(tiny)
+            tiny_model.build_tiny(tiny)
     return str(tiny), args.model_name or "tiny-untrained"
 
 

@@ -55,6 +55,7 @@ from machinery import parallel
 import perturb
 from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 from machinery import video
 
 log = print  # rank-aware in main()
@@ -91,7 +92,7 @@ class Config:
     micro_batch_size: int = _arg(8, "rows per forward/backward: a step's completions (RL) or samples (SFT) are "
                                     "accumulated in micro-batches of this many; 0: all at once", "model")
     # data
-    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python -m machinery.data "
+    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python -m machinery.subset "
                          "make-subset`); empty: the demo", "data")
     video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)", "data")
     frames: int = _arg(16, "frames per video (App. D: 16 in training)", "data")
@@ -880,7 +881,7 @@ def prepare_demo(cfg, rank):
         if not (tiny / "config.json").is_file():
             log(f"demo: building the tiny model in {tiny}")
             with runtime.no_hf_progress_bars():
-                policy.build_tiny(tiny)
+                tiny_model.build_tiny(tiny)
         make_demo_benchmark(cfg, synth)
     runtime.barrier()
     cfg.model = str(tiny)

@@ -48,10 +48,11 @@ RUNS = {  # name: (entry point, extra flags)
 
 
 def modules():
-    """The project's modules wherever the layout keeps them (top level before the restructuring)."""
+    """The project's modules wherever the layout keeps them (top level before the restructuring; build_tiny in
+    policy before tiny.py)."""
     import importlib
     out = {}
-    for name in ("policy", "synthetic", "perturb", "video"):
+    for name in ("policy", "tiny", "synthetic", "perturb", "video"):
         for where in (name, f"machinery.{name}"):
             try:
                 out[name] = importlib.import_module(where)
@@ -82,7 +83,7 @@ def assets(out, m):
     tiny, text, synth = START, out / "tiny_text", out / "synth"
     if not (text / "config.json").is_file():
         from extensions.embodied_r import perceive
-        m["policy"].build_tiny(text, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
+        m.get("tiny", m["policy"]).build_tiny(text, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
     if not (synth / "summary.json").is_file():
         m["synthetic"].make_synthetic(synth, n=12, seed=1, num_frames=8, size=56, eval_fraction=0.25,
                                     families=["next_action"])

@@ -249,8 +249,9 @@ def sharpened_tiny(folder):
     import torch
 
     from machinery import policy
+    from machinery import tiny as tiny_model
     from bench_rollout import sharpen
-    model, processor = policy.load_policy(policy.build_tiny(folder / "build"), dtype=torch.float32)
+    model, processor = policy.load_policy(tiny_model.build_tiny(folder / "build"), dtype=torch.float32)
     sharpen(model, std=0.2)
     policy.save(model, processor, folder / "sharpened", dtype=torch.float32)
     return folder / "sharpened"

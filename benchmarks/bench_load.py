@@ -93,8 +93,8 @@ def main(argv=None):
     from machinery import runtime
     with tempfile.TemporaryDirectory() as tmp:
         assets = Path(tmp)
-        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from machinery import policy, synthetic; "
-                        "policy.build_tiny(sys.argv[2] + '/tiny'); "
+        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from machinery import synthetic; "
+                        "from machinery import tiny as tiny_model; tiny_model.build_tiny(sys.argv[2] + '/tiny'); "
                         "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)
         ratios = {}

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from machinery import policy  # noqa: E402
+from machinery import tiny as tiny_model  # noqa: E402
 
 QUESTION = "Which way should the drone go next?\nOptions:\nA. turn left\nB. turn right\nC. go ahead"
 
@@ -79,7 +80,7 @@ def main(argv=None):
     sizes, token_counts = [int(s) for s in args.sizes.split(",")], [int(t) for t in args.tokens.split(",")]
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model, processor = policy.load_policy(policy.build_tiny(os.path.join(tmp, "tiny")), dtype=torch.float32,
+        model, processor = policy.load_policy(tiny_model.build_tiny(os.path.join(tmp, "tiny")), dtype=torch.float32,
                                               device="cpu")
     sharpen(model)
     batches = {s: make_batch(processor, args.prompts, args.frames, s) for s in sizes}

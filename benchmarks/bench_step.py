@@ -39,6 +39,7 @@ from machinery import data  # noqa: E402
 
 from machinery import synthetic  # noqa: E402
 from machinery import policy  # noqa: E402
+from machinery import tiny as tiny_model  # noqa: E402
 import train  # noqa: E402
 
 MODES = ("grpo", "dual", "rova")
@@ -76,7 +77,7 @@ def parse_args(argv=None):
 def smoke_assets(work):
     tiny, synth = work / "tiny", work / "synthetic"
     if not (tiny / "config.json").is_file():
-        policy.build_tiny(tiny)
+        tiny_model.build_tiny(tiny)
     if not (synth / "train.json").is_file():
         synthetic.make_synthetic(synth, n=16, seed=0, num_frames=8, size=56, eval_fraction=0.25)
     return str(tiny), str(synth / "train.json")

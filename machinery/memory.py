@@ -541,7 +541,7 @@ def format_plan(p: dict, gpu_gib: float | None = None) -> str:
 def validation_config(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2, vocab=4096, vision_hidden=128,
                       vision_depth=2):
     """A small random Qwen2.5-VL, built in code, big enough that activations and states dominate fixed overheads
-    (the tiny test model of policy.build_tiny is too small: its tensors are mostly overheads)."""
+    (the tiny test model of tiny.build_tiny is too small: its tensors are mostly overheads)."""
     from transformers import Qwen2_5_VLConfig
 
     text = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,

@@ -57,7 +57,7 @@ _SEEN_PX = 12  # an object "appears" once it covers a dozen pixels of a frame
 
 
 def tokenizer_corpus() -> list[str]:
-    """Every fixed string of the benchmark's questions and chains of thought: policy.build_tiny trains
+    """Every fixed string of the benchmark's questions and chains of thought: tiny.build_tiny trains
     its tokenizer on them after data.tokenizer_corpus()'s (``data.tokenizer_corpus(tokenizer_corpus())``)."""
     names = [f"{c} {s}" for c in SYNTH_COLOURS for s in SYNTH_SHAPES]
     return ([_Q_ACTION, _Q_ORDER.format(", ".join(names[:3])), _Q_DIST.format(names[0])] + list(SYNTH_ACTIONS)

@@ -22,13 +22,14 @@ import perturb
 from machinery import runtime
 from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 from machinery import video
 
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("evalpvr")
-    tiny = policy.build_tiny(root / "tiny")
+    tiny = tiny_model.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "syn", n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)  # 9 questions
     return root, tiny, root / "syn"
 

@@ -265,8 +265,9 @@ def test_normalisation_options():
 def run_toy_grpo(tmp_path, steps, lr, use_advantages=True):
     """GRPO on the tiny policy with a toy reward: the fraction of one chosen token in the completion."""
     from machinery import policy
+    from machinery import tiny as tiny_model
     torch.manual_seed(0)
-    model, proc = policy.load_policy(policy.build_tiny(tmp_path / "tiny"))
+    model, proc = policy.load_policy(tiny_model.build_tiny(tmp_path / "tiny"))
     ref = policy.frozen_copy(model)
     rng = np.random.default_rng(0)
     videos = [rng.integers(0, 256, (4, 56, 56, 3), dtype=np.uint8) for _ in range(2)]

@@ -320,8 +320,8 @@ def test_calibrate_thresholds_on_separable_data():
 # --------------------------------------------------------------------------- the HF judge
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from machinery import policy
-    return policy.build_tiny(tmp_path_factory.mktemp("tiny_judge"))
+    from machinery import tiny as tiny_model
+    return tiny_model.build_tiny(tmp_path_factory.mktemp("tiny_judge"))
 
 
 def test_hf_judge_on_the_tiny_model_gives_allowed_values_or_missing(tiny_path):

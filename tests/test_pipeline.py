@@ -7,12 +7,13 @@ from machinery import data
 from machinery import synthetic
 import perturb
 from machinery import policy
+from machinery import tiny as tiny_model
 from machinery import video
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = policy.build_tiny(tmp_path_factory.mktemp("tiny"))
+    path = tiny_model.build_tiny(tmp_path_factory.mktemp("tiny"))
     return policy.load_policy(path)
 
 

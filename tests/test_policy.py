@@ -1,4 +1,5 @@
-"""Tests for policy.py on the tiny offline Qwen2.5-VL: build/reload, batches, rollouts, log-probs, LoRA, 4-bit."""
+"""Tests for policy.py on the tiny offline Qwen2.5-VL (tiny.py): build/reload, batches, rollouts, log-probs, LoRA,
+4-bit."""
 import os
 import socket
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from machinery import policy
+from machinery import tiny as tiny_model
 
 F32 = {"dtype": torch.float32}  # exact comparisons; the default device (CUDA when present) is kept
 QUESTION = "Which way should the drone go next?\nOptions:\nA. turn left\nB. turn right\nC. go ahead"
@@ -29,7 +31,7 @@ def _clips():
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return policy.build_tiny(tmp_path_factory.mktemp("tiny") / "qwen2_5_vl_tiny")
+    return tiny_model.build_tiny(tmp_path_factory.mktemp("tiny") / "qwen2_5_vl_tiny")
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,7 @@ def test_build_tiny_is_small_and_reloads_offline(tiny_dir, monkeypatch):
     assert type(processor).__name__ == "Qwen2_5_VLProcessor"
     tok = processor.tokenizer
     assert 300 <= len(tok) <= 2048 and model.config.text_config.vocab_size == len(tok)
-    for name in policy.SPECIAL_TOKENS:
+    for name in tiny_model.SPECIAL_TOKENS:
         assert len(tok.encode(name, add_special_tokens=False)) == 1, name
     assert model.config.video_token_id == tok.convert_tokens_to_ids("<|video_pad|>")
     assert model.config.vision_start_token_id == tok.convert_tokens_to_ids("<|vision_start|>")
@@ -249,12 +251,12 @@ def _spy_generate(model, monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("arch", policy.ARCHS)
+@pytest.mark.parametrize("arch", tiny_model.ARCHS)
 def test_shared_prefix_rollout_matches_repeated_prompts(arch, tmp_path, monkeypatch):
     """share_prefix (each prompt encoded and prefilled once, completions decoded from copies of its KV
     cache) gives the greedy completions of today's repeated-prompt path, with uneven n; sampled completions
     have per-token log-probs equal to generate()'s own scores."""
-    model, processor = policy.load_policy(policy.build_tiny(tmp_path / arch, arch=arch), **F32)
+    model, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / arch, arch=arch), **F32)
     _sharpen(model)
     inputs = _arch_batch(processor, arch)
     kw = dict(n=[2, 3], max_new_tokens=12, do_sample=False)
@@ -292,13 +294,13 @@ def test_shared_prefix_rollout_matches_repeated_prompts(arch, tmp_path, monkeypa
     assert torch.allclose(part, got[2:], atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", [a for a in policy.ARCHS if a != "qwen2"])
+@pytest.mark.parametrize("arch", [a for a in tiny_model.ARCHS if a != "qwen2"])
 def test_many_questions_on_one_video_match_a_plain_batch(arch, tmp_path):
     """answer_same_video (the video encoded and the shared prefix prefilled once, each question's own tokens
     appended to copies of that cache, 2 decoded at a time) gives the greedy texts of the questions asked as one
     plain batch; questions of different lengths, one a single word; prompts whose text comes before the
     video share no video prefix and are asked as a plain batch."""
-    model, processor = policy.load_policy(policy.build_tiny(tmp_path / arch, arch=arch), **F32)
+    model, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / arch, arch=arch), **F32)
     _sharpen(model)
     size = 64 if arch == "qwen3_vl" else 56
     clip = np.random.default_rng(1).integers(0, 256, (8, size, size, 3), dtype=np.uint8)
@@ -423,7 +425,7 @@ def test_text_only_prompts(loaded):
 
 @pytest.mark.parametrize("arch, size", [("qwen2_vl", 56), ("qwen3_vl", 64)])
 def test_other_architectures(arch, size, tmp_path):
-    model, processor = policy.load_policy(policy.build_tiny(tmp_path / arch, arch=arch), **F32)
+    model, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / arch, arch=arch), **F32)
     assert type(model).__name__.lower().startswith(arch.replace("_", ""))
     clips = [np.zeros((5, size, size, 3), np.uint8), np.full((4, size, 2 * size, 3), 200, np.uint8)]
     inputs = policy.make_inputs(processor, [_prompt(QUESTION), _prompt("How many?")], clips)
@@ -513,7 +515,7 @@ def test_cli_builds_a_tiny_model(tmp_path):
     import subprocess
     import sys
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-m", "machinery.policy", "build-tiny", "--out", str(tmp_path / "m"), "--arch",
+    run = subprocess.run([sys.executable, "-m", "machinery.tiny", "build-tiny", "--out", str(tmp_path / "m"), "--arch",
                           "qwen2_vl"], cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "m" / "config.json").is_file() and "qwen2_vl" in (tmp_path / "m" / "config.json").read_text()

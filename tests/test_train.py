@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
-    tiny = policy.build_tiny(root / "tiny")
+    tiny = tiny_model.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     return root, tiny, root / "synth" / "train.json"
 

@@ -254,7 +254,7 @@ def text_messages(messages, text: str) -> list[dict]:
 
 def tokenizer_corpus() -> list[str]:
     """Text with every fixed word of the perception stage (header, rendering, actions, and the cv
-    backend's vocabulary): what a tiny offline reasoner's tokenizer is trained on (policy.build_tiny)."""
+    backend's vocabulary): what a tiny offline reasoner's tokenizer is trained on (tiny.build_tiny)."""
     corpus = [OBSERVATIONS_HEADER, "Frame 0: Observe: (no description)",
               "Frame 1: After move forward, Observe: nothing new. Relevant: none",
               ", ".join(ACTIONS), "After " + ", After ".join(ACTIONS)]

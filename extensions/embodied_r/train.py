@@ -23,6 +23,7 @@ from pathlib import Path
 
 from machinery import data
 from machinery import policy
+from machinery import tiny as tiny_model
 import train
 from extensions.embodied_r import perceive
 from extensions.embodied_r import rewards as er_rewards
@@ -154,7 +155,7 @@ def prepare_demo(cfg, rank):
         if not (tiny / "config.json").is_file():
             train.log(f"demo: building the tiny text LM in {tiny}")
             with runtime.no_hf_progress_bars():
-                policy.build_tiny(tiny, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
+                tiny_model.build_tiny(tiny, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
         train.make_demo_benchmark(cfg, synth)
     runtime.barrier()
     cfg.model = str(tiny)

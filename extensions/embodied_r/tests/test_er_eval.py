@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from machinery import data
-from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 from extensions.embodied_r import eval as er_eval
 from extensions.embodied_r import perceive
 
@@ -35,7 +35,7 @@ def test_debias_drops_the_questions_a_blind_model_answers(tmp_path):
 
 
 def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
-    tiny = policy.build_tiny(tmp_path / "tiny")
+    tiny = tiny_model.build_tiny(tmp_path / "tiny")
     synth = tmp_path / "synth"
     synthetic.make_synthetic(synth, n=4, seed=4, num_frames=4, size=56, eval_fraction=0.5)
     out = er_eval.main(["--model", str(tiny), "--benchmark", f"synthetic={synth}", "--out", str(tmp_path / "eval"),
@@ -46,8 +46,8 @@ def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
 
 
 def test_eval_runs_a_text_model_through_the_perceiver(tmp_path, scripted):
-    tiny = policy.build_tiny(tmp_path / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
-    vlm = policy.build_tiny(tmp_path / "tiny_vlm")
+    tiny = tiny_model.build_tiny(tmp_path / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
+    vlm = tiny_model.build_tiny(tmp_path / "tiny_vlm")
     synth = tmp_path / "synth"
     synthetic.make_synthetic(synth, n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     base = ["--benchmark", f"synthetic={synth}", "--subtypes", "fog,night", "--judge", "none", "--frames", "4",

@@ -77,11 +77,11 @@ def test_read_frames_with_the_keyframe_sampler(tmp_path):
 
 def test_train_and_eval_run_with_key_frames(tmp_path):
     """Training and evaluation read key frames end to end (Embodied-R's entry points, --frame-sampler keyframes)."""
-    from machinery import policy
     from machinery import synthetic
+    from machinery import tiny as tiny_model
     from extensions.embodied_r import eval as er_eval
     from extensions.embodied_r import train as er_train
-    tiny = policy.build_tiny(tmp_path / "tiny")
+    tiny = tiny_model.build_tiny(tmp_path / "tiny")
     synthetic.make_synthetic(tmp_path / "synth", n=4, seed=2, num_frames=8, size=56, eval_fraction=0.5)
     er_train.main(["--model", str(tiny), "--data", str(tmp_path / "synth" / "train.json"), "--out",
                    str(tmp_path / "run"), "--policy", "vlm", "--mode", "grpo-aug", "--frames", "4", "--max-pixels",

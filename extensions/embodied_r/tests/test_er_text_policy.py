@@ -12,6 +12,7 @@ from machinery import data
 from extensions.embodied_r import perceive
 from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 import train
 from extensions.embodied_r import train as er
 
@@ -19,8 +20,8 @@ from extensions.embodied_r import train as er
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("text_policy")
-    tiny = policy.build_tiny(root / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
-    vlm = policy.build_tiny(root / "tiny_vlm")
+    tiny = tiny_model.build_tiny(root / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
+    vlm = tiny_model.build_tiny(root / "tiny_vlm")
     synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     return root, tiny, vlm, root / "synth"
 

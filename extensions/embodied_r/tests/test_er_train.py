@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 import train
 from extensions.embodied_r import train as er
 
@@ -14,7 +14,7 @@ from extensions.embodied_r import train as er
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("er_train")
-    tiny = policy.build_tiny(root / "tiny")
+    tiny = tiny_model.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     return root, tiny, root / "synth" / "train.json"
 
@@ -54,7 +54,7 @@ def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
     made = []
     monkeypatch.setattr(train.synthetic, "make_synthetic", lambda out, **kw: made.append(Path(out)) or
                         (Path(out).mkdir(parents=True) or (Path(out) / "summary.json").write_text("{}")))
-    monkeypatch.setattr(train.policy, "build_tiny", lambda out, **kw: Path(out).mkdir(parents=True) or
+    monkeypatch.setattr(tiny_model, "build_tiny", lambda out, **kw: Path(out).mkdir(parents=True) or
                         (Path(out) / "config.json").write_text("{}"))
     vlm, text = train.parse_args([]), train.parse_args([], er.EXTENSION)
     train.prepare_demo(vlm, 0)

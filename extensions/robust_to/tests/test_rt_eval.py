@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import perturb
-from machinery import policy
 from machinery import synthetic
+from machinery import tiny as tiny_model
 from extensions.robust_to import eval as rt_eval
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("rt_eval")
-    path = policy.build_tiny(root / "tiny")
+    path = tiny_model.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
     return root, path
 

@@ -155,8 +155,9 @@ def test_supports():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     from machinery import policy
+    from machinery import tiny as tiny_model
     root = tmp_path_factory.mktemp("agent")
-    path = policy.build_tiny(root / "tiny")
+    path = tiny_model.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
     model, processor = policy.load_policy(path)
     return root, path, model, processor
