@@ -19,8 +19,8 @@ beside the clips. Conditions:
 the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
 not confounded by the task mix.
 
-Scores: each source's official rules (App. B.1, data.score_sample; benchmark_score): with --style official exactly its
-official code's, with --style reason (the default) with the project's extensions (data.EXTENSIONS, written into
+Scores: each source's official rules (App. B.1, answers.score_sample; benchmark_score): with --style official exactly its
+official code's, with --style reason (the default) with the project's extensions (answers.EXTENSIONS, written into
 results.json's `scoring`); Table 2's accuracy per
 category, Avg. (the mean of the four category columns, as in every row of Table 2), Orig. (clean) and the
 drop; its reasoning quality from --judge (judge.reasoning_quality of each perturbed response against the
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from machinery import chat
-from machinery import data
+from machinery import answers, data
 from machinery import depth as depths
 from machinery import diagnostics
 import judge as judges
@@ -99,7 +99,7 @@ def benchmark_score(records, source, style="reason"):
     """Official aggregate of one condition's records ({"task", "score", "error", "response"}) of one source.
     vsibench/synthetic: lmms-eval's vsibench_aggregate_results (rel_direction levels merged, unweighted mean
     over tasks); urbanvideo: eval.py's accuracy per question_category and micro total. UrbanVideo's outputs that
-    eval.py drops (data.urban_dropped) count as 0 in the reasoning style, with eval.py's figures beside
+    eval.py drops (answers.urban_dropped) count as 0 in the reasoning style, with eval.py's figures beside
     (urban_official); in the official style `overall` and `tasks` are eval.py's."""
     if source == "urbanvideo":
         return urban_score(records, style)
@@ -127,7 +127,7 @@ def urban_score(records, style="reason"):
     (reasoning style: an output eval.py drops scores 0, the honest choice) or of the outputs eval.py keeps
     (official style), with eval.py's figures and the number of dropped outputs beside (urban_official)."""
     official = urban_official(records)
-    kept = [r for r in records if style == "reason" or not data.urban_dropped(r.get("response"))]
+    kept = [r for r in records if style == "reason" or not answers.urban_dropped(r.get("response"))]
     by_task = _by_task(kept)
     per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
     return {"overall": mean([s for v in by_task.values() for s in v]), "tasks": dict(per_type),
@@ -137,26 +137,26 @@ def urban_score(records, style="reason"):
 
 def urban_official(records):
     """UrbanVideo's eval.py figures: it drops an output that pandas reads back from run.py's CSV as missing (empty,
-    'None', 'N/A', 'nan', 'null', ...: data.urban_dropped) from numerator and denominator, and keeps a
+    'None', 'N/A', 'nan', 'null', ...: answers.urban_dropped) from numerator and denominator, and keeps a
     whitespace-only one (wrong). Its total, its accuracy per question_category and how many outputs it drops."""
     ok = [r for r in records if r.get("error") is None]
-    kept = [r for r in ok if not data.urban_dropped(r.get("response"))]
+    kept = [r for r in ok if not answers.urban_dropped(r.get("response"))]
     by_task = _by_task(kept)
     return {"n_dropped": len(ok) - len(kept), "overall_official_rule": mean([r["score"] for r in kept]),
             "tasks_official_rule": {t: float(np.mean(v)) for t, v in sorted(by_task.items())}}
 
 
-def scoring_block(style="reason", scoring=data.SCORINGS[0]):
+def scoring_block(style="reason", scoring=answers.SCORINGS[0]):
     """results.json's `scoring`: which rules scored the run (docs/DESIGN.md, "Readings of the paper"): the style,
-    the official code each source follows, and the project's departures from it in this style (data.EXTENSIONS)."""
+    the official code each source follows, and the project's departures from it in this style (answers.EXTENSIONS)."""
     reading = ("exactly as the source's official scorer (the raw output, whitespace and tags included)"
                if style == "official" else "the <answer>...</answer> content when present (every source), else the "
                "whole output, stripped; then the source's official rule")
-    return {"style": style, "answer_extraction": reading, "official_code": dict(data.OFFICIAL_SCORERS),
+    return {"style": style, "answer_extraction": reading, "official_code": dict(answers.OFFICIAL_SCORERS),
             "vsibench_numeric": {"lmms-eval-0.7.2": "MRA on the first space-separated token (lmms-eval <= 0.7.2, "
                                  "thinking-in-space)", "lmms-eval-0.7.3": "MRA on lmms-eval 0.7.3's extract_number "
                                  "(the first number or number-word phrase anywhere)"}[scoring],
-            "extensions": {k: text for k, (styles, text) in data.EXTENSIONS.items() if style in styles},
+            "extensions": {k: text for k, (styles, text) in answers.EXTENSIONS.items() if style in styles},
             "avg": "the mean of the four category columns (Table 2)"}
 
 
@@ -633,7 +633,7 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
                              roots.get(n, roots.get(None))] for n, p in paths.items()},
                 subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
                 eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=perturb.RENDER_VERSION,
-                **({"scoring": args.scoring} if args.scoring != data.SCORINGS[0] else {}),
+                **({"scoring": args.scoring} if args.scoring != answers.SCORINGS[0] else {}),
                 **ext.run_key(args, spec),
                 depth=depths.Depth(args.depth_model).key(),
                 **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
@@ -703,7 +703,7 @@ class Store:
                     out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
         return out
 
-    def records(self, groups, style="reason", scoring=data.SCORINGS[0]):
+    def records(self, groups, style="reason", scoring=answers.SCORINGS[0]):
         """{source: the final records, in plan order, each with its verdict}, scored again from the stored response
         under the current rules (a store written before a change of the scoring code gets today's scores)."""
         flat = defaultdict(list)
@@ -716,17 +716,17 @@ class Store:
         return flat
 
 
-def record(g, s, cond, prompt, text, error, style="reason", scoring=data.SCORINGS[0]):
+def record(g, s, cond, prompt, text, error, style="reason", scoring=answers.SCORINGS[0]):
     return {"doc_id": s.id, "condition": cond, "video_id": g.video_id, "task": s.task, "input": prompt,
             "target": s.answer, "response": text, **scored(s, text, error, style, scoring), "error": error}
 
 
-def scored(s, text, error, style="reason", scoring=data.SCORINGS[0]):
+def scored(s, text, error, style="reason", scoring=answers.SCORINGS[0]):
     """A sample's extracted answer (filtered_resps) and score under --style / --scoring (None after an error)."""
     if error is not None:
         return {"filtered_resps": None, "score": None}
-    pred = data.extract_answer(text, s.source, problem_type=s.problem_type, style=style, scoring=scoring)
-    return {"filtered_resps": pred, "score": data.score(pred, s.answer, s.problem_type, s.source, style=style)}
+    pred = answers.extract_answer(text, s.source, problem_type=s.problem_type, style=style, scoring=scoring)
+    return {"filtered_resps": pred, "score": answers.score(pred, s.answer, s.problem_type, s.source, style=style)}
 
 
 class Runner:
@@ -1004,9 +1004,9 @@ def parse_args(argv=None, ext=None):
     m("--adapter", default="", help="a peft LoRA adapter folder for --model")
     m("--model-name", default="", help="name of the results folder (default: from --model)")
     m("--style", default="reason", choices=data.STYLES, help="prompt and scoring: reason (think/answer; the answer "
-      "read with the project's extensions, data.EXTENSIONS) or official (each benchmark's direct prompt; every "
+      "read with the project's extensions, answers.EXTENSIONS) or official (each benchmark's direct prompt; every "
       "output scored exactly as its official code)")
-    m("--scoring", default=data.SCORINGS[0], choices=data.SCORINGS, help="VSI-Bench's numeric answers: "
+    m("--scoring", default=answers.SCORINGS[0], choices=answers.SCORINGS, help="VSI-Bench's numeric answers: "
       "lmms-eval-0.7.2 (the first token, as thinking-in-space) or lmms-eval-0.7.3 (its extract_number: the first "
       "number or number-word phrase anywhere)")
     m("--max-new-tokens", type=int, default=None, help="default 256 (reason), 16 (official, lmms-eval); synthetic 64")

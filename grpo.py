@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from machinery import data
+from machinery import answers
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +34,15 @@ FORMAT_PATTERN = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOT
 def format_reward(text: str) -> float:
     """Eq. 9 (Alg. 1 Step 1): 1.0 if the output, stripped of surrounding whitespace, is exactly a
     <think>...</think> block followed by an <answer>...</answer> block, else 0.0. The stripping is our addition
-    (data.EXTENSIONS["format_whitespace"]): Video-R1's fullmatch gives "...</answer>\n" 0."""
+    (answers.EXTENSIONS["format_whitespace"]): Video-R1's fullmatch gives "...</answer>\n" 0."""
     return 1.0 if isinstance(text, str) and FORMAT_PATTERN.fullmatch(text.strip()) else 0.0
 
 
 def accuracy_reward(text: str, answer: str, problem_type: str, source: str | None = None) -> float:
     """Eq. 10 (Alg. 1 Step 3): r^Acc = 1[a_j = g], generalised by problem type with Video-R1's
-    training rules (data.score with train_reward=True): the answer must sit in <answer> tags."""
-    pred = data.extract_answer(text, source, problem_type=problem_type, strict=True)
-    return data.score(pred, answer, problem_type, source, train_reward=True)
+    training rules (answers.score with train_reward=True): the answer must sit in <answer> tags."""
+    pred = answers.extract_answer(text, source, problem_type=problem_type, strict=True)
+    return answers.score(pred, answer, problem_type, source, train_reward=True)
 
 
 def temporal_reward(acc_ordered, acc_shuffled, alpha: float = 0.3, mu: float = 0.8, threshold: float = 0.1):
@@ -126,8 +126,8 @@ def alignment_reward(clean_texts, perturbed_texts, judge, alpha_r: float = 0.3, 
     n = len(clean_texts)
     parts = []
     for o, o_t in zip(clean_texts, perturbed_texts):  # Alg. 1 l.4-5
-        parts.append((data.extract_reasoning(o), data.extract_reasoning(o_t),
-                      data.extract_answer(o, strict=True), data.extract_answer(o_t, strict=True)))
+        parts.append((answers.extract_reasoning(o), answers.extract_reasoning(o_t),
+                      answers.extract_answer(o, strict=True), answers.extract_answer(o_t, strict=True)))
     ask_r = [i for i, p in enumerate(parts) if p[0] and p[1]]
     ask_a = [i for i, p in enumerate(parts) if p[2] and p[3]]
     sim_r: list = [0.0] * n

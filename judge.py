@@ -38,7 +38,7 @@ import threading
 import unicodedata
 
 from machinery import chat
-from machinery import data
+from machinery import answers, data
 
 log = logging.getLogger(__name__)
 
@@ -410,7 +410,7 @@ def norm_text(s: str) -> str:
     s = unicodedata.normalize("NFKC", s).lower()
     s = re.sub(r"[^\w\s]", " ", s)
     toks = [t for t in s.split() if t not in ARTICLES]
-    return " ".join(str(n) if (n := data.words_to_number(t)) is not None else t for t in toks)
+    return " ".join(str(n) if (n := answers.words_to_number(t)) is not None else t for t in toks)
 
 
 def _quantity(s: str):
@@ -423,7 +423,7 @@ def _quantity(s: str):
     else:
         toks = s.replace("-", " ").split()
         for k in range(len(toks), 0, -1):
-            n = data.words_to_number(" ".join(toks[:k]))
+            n = answers.words_to_number(" ".join(toks[:k]))
             if n is not None:
                 value, unit = float(n), " ".join(toks[k:])
                 break
@@ -513,9 +513,9 @@ def _encoder(model_path=None):
 
 
 def _split_trace(text) -> tuple[str, str]:
-    """(reasoning, answer) of any response: data.extract_reasoning's lenient reading (an unclosed
+    """(reasoning, answer) of any response: answers.extract_reasoning's lenient reading (an unclosed
     <think>, or none, still has reasoning to rate), the complete <answer> block's content or ""."""
-    return data.extract_reasoning(text, lenient=True), data.extract_answer(text, strict=True)
+    return answers.extract_reasoning(text, lenient=True), answers.extract_answer(text, strict=True)
 
 
 class LocalJudge(_Judge):

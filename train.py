@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 import buffer as curriculum
-from machinery import data
+from machinery import answers, data
 from machinery import depth as depths
 import grpo
 import judge as judges
@@ -471,7 +471,7 @@ def _decisions(items, selected):
 
 
 def answers_of(texts, sample):
-    return [data.extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
+    return [answers.extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
 
 
 class RL:
@@ -845,7 +845,7 @@ def evaluate(cfg, model, processor, samples, observer, clips, batch_size=16):
             inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in chunk],
                                      [observer(s, v) for v, (s, _) in zip(vids, chunk)])
             out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
-            scores[cond] += [data.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
+            scores[cond] += [answers.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
     return {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
 
 
@@ -1055,7 +1055,7 @@ def answerability_labels(run):
                                          [run.observer(s, v) for s, _, v in part])
             texts = policy.rollout(run.model, run.processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens,
                                    do_sample=False).texts
-            labels += [{"id": s.id, "spec": spec, "target": "YES" if data.score_sample(t, s) >= 0.5 else "NO"}
+            labels += [{"id": s.id, "spec": spec, "target": "YES" if answers.score_sample(t, s) >= 0.5 else "NO"}
                        for (s, spec, _), t in zip(part, texts)]
     tmp = path.with_suffix(".tmp")   # (written whole or not at all: a kill never leaves half a file to read back)
     tmp.write_text(json.dumps(labels))

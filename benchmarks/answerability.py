@@ -21,7 +21,7 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 
 import buffer  # noqa: E402
-from machinery import data  # noqa: E402
+from machinery import answers, data  # noqa: E402
 import perturb  # noqa: E402
 from machinery import policy  # noqa: E402
 from machinery import video  # noqa: E402
@@ -49,7 +49,7 @@ def measure(model, processor, samples, frames, max_pixels, batch_size=16, max_ne
         c = buffer.answerability(model, ask, tok)
         inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _, _ in part], clips, fps=2.0)
         texts = policy.rollout(model, processor, inputs, n=1, max_new_tokens=max_new_tokens, do_sample=False).texts
-        out += [(ci, data.score_sample(t, s), corrupted) for ci, t, (s, _, corrupted) in zip(c, texts, part)]
+        out += [(ci, answers.score_sample(t, s), corrupted) for ci, t, (s, _, corrupted) in zip(c, texts, part)]
     return out
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-from machinery import data  # noqa: E402
+from machinery import answers, data  # noqa: E402
 from machinery import depth as depths  # noqa: E402
 import perturb  # noqa: E402
 from machinery import synthetic  # noqa: E402
@@ -103,7 +103,7 @@ def fit_threshold(bench, train, limit=150):
     middle of the best range)."""
     rows = [r for r in train if r["data_source"] == "synthetic/next_action"][:limit]
     dx = np.array([horizontal_motion(read(Path(bench) / r["path"])[0]) for r in rows])
-    gt = [data.extract_answer(r["solution"], problem_type="multiple choice") for r in rows]
+    gt = [answers.extract_answer(r["solution"], problem_type="multiple choice") for r in rows]
     truth = [dict(o.split(". ", 1) for o in r["options"])[g] for r, g in zip(rows, gt)]
     grid = np.linspace(0.05, 4.0, 80)
     acc = np.array([np.mean([("Go ahead" if abs(d) < t else "Turn left" if d > 0 else "Turn right") == a
@@ -116,9 +116,9 @@ def oracle_score(sample, frames, threshold):
     if sample.task == "route_planning":
         name = next_action(frames, threshold)
         letter = next(o.split(".")[0] for o in sample.options if o.split(". ", 1)[1] == name)
-        return data.score(letter, sample.answer, sample.problem_type, sample.source)
+        return answers.score(letter, sample.answer, sample.problem_type, sample.source)
     colour = sample.question.split("How many ")[1].split()[0]
-    return data.score(str(count(frames, colour)), sample.answer, sample.problem_type, sample.source)
+    return answers.score(str(count(frames, colour)), sample.answer, sample.problem_type, sample.source)
 
 
 def oracles(bench, etas, subtypes, tasks, limit=0, known=None):

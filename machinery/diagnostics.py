@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from machinery import data
+from machinery import answers, data
 
 CONSTANT_TYPES = ("multiple choice", "numerical", "regression")
 NOISE_SE = 2.0   # a margin within this many standard errors of 0 is "within noise"
@@ -46,7 +46,7 @@ def has_form(pred, sample) -> bool:
     if sample.problem_type == "multiple choice":
         return p.upper() in _letters(sample) if sample.options else bool(p)
     if sample.problem_type in ("numerical", "regression"):
-        return data._to_float(data._numberize(p).replace(",", "")) is not None
+        return data.to_float(answers._numberize(p).replace(",", "")) is not None
     return bool(p)
 
 
@@ -61,7 +61,7 @@ def best_constant(samples) -> tuple[str, list[float]] | None:
             candidates |= set(_letters(s))
     best = None
     for c in sorted(candidates):
-        scores = [data.score(c, s.answer, s.problem_type, s.source) for s in samples]
+        scores = [answers.score(c, s.answer, s.problem_type, s.source) for s in samples]
         if best is None or sum(scores) > sum(best[1]):
             best = (c, scores)
     return best
@@ -124,19 +124,19 @@ def constant_margin(samples, scores) -> dict:
 def one_answer_share(records, samples_by_id) -> float | None:
     """Of the questions asked under two or more conditions, the share given their task's most frequent answer
     under all of them although their ground truth is another (the module docstring)."""
-    answers, by_task = defaultdict(list), defaultdict(Counter)
+    given, by_task = defaultdict(list), defaultdict(Counter)
     for r in records:
         if r.get("error") is None:
-            answers[r["doc_id"]].append(r.get("filtered_resps"))
+            given[r["doc_id"]].append(r.get("filtered_resps"))
             by_task[r["task"]][r.get("filtered_resps")] += 1
-    multi = {doc: a for doc, a in answers.items() if len(a) >= 2}
+    multi = {doc: a for doc, a in given.items() if len(a) >= 2}
     if not multi:
         return None
     top = {task: counts.most_common(1)[0][0] for task, counts in by_task.items()}
 
     def stuck(doc, a):
         s = samples_by_id[doc]
-        return set(a) == {top[s.task]} and data.score(top[s.task], s.answer, s.problem_type, s.source) < 1.0
+        return set(a) == {top[s.task]} and answers.score(top[s.task], s.answer, s.problem_type, s.source) < 1.0
     return sum(stuck(doc, a) for doc, a in multi.items()) / len(multi)
 
 

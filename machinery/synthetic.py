@@ -25,7 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from machinery import data
+from machinery import answers, data
 from machinery import runtime
 from machinery import video
 
@@ -353,9 +353,9 @@ def text_only_baseline(train, evaluation):
             chance = float(np.mean([1 / len(s.options) for s in group]))
         else:
             preds = [str(np.median(numeric[fam])) if numeric[fam] else "0"] * len(group)
-            chance = max(float(np.mean([data.score(str(c), s.answer, s.problem_type, s.source) for s in group]))
+            chance = max(float(np.mean([answers.score(str(c), s.answer, s.problem_type, s.source) for s in group]))
                          for c in range(0, 11))
-        acc = float(np.mean([data.score(p, s.answer, s.problem_type, s.source) for p, s in zip(preds, group)]))
+        acc = float(np.mean([answers.score(p, s.answer, s.problem_type, s.source) for p, s in zip(preds, group)]))
         results[fam] = (acc, chance)
     return results
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from machinery import data
+from machinery import answers, data
 from machinery.data import DataError, Sample
 
 # --------------------------------------------------------------------------- fixtures
@@ -230,8 +230,8 @@ def test_urbanvideo_evaluation_keeps_rows_whose_options_do_not_parse(tmp_path, u
     prompt = data.build_prompt(raw["3"])
     assert prompt.startswith(rows[3]["question"] + "\nPlease think") and "Options:" not in prompt
     assert data.build_prompt(raw["4"], "official").endswith(rows[4]["question"])
-    assert data.score_sample("<think>it lands</think><answer>D</answer>", raw["4"]) == 1.0
-    assert data.score_sample("<answer>A</answer>", raw["4"]) == 0.0
+    assert answers.score_sample("<think>it lands</think><answer>D</answer>", raw["4"]) == 1.0
+    assert answers.score_sample("<answer>A</answer>", raw["4"]) == 0.0
     assert all(s.meta["options_parsed"] for s in samples if s.id in "012")
 
 
@@ -413,37 +413,37 @@ def test_tokenizer_corpus():
     ("", None, ""), (None, "urbanvideo", ""), ("   ", "vsibench", ""), (42, None, "42"),
 ])
 def test_extract_answer(text, source, expected):
-    assert data.extract_answer(text, source) == expected
+    assert answers.extract_answer(text, source) == expected
 
 
 def test_extract_answer_strict_and_text_types():
-    assert data.extract_answer("B", strict=True) == ""                     # Video-R1 training reward
-    assert data.extract_answer("<answer> B </answer>", strict=True) == "B"
-    assert data.extract_answer("<answer>B", strict=True) == ""
-    assert data.extract_answer("it is raining", None, problem_type="free-form") == "it is raining"
-    assert data.extract_answer("<answer>KEEP LEFT</answer>", "vsibench", problem_type="OCR") == "KEEP LEFT"
+    assert answers.extract_answer("B", strict=True) == ""                     # Video-R1 training reward
+    assert answers.extract_answer("<answer> B </answer>", strict=True) == "B"
+    assert answers.extract_answer("<answer>B", strict=True) == ""
+    assert answers.extract_answer("it is raining", None, problem_type="free-form") == "it is raining"
+    assert answers.extract_answer("<answer>KEEP LEFT</answer>", "vsibench", problem_type="OCR") == "KEEP LEFT"
 
 
 # --------------------------------------------------------------------------- scoring
 def test_mra_hand_worked():
     # lmms-eval: thresholds 1 - linspace(.5, .95, 10) = .5, .45, .4, .35, .3, .25, .2-eps, ... (non-strict <=)
     # Video-R1:  float32 thresholds, strict <
-    assert data.mean_relative_accuracy(2, 4, strict=False) == pytest.approx(0.1)   # rel .5 <= .5 only
-    assert data.mean_relative_accuracy(2, 4, strict=True) == 0.0                   # .5 < .5 is false
-    assert data.mean_relative_accuracy(3, 4, strict=False) == pytest.approx(0.6)   # rel .25: 6 of 10
-    assert data.mean_relative_accuracy(3, 4, strict=True) == pytest.approx(0.5)    # .25 < .25 false: 5
+    assert answers.mean_relative_accuracy(2, 4, strict=False) == pytest.approx(0.1)   # rel .5 <= .5 only
+    assert answers.mean_relative_accuracy(2, 4, strict=True) == 0.0                   # .5 < .5 is false
+    assert answers.mean_relative_accuracy(3, 4, strict=False) == pytest.approx(0.6)   # rel .25: 6 of 10
+    assert answers.mean_relative_accuracy(3, 4, strict=True) == pytest.approx(0.5)    # .25 < .25 false: 5
     # rel .2 vs 1 - 0.8 = 0.19999999999999996 in float64: not <=, so 6 of 10, not 7
-    assert data.mean_relative_accuracy(12, 10, strict=False) == pytest.approx(0.6)
+    assert answers.mean_relative_accuracy(12, 10, strict=False) == pytest.approx(0.6)
     # rel 0.10000000000000009 in float64 equals 1 - 0.8999999999999999: 9 of 10; float32 rel is
     # 0.100000024 > 0.1: 8 of 10
-    assert data.mean_relative_accuracy(1.1, 1, strict=False) == pytest.approx(0.9)
-    assert data.mean_relative_accuracy(1.1, 1, strict=True) == pytest.approx(0.8)
+    assert answers.mean_relative_accuracy(1.1, 1, strict=False) == pytest.approx(0.9)
+    assert answers.mean_relative_accuracy(1.1, 1, strict=True) == pytest.approx(0.8)
     for strict in (False, True):
-        assert data.mean_relative_accuracy(7.25, 7.25, strict=strict) == 1.0
-        assert data.mean_relative_accuracy(100, 4, strict=strict) == 0.0
-        assert data.mean_relative_accuracy(0, 0, strict=strict) == 1.0            # our limit for gt == 0
-        assert data.mean_relative_accuracy(0.5, 0, strict=strict) == 0.0
-        assert data.mean_relative_accuracy(float("nan"), 3, strict=strict) == 0.0
+        assert answers.mean_relative_accuracy(7.25, 7.25, strict=strict) == 1.0
+        assert answers.mean_relative_accuracy(100, 4, strict=strict) == 0.0
+        assert answers.mean_relative_accuracy(0, 0, strict=strict) == 1.0            # our limit for gt == 0
+        assert answers.mean_relative_accuracy(0.5, 0, strict=strict) == 0.0
+        assert answers.mean_relative_accuracy(float("nan"), 3, strict=strict) == 0.0
 
 
 def test_mra_float32_emulation_matches_torch():
@@ -459,53 +459,53 @@ def test_mra_float32_emulation_matches_torch():
     for g in gts:
         for k in range(-60, 61):
             p = g * (1 + k / 100)
-            assert data.mean_relative_accuracy(p, g, strict=True) == video_r1(p, g), (p, g)
+            assert answers.mean_relative_accuracy(p, g, strict=True) == video_r1(p, g), (p, g)
 
 
 def test_score_regression_sources():
-    assert data.score("2", "4", "regression", "vsibench") == pytest.approx(0.1)
-    assert data.score("2", "4", "regression") == 0.0
-    assert data.score("3", "4", "regression", "video-r1") == pytest.approx(0.5)
-    assert data.score("3", "4", "regression", train_reward=True) == pytest.approx(0.75)   # grpo.py: 1 - .25
-    assert data.score("100", "4", "regression", train_reward=True) == 0.0
-    assert data.score("three", "4", "regression", "vsibench") == pytest.approx(0.6)       # number word
-    assert data.score("3.5m", "3.5", "regression", "vsibench") == 0.0                      # to_float fails
-    assert data.score("1,000", "1000", "regression", "vsibench") == 0.0                    # float("1,000") fails
-    assert data.score("1,000", "1000", "regression") == 1.0                                # Video-R1 drops commas
-    assert data.score("0", "0", "regression", "vsibench") == 1.0
+    assert answers.score("2", "4", "regression", "vsibench") == pytest.approx(0.1)
+    assert answers.score("2", "4", "regression") == 0.0
+    assert answers.score("3", "4", "regression", "video-r1") == pytest.approx(0.5)
+    assert answers.score("3", "4", "regression", train_reward=True) == pytest.approx(0.75)   # grpo.py: 1 - .25
+    assert answers.score("100", "4", "regression", train_reward=True) == 0.0
+    assert answers.score("three", "4", "regression", "vsibench") == pytest.approx(0.6)       # number word
+    assert answers.score("3.5m", "3.5", "regression", "vsibench") == 0.0                      # to_float fails
+    assert answers.score("1,000", "1000", "regression", "vsibench") == 0.0                    # float("1,000") fails
+    assert answers.score("1,000", "1000", "regression") == 1.0                                # Video-R1 drops commas
+    assert answers.score("0", "0", "regression", "vsibench") == 1.0
 
 
 def test_score_numerical_video_r1_rule():
-    assert data.score("3", "3", "numerical") == 1.0
-    assert data.score("3.0", "3", "numerical") == 0.0        # decimal point in one only
-    assert data.score("3.141", "3.14", "numerical") == 1.0   # round(3.141, 2) == 3.14
-    assert data.score("3.146", "3.14", "numerical") == 0.0   # round -> 3.15
-    assert data.score("1000", "1,000", "numerical") == 0.0   # ',' counts as a decimal mark
-    assert data.score("1,000", "1,000", "numerical") == 1.0
-    assert data.score("three", "3", "numerical") == 1.0      # number words: our addition
-    assert data.score("twenty-one", "21", "numerical") == 1.0
-    assert data.score("Zero", "0", "numerical") == 1.0
-    assert data.score("three apples", "3", "numerical") == 0.0
+    assert answers.score("3", "3", "numerical") == 1.0
+    assert answers.score("3.0", "3", "numerical") == 0.0        # decimal point in one only
+    assert answers.score("3.141", "3.14", "numerical") == 1.0   # round(3.141, 2) == 3.14
+    assert answers.score("3.146", "3.14", "numerical") == 0.0   # round -> 3.15
+    assert answers.score("1000", "1,000", "numerical") == 0.0   # ',' counts as a decimal mark
+    assert answers.score("1,000", "1,000", "numerical") == 1.0
+    assert answers.score("three", "3", "numerical") == 1.0      # number words: our addition
+    assert answers.score("twenty-one", "21", "numerical") == 1.0
+    assert answers.score("Zero", "0", "numerical") == 1.0
+    assert answers.score("three apples", "3", "numerical") == 0.0
 
 
 def test_score_multiple_choice():
-    assert data.score(" B ", "B", "multiple choice") == 1.0
-    assert data.score("b", "B", "multiple choice") == 0.0               # Video-R1: exact
-    assert data.score("b", "B", "multiple choice", "vsibench") == 1.0   # lmms-eval: lower()
-    assert data.score("b", "B", "multiple choice", "urbanvideo") == 0.0  # eval.py: ==
-    assert data.score("B. sofa", "B", "multiple choice", "vsibench") == 0.0  # no letter parsing in score
-    assert data.score("A", "B", "multiple choice") == 0.0
+    assert answers.score(" B ", "B", "multiple choice") == 1.0
+    assert answers.score("b", "B", "multiple choice") == 0.0               # Video-R1: exact
+    assert answers.score("b", "B", "multiple choice", "vsibench") == 1.0   # lmms-eval: lower()
+    assert answers.score("b", "B", "multiple choice", "urbanvideo") == 0.0  # eval.py: ==
+    assert answers.score("B. sofa", "B", "multiple choice", "vsibench") == 0.0  # no letter parsing in score
+    assert answers.score("A", "B", "multiple choice") == 0.0
 
 
 def test_score_ocr_and_free_form():
-    assert data.score("KEEP LEFT", "KEEP LEFT", "OCR") == 1.0
-    assert data.score("KEEP RIGHT NOW OK", "KEEP LEFT NOW OK", "OCR") == pytest.approx(0.75)  # 1 sub / 4
-    assert data.score("KEEP", "KEEP LEFT", "OCR") == pytest.approx(0.5)                        # 1 deletion / 2
-    assert data.score("a b c d e", "KEEP LEFT", "OCR") == 0.0                                  # WER 2.5, clipped
-    assert data.score("", "KEEP LEFT", "OCR") == 0.0
-    assert data.score("It is raining heavily", "It is raining heavily", "free-form") == pytest.approx(1.0)
-    assert data.score("sunny skies tomorrow", "It is raining heavily", "free-form") == 0.0
-    partial = data.score("it is raining", "It is raining heavily", "free-form")
+    assert answers.score("KEEP LEFT", "KEEP LEFT", "OCR") == 1.0
+    assert answers.score("KEEP RIGHT NOW OK", "KEEP LEFT NOW OK", "OCR") == pytest.approx(0.75)  # 1 sub / 4
+    assert answers.score("KEEP", "KEEP LEFT", "OCR") == pytest.approx(0.5)                        # 1 deletion / 2
+    assert answers.score("a b c d e", "KEEP LEFT", "OCR") == 0.0                                  # WER 2.5, clipped
+    assert answers.score("", "KEEP LEFT", "OCR") == 0.0
+    assert answers.score("It is raining heavily", "It is raining heavily", "free-form") == pytest.approx(1.0)
+    assert answers.score("sunny skies tomorrow", "It is raining heavily", "free-form") == 0.0
+    partial = answers.score("it is raining", "It is raining heavily", "free-form")
     # ROUGE-1 F = 2*(3/3)(3/4)/(7/4) = 6/7, ROUGE-2: 2 of 2 / 2 of 3 -> F = 0.8, ROUGE-L = ROUGE-1
     assert partial == pytest.approx((6 / 7 + 0.8 + 6 / 7) / 3)
 
@@ -514,20 +514,20 @@ def test_score_never_raises_on_garbage():
     for ptype in data.PROBLEM_TYPES:
         for source in (None, *data.SOURCES):
             for pred in (None, "", "\x00<<>>", "nan", "inf", "-", "1e999", "三", 12, "   "):
-                v = data.score(pred, "4" if ptype in ("numerical", "regression") else "A", ptype, source)
+                v = answers.score(pred, "4" if ptype in ("numerical", "regression") else "A", ptype, source)
                 assert 0.0 <= v <= 1.0 and not math.isnan(v)
     with pytest.raises(ValueError, match="problem_type"):
-        data.score("A", "A", "yes/no")
+        answers.score("A", "A", "yes/no")
 
 
 def test_score_sample():
     s = _mc("vsibench")
-    assert data.score_sample("B. table", s) == 1.0
-    assert data.score_sample("<think>near</think><answer>b</answer>", s) == 1.0
-    assert data.score_sample("B", _mc("video-r1"), strict=True) == 0.0
-    assert data.score_sample("<answer>B</answer>", _mc("video-r1"), strict=True) == 1.0
+    assert answers.score_sample("B. table", s) == 1.0
+    assert answers.score_sample("<think>near</think><answer>b</answer>", s) == 1.0
+    assert answers.score_sample("B", _mc("video-r1"), strict=True) == 0.0
+    assert answers.score_sample("<answer>B</answer>", _mc("video-r1"), strict=True) == 1.0
     u = _mc("urbanvideo")
-    assert data.score_sample("Option: [B]; Reason: it is nearer", u) == 1.0
+    assert answers.score_sample("Option: [B]; Reason: it is nearer", u) == 1.0
 
 
 def test_official_style_reads_the_raw_output_as_the_official_scorers():
@@ -535,33 +535,33 @@ def test_official_style_reads_the_raw_output_as_the_official_scorers():
     num = _mc("vsibench", options=[], answer="7", problem_type="regression", task="object_counting")
     for text, reason, official in ((" B", 1.0, 0.0), ("  B  ", 1.0, 0.0), ("\nB", 1.0, 1.0), ("B.\n", 1.0, 0.0),
                                    ("<answer>B</answer>", 1.0, 0.0), ("<answer>B", 1.0, 0.0), ("B. table", 1.0, 1.0)):
-        assert data.score_sample(text, vsi) == reason, text               # lmms-eval: split(" ")[0], then strip()
-        assert data.score_sample(text, vsi, style="official") == official, text
-    assert data.score_sample(" 7", num, style="official") == 0.0 and data.score_sample(" 7", num) == 1.0
-    assert data.score_sample("Seven", num, style="official") == 0.0 and data.score_sample("Seven", num) == 1.0
+        assert answers.score_sample(text, vsi) == reason, text               # lmms-eval: split(" ")[0], then strip()
+        assert answers.score_sample(text, vsi, style="official") == official, text
+    assert answers.score_sample(" 7", num, style="official") == 0.0 and answers.score_sample(" 7", num) == 1.0
+    assert answers.score_sample("Seven", num, style="official") == 0.0 and answers.score_sample("Seven", num) == 1.0
     for text in ("\nB", "\xa0B", " B", "<answer>B</answer>", "<answer>B"):   # eval.py: the first character
-        assert data.score_sample(text, urban, style="official") == 0.0 and data.score_sample(text, urban) == 1.0
-    assert data.extract_answer("\nB", "urbanvideo", style="official") == "\n"
-    assert data.score_sample("Option: [B]; Reason: near", urban, style="official") == 1.0
-    assert data.score_sample("<answer>B", r1, style="official") == 0.0 and data.score_sample("<answer>B", r1) == 1.0
-    assert data.score_sample(" B \n", r1, style="official") == 1.0        # eval_bench strips before comparing
-    assert data.extract_answer("<answer></answer> x", "video-r1", style="official") == "<answer></answer> x"
+        assert answers.score_sample(text, urban, style="official") == 0.0 and answers.score_sample(text, urban) == 1.0
+    assert answers.extract_answer("\nB", "urbanvideo", style="official") == "\n"
+    assert answers.score_sample("Option: [B]; Reason: near", urban, style="official") == 1.0
+    assert answers.score_sample("<answer>B", r1, style="official") == 0.0 and answers.score_sample("<answer>B", r1) == 1.0
+    assert answers.score_sample(" B \n", r1, style="official") == 1.0        # eval_bench strips before comparing
+    assert answers.extract_answer("<answer></answer> x", "video-r1", style="official") == "<answer></answer> x"
     numerical = _mc(options=[], answer="7", problem_type="numerical")
-    assert data.score_sample("<answer>Seven</answer>", numerical, style="official") == 0.0
+    assert answers.score_sample("<answer>Seven</answer>", numerical, style="official") == 0.0
     ocr = _mc(options=[], answer="KEEP LEFT", problem_type="OCR")
-    assert data.score_sample("KEEP LEFT", ocr) == 1.0 and data.score_sample("KEEP LEFT", ocr, style="official") == 0.0
+    assert answers.score_sample("KEEP LEFT", ocr) == 1.0 and answers.score_sample("KEEP LEFT", ocr, style="official") == 0.0
     with pytest.raises(ValueError, match="style"):
-        data.score_sample("B", vsi, style="lmms")
+        answers.score_sample("B", vsi, style="lmms")
     with pytest.raises(ValueError, match="strict"):
-        data.extract_answer("B", strict=True, style="official")
+        answers.extract_answer("B", strict=True, style="official")
 
 
 def test_urbanvideo_drops_what_pandas_reads_back_as_missing():
     for text in (None, "", "None", "N/A", "nan", "NaN", "null", "NULL", "NA", "#N/A", "<NA>", "n/a", "-nan"):
-        assert data.urban_dropped(text), text
+        assert answers.urban_dropped(text), text
     for text in (" ", "  ", "\n", "none", " None", "None ", "N/A.", "Nan", "nil", "A"):
-        assert not data.urban_dropped(text), text   # whitespace-only: eval.py keeps it, wrong
-    assert data.extract_answer("  ", "urbanvideo", style="official") == " "
+        assert not answers.urban_dropped(text), text   # whitespace-only: eval.py keeps it, wrong
+    assert answers.extract_answer("  ", "urbanvideo", style="official") == " "
 
 
 def test_lmms_eval_073_first_number():
@@ -570,12 +570,12 @@ def test_lmms_eval_073_first_number():
              "one apple, room 2": "1.0", "room 2, one apple": "2.0", "a hundred": "100.0", "two thousand and five":
              "2005.0", "1,000": "1.0", "none": "", "": "", "3e5": "3.0", "zero": "0.0", "1.5.2": "1.5"}
     for text, n in cases.items():
-        assert data._first_number(text) == n, text
+        assert answers._first_number(text) == n, text
     num = _mc("vsibench", options=[], answer="21", problem_type="regression", task="object_counting")
-    assert data.score_sample("There are twenty one chairs", num, scoring="lmms-eval-0.7.3", style="official") == 1.0
-    assert data.score_sample("There are twenty one chairs", num, style="official") == 0.0
+    assert answers.score_sample("There are twenty one chairs", num, scoring="lmms-eval-0.7.3", style="official") == 1.0
+    assert answers.score_sample("There are twenty one chairs", num, style="official") == 0.0
     with pytest.raises(ValueError, match="scoring"):
-        data.extract_answer("3", "vsibench", scoring="lmms-eval-0.8")
+        answers.extract_answer("3", "vsibench", scoring="lmms-eval-0.8")
 
 
 def test_reasoning_style_reads_a_leading_number_phrase_whole():
@@ -583,18 +583,18 @@ def test_reasoning_style_reads_a_leading_number_phrase_whole():
     for text, n in (("twenty one", "21"), ("twenty one meters", "21"), ("one hundred and five", "105"),
                     ("<answer>one hundred and five.</answer>", "105"), ("Seven", "7"), ("3 meters", "3")):
         s = _mc("vsibench", options=[], answer=n, problem_type="regression", task="object_counting")
-        assert data.score_sample(text, s) == 1.0, text
-    assert data.extract_answer("twenty one, I think", "vsibench", problem_type="regression") == "twenty one"
-    assert data.extract_answer("one of them", "vsibench", problem_type="regression") == "one"
+        assert answers.score_sample(text, s) == 1.0, text
+    assert answers.extract_answer("twenty one, I think", "vsibench", problem_type="regression") == "twenty one"
+    assert answers.extract_answer("one of them", "vsibench", problem_type="regression") == "one"
 
 
 def test_words_to_number():
     cases = {"zero": 0, "three": 3, "twelve": 12, "twenty": 20, "twenty-one": 21, "Ninety Nine": 99,
              "one hundred": 100, "one hundred and five": 105, "nine hundred ninety-nine": 999, "Seven.": 7}
     for text, n in cases.items():
-        assert data.words_to_number(text) == n
+        assert answers.words_to_number(text) == n
     for text in ("hundred", "and", "", "one two", "twenty zero", "a dozen", "3", "one hundred and", None):
-        assert data.words_to_number(text) is None
+        assert answers.words_to_number(text) is None
 
 
 def test_parse_inline_options_edge_cases():

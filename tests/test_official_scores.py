@@ -1,5 +1,5 @@
 """The official style scores every output as the official scorers do; the reasoning style and the training rewards
-depart from them only where data.EXTENSIONS says so.
+depart from them only where answers.EXTENSIONS says so.
 
 tests/data/official_scores/expected.json holds adversarial model outputs (hundreds per benchmark: whitespace,
 tags closed and not, number words, missing-value strings, odd numbers, a ground truth of 0, ...) with the scores
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from machinery import data
+from machinery import answers, data
 import eval_pvrbench as ev
 import grpo
 
 EXPECTED = Path(__file__).parent / "data" / "official_scores" / "expected.json"
 VSI_PEERS = ("lmms-eval-0.7.2", "thinking-in-space", "lmms-eval-0.7.3")
-# The departures each peer shows in the reasoning style (evaluation) or in the training rewards: data.EXTENSIONS'
+# The departures each peer shows in the reasoning style (evaluation) or in the training rewards: answers.EXTENSIONS'
 # names; every difference must carry one of its peer's, and every one listed must occur.
 REASON_DIFFERENCES = {
     "lmms-eval-0.7.2": {"answer_tag", "unclosed_tag", "whitespace", "number_words", "ground_truth_zero"},
@@ -57,15 +57,15 @@ def scoring_of(peer):
 
 
 def vsi_score(case, peer, style):
-    return data.score_sample(case["output"], vsi_sample(case), style=style, scoring=scoring_of(peer))
+    return answers.score_sample(case["output"], vsi_sample(case), style=style, scoring=scoring_of(peer))
 
 
 def urban_score(case, style):
-    return data.score_sample(case["output"], sample("urbanvideo", "multiple choice", case["answer"]), style=style)
+    return answers.score_sample(case["output"], sample("urbanvideo", "multiple choice", case["answer"]), style=style)
 
 
 def r1_score(case, style):
-    return data.score_sample(case["output"], sample("video-r1", case["problem_type"], case["ground_truth"]),
+    return answers.score_sample(case["output"], sample("video-r1", case["problem_type"], case["ground_truth"]),
                              style=style)
 
 
@@ -97,7 +97,7 @@ def test_a_ground_truth_of_0_where_lmms_eval_raises_scores_our_limit():
     assert all(c["ground_truth"] == "0" for c in raising)
     for c in raising:
         for peer in c["raises"]:
-            pred = data.extract_answer(c["output"], "vsibench", problem_type="regression", style="official",
+            pred = answers.extract_answer(c["output"], "vsibench", problem_type="regression", style="official",
                                        scoring=scoring_of(peer))
             assert vsi_score(c, peer, "official") == float(float(pred) == 0), (c["output"], peer)
 
@@ -107,9 +107,9 @@ def test_official_style_equals_urbanvideo_eval_py_on_every_output():
     cases = expected()["urbanvideo"]["cases"]
     for c in cases:
         letter = c["expected"]["letter"]
-        assert data.urban_dropped(c["output"]) == (letter is None), c["output"]
+        assert answers.urban_dropped(c["output"]) == (letter is None), c["output"]
         if letter is not None:
-            assert data.extract_answer(c["output"], "urbanvideo", style="official") == letter, c["output"]
+            assert answers.extract_answer(c["output"], "urbanvideo", style="official") == letter, c["output"]
             assert urban_score(c, "official") == c["expected"]["correct"], c["output"]
     assert sum(c["expected"]["letter"] is None for c in cases) >= 20   # every missing-value string and ""
 
@@ -195,7 +195,7 @@ def reason_rows(peer):
 @pytest.mark.parametrize("peer", sorted(REASON_DIFFERENCES))
 def test_reasoning_style_departs_only_where_documented(peer):
     allowed = REASON_DIFFERENCES[peer]
-    assert all("reason" in data.EXTENSIONS[name][0] for name in allowed)
+    assert all("reason" in answers.EXTENSIONS[name][0] for name in allowed)
     unexplained, seen = explained(reason_rows(peer), allowed)
     assert unexplained == [] and seen == allowed
 
@@ -208,7 +208,7 @@ def test_training_rewards_depart_from_grpo_py_only_where_documented():
            for c in expected()["video-r1"]["format"]]
     for name, got in (("video-r1-grpo", rows), ("video-r1-grpo format", fmt)):
         allowed = TRAINING_DIFFERENCES[name]
-        assert all("training" in data.EXTENSIONS[k][0] for k in allowed)
+        assert all("training" in answers.EXTENSIONS[k][0] for k in allowed)
         unexplained, seen = explained(got, allowed)
         assert unexplained == [] and seen == allowed, name
 

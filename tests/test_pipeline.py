@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from machinery import data
+from machinery import answers, data
 
 from machinery import synthetic
 import perturb
@@ -30,7 +30,7 @@ def test_synthetic_clip_through_the_tiny_policy(tmp_path, tiny, monkeypatch):
     inputs = policy.make_inputs(processor, [data.build_messages(s) for s in batch], corrupted, fps=2.0)
     out = policy.rollout(model, processor, inputs, n=3, max_new_tokens=12)
     assert len(out.texts) == 6 and out.completion_ids.shape[0] == 6
-    scores = [data.score_sample(t, s) for t, s in zip(out.texts, [s for s in batch for _ in range(3)])]
+    scores = [answers.score_sample(t, s) for t, s in zip(out.texts, [s for s in batch for _ in range(3)])]
     assert all(0.0 <= x <= 1.0 for x in scores)
     logp = policy.token_logprobs(model, out.prompt_inputs, out.completion_ids, out.completion_mask)
     assert logp.shape == out.completion_ids.shape and bool((logp <= 0).all())

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from machinery import chat
-from machinery import data
+from machinery import answers, data
 import eval_pvrbench as ev
 from extensions.embodied_r import keyframes, perceive
 
@@ -102,12 +102,12 @@ def debias(sources, answerer, cache_path, name):
         mc = [s for s in samples if s.problem_type == "multiple choice"]
         todo = [s for s in mc if (src, s.id) not in done]
         if todo:
-            answers = answerer(todo)
+            replies = answerer(todo)
             with open(cache_path, "a") as f:
-                for s, a in zip(todo, answers):
+                for s, a in zip(todo, replies):
                     done[(src, s.id)] = a
                     f.write(json.dumps({"source": src, "id": s.id, "answer": a}) + "\n")
-        blind = {s.id for s in mc if done[(src, s.id)] is not None and data.score_sample(done[(src, s.id)], s) >= 1.0}
+        blind = {s.id for s in mc if done[(src, s.id)] is not None and answers.score_sample(done[(src, s.id)], s) >= 1.0}
         kept[src] = [s for s in samples if s.id not in blind]
         report["sources"][src] = {"checked": len(mc), "dropped": len(blind)}
         report["checked"] += len(mc)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from machinery import data
+from machinery import answers, data
 import judge as judges
 
 # The reference model sees the question q and the rollout's reasoning p_i only (no video) and gives
@@ -60,7 +60,7 @@ _ANSWER_SAID = re.compile(r"\b(?:final\s+)?answer\s*(?:is|:)\s*(.+)", re.IGNOREC
 
 def parse_reasoned_answer(text, options=None) -> str | None:
     """The reference model's answer (ANSWER_FROM_REASONING_PROMPT) from its reply: the content of
-    <answer></answer> (data.extract_answer), else what follows "answer is"/"answer:", else a reply of
+    <answer></answer> (answers.extract_answer), else what follows "answer is"/"answer:", else a reply of
     at most 3 words as a whole. With `options` ("A. sofa", ...) an option ("b", "(B)", "B. sofa") or an
     option's text ("sofa") becomes its upper-case letter. Trailing punctuation is dropped; None when
     nothing is left."""
@@ -68,7 +68,7 @@ def parse_reasoned_answer(text, options=None) -> str | None:
     if not text:
         return None
     if re.search(r"<answer>", text, re.IGNORECASE):
-        span = data.extract_answer(re.sub(r"(?i)</?answer>", lambda m: m.group(0).lower(), text))
+        span = answers.extract_answer(re.sub(r"(?i)</?answer>", lambda m: m.group(0).lower(), text))
     else:
         m = _ANSWER_SAID.search(text)
         span = m.group(1).split("\n")[0] if m else (text if len(text.split()) <= 3 else "")
@@ -105,7 +105,7 @@ _IRREGULAR = {"goes": "go", "going": "go", "went": "go", "gone": "go", "does": "
 def _stem_token(t: str) -> str:
     """One lower-case word stemmed as the judges stem it (number words as digits), plus a few irregular
     verbs."""
-    n = data.words_to_number(t)
+    n = answers.words_to_number(t)
     return str(n) if n is not None else _IRREGULAR.get(t) or judges.STEM_SUFFIX.sub("", t)
 
 
@@ -120,7 +120,7 @@ def _last_number(text: str) -> str | None:
     found = [(m.end(), m.group().replace(",", "").lstrip("+")) for m in _NUMBER_SAID.finditer(text)]
     low = text.lower()
     for m in _NUMBER_WORD.finditer(low):
-        n = data.words_to_number(m.group())
+        n = answers.words_to_number(m.group())
         before = low[:m.start()].split()
         if n is not None and not (n == 1 and before and before[-1].strip(",;:") in _NOT_A_COUNT):
             found.append((m.end(), str(n)))

@@ -7,7 +7,7 @@ import functools
 import logging
 import re
 
-from machinery import data
+from machinery import answers, data
 from extensions.embodied_r import judging
 from grpo import accuracy_reward
 
@@ -25,14 +25,14 @@ def _correct(acc: float, problem_type: str) -> bool:
 
 
 def _same_answer(judge_answer, answer, problem_type: str, source=None) -> bool:
-    """a'_i = a_i: data.score(a'_i, a_i) >= 0.5 (exact for MC/numerical, MRA >= 0.5 for regression),
+    """a'_i = a_i: answers.score(a'_i, a_i) >= 0.5 (exact for MC/numerical, MRA >= 0.5 for regression),
     or the same option letter up to case and decoration ("b", "(B)", "B." and "B. sofa" = "B"), or
-    the same number ("3.0" = "3": data.score's numerical rule rejects that, a judge's formatting is
+    the same number ("3.0" = "3": answers.score's numerical rule rejects that, a judge's formatting is
     not the policy's fault)."""
     a, b = str(judge_answer or "").strip(), str(answer or "").strip()
     if not a or not b:
         return False
-    if data.score(a, b, problem_type, source) >= 0.5:
+    if answers.score(a, b, problem_type, source) >= 0.5:
         return True
     if problem_type == "multiple choice":
         la, lb = data.split_option(a)[0], data.split_option(b)[0]
@@ -87,9 +87,9 @@ def consistency_reward(texts, question: str, answer: str, problem_type: str, jud
     n = len(texts)
     rewards, ask = [0.0] * n, []
     for i, t in enumerate(texts):
-        reasoning = data.extract_reasoning(t)
+        reasoning = answers.extract_reasoning(t)
         if reasoning and _correct(accuracy_reward(t, answer, problem_type, source), problem_type):
-            ask.append((i, reasoning, data.extract_answer(t, source, problem_type=problem_type, strict=True)))
+            ask.append((i, reasoning, answers.extract_answer(t, source, problem_type=problem_type, strict=True)))
     got = _answers_from_reasoning(judge, [(question, r, options) for _, r, _ in ask])
     missing = 0
     for (i, _, own), a in zip(ask, got):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from machinery import data
+from machinery import answers
 from grpo import accuracy_reward
 
 def _option_text(answer: str, options) -> str:
@@ -51,7 +51,7 @@ def confidence_cost_reward(answer_text: str, gt: str, problem_type: str, evidenc
     (``n_expected`` None: no cost). ``evidence``: orchestrate.Evidence records (or dicts with the same
     fields). Returns the total and its parts."""
     acc = accuracy_reward(answer_text, gt, problem_type, source)
-    own = data.extract_answer(answer_text, source, problem_type=problem_type, strict=True)
+    own = answers.extract_answer(answer_text, source, problem_type=problem_type, strict=True)
     rel = 0.0
     for e in evidence or []:
         get = e.get if isinstance(e, dict) else (lambda k, e=e: getattr(e, k))

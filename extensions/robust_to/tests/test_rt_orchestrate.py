@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from machinery import data
+from machinery import answers, data
 from machinery import synthetic
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise, PROTOCOLS["robust-to"]
 from extensions.robust_to import orchestrate as orc
@@ -366,6 +366,6 @@ def test_rule_synthesis_output_is_well_formed_and_scored():
     t = orc.rule_synthesis(s, [low])
     assert t == ("<think>Evidence: the ego_motion tool found rotate left (turn left) (LOW tier, confidence 0.20), "
                  "which supports A. All of it is LOW tier, so the answer is uncertain.</think>\n<answer>A</answer>")
-    assert grpo.format_reward(t) == 1.0 and data.extract_answer(t, s.source, problem_type=s.problem_type) == "A"
+    assert grpo.format_reward(t) == 1.0 and answers.extract_answer(t, s.source, problem_type=s.problem_type) == "A"
     none = orc.rule_synthesis(s, [])
-    assert data.extract_answer(none, s.source, problem_type=s.problem_type) in (None, "")
+    assert answers.extract_answer(none, s.source, problem_type=s.problem_type) in (None, "")

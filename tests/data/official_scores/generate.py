@@ -156,7 +156,7 @@ def non_finite(text: str) -> bool:
 def classes(output: str, extra=()) -> list[str]:
     """What an output exercises: the automatic classes (whitespace around it, a complete or unclosed <answer>,
     number words, a non-finite number, a string pandas reads as missing, nothing) and the template's own. The
-    names of the project's departures from the official code are data.EXTENSIONS' keys."""
+    names of the project's departures from the official code are answers.EXTENSIONS' keys."""
     from pandas._libs.parsers import STR_NA_VALUES
     found = list(extra)
     if output != output.strip():
