@@ -300,6 +300,7 @@ class OpenAIJudge(_PromptJudge):
     through a :class:`chat.ChatClient` built from the same arguments (see there: the request, the key
     from ``$api_key_env``, retries, Retry-After, the thread pool). The client counts its retries and
     errors straight into this judge's ``stats`` (keys no other part of the judge writes)."""
+    served = True   # (eval_pvrbench's Runner sends it every pair of a window at once, with frames)
     name = "openai"
 
     def __init__(self, base_url: str | None = None, model: str = "gpt-4o",

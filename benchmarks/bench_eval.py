@@ -51,6 +51,7 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 
 import eval_pvrbench as ev  # noqa: E402
+from machinery import evaluation  # noqa: E402
 from machinery import synthetic  # noqa: E402
 
 
@@ -145,7 +146,7 @@ class BatchedAPIModel:
         return self.api.generate(samples, prompts, [np.array(c) for c in clips], fps, style, max_new_tokens)
 
 
-class JudgeAfterWindow(ev.Runner):
+class JudgeAfterWindow(evaluation.Runner):
     """The Runner before: each window judged before the next one generates, one batch of pairs per (video,
     condition) at a time (the judge's thread pool spreading each batch's requests)."""
 
@@ -168,17 +169,17 @@ class JudgeAfterWindow(ev.Runner):
 def run_eval(argv, before):
     """(results dict, wall seconds, {(doc_id, condition): response}) of one eval_pvrbench run; `before`: the
     paths as they were (the API's batches, the judge after each window, HFModel without shared clips)."""
-    saved = ev.Runner, ev.HFModel.share_clips, ev.MODELS["openai"]
+    saved = evaluation.Runner, evaluation.HFModel.share_clips, ev.MODELS["openai"]
     if before:
-        ev.Runner, ev.HFModel.share_clips = JudgeAfterWindow, False
-        ev.MODELS["openai"] = lambda args, name: BatchedAPIModel(ev.APIModel(
+        evaluation.Runner, evaluation.HFModel.share_clips = JudgeAfterWindow, False
+        ev.MODELS["openai"] = lambda args, name: BatchedAPIModel(evaluation.APIModel(
             name, args.base_url, args.api_retries, args.api_timeout, args.batch_size, "video"))
     try:
         t0 = time.perf_counter()
         out = quiet(ev.main, argv)
         wall = time.perf_counter() - t0
     finally:
-        ev.Runner, ev.HFModel.share_clips, ev.MODELS["openai"] = saved
+        evaluation.Runner, evaluation.HFModel.share_clips, ev.MODELS["openai"] = saved
     return out, wall, stored(Path(out["config"]["run_dir"]))
 
 

@@ -18,6 +18,7 @@ from PIL import Image
 from machinery import data
 from machinery import depth
 import eval_pvrbench as ev
+from machinery import evaluation
 import perturb
 from machinery import runtime
 from machinery import policy
@@ -56,14 +57,14 @@ class StubJudge:
 @pytest.fixture
 def counted(monkeypatch):
     """Counts samples given to the model and records the clip each (question, condition) was shown."""
-    seen, original = {"n": 0, "clips": {}}, ev.HFModel.generate
+    seen, original = {"n": 0, "clips": {}}, evaluation.HFModel.generate
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         seen["n"] += len(samples)
         for s, p, c in zip(samples, prompts, clips):
             seen["clips"].setdefault(s.id, []).append(np.array(c))
         return original(self, samples, prompts, clips, fps, style, max_new_tokens)
-    monkeypatch.setattr(ev.HFModel, "generate", generate)
+    monkeypatch.setattr(evaluation.HFModel, "generate", generate)
     return seen
 
 
@@ -97,7 +98,7 @@ def scored(source, rows):
     out = []
     for i, task, answer, cond, text, verdict in rows:
         error = None if text is not None else "VideoError"
-        out.append(dict(ev.record(g, fake(source, i, task, answer), cond, "prompt", text, error), judge=verdict))
+        out.append(dict(evaluation.record(g, fake(source, i, task, answer), cond, "prompt", text, error), judge=verdict))
     return out
 
 
@@ -231,8 +232,8 @@ def test_stored_records_are_scored_again_under_the_runs_style(tmp_path):
     """A store written under older scoring code gets today's scores; --style picks the rules (here a leading
     space: the reasoning style strips it, lmms-eval's first-token rule reads an empty token)."""
     s = fake("vsibench", 1, "route_planning", "A")
-    store = ev.Store(tmp_path, "none")
-    store.append("samples", "vsibench", [dict(ev.record(ev.Group("vsibench", "vid", "v.mp4", []), s, "clean", "p",
+    store = evaluation.Store(tmp_path, "none")
+    store.append("samples", "vsibench", [dict(evaluation.record(ev.Group("vsibench", "vid", "v.mp4", []), s, "clean", "p",
                                                         " A", None), score=0.5, filtered_resps="stale")])
     groups = [ev.Group("vsibench", "vid", "v.mp4", [(s, ["clean"])])]
     (reason,) = store.records(groups)["vsibench"]
@@ -390,14 +391,14 @@ def test_questions_on_one_clip_share_its_prefill(assets, tmp_path, monkeypatch):
     """HFModel gets the questions of a (video, condition) with at least SHARE_MIN of them in one call and
     encodes and prefills the clip once for them (policy.answer_same_video); the other clips' questions go
     in batches of --batch-size across clips; the results are those of batches of --batch-size prompts."""
-    calls, real, sizes, generate = [], policy.answer_same_video, [], ev.HFModel.generate
+    calls, real, sizes, generate = [], policy.answer_same_video, [], evaluation.HFModel.generate
 
     def counted_answer(model, processor, prompts, video, *a, **kw):
         calls.append(len(prompts))
         return real(model, processor, prompts, video, *a, **kw)
     monkeypatch.setattr(policy, "answer_same_video", counted_answer)
-    monkeypatch.setattr(ev, "SHARE_MIN", 3)
-    monkeypatch.setattr(ev.HFModel, "generate", lambda self, samples, *a: sizes.append(len(samples))
+    monkeypatch.setattr(evaluation, "SHARE_MIN", 3)
+    monkeypatch.setattr(evaluation.HFModel, "generate", lambda self, samples, *a: sizes.append(len(samples))
                         or generate(self, samples, *a))
     args = cli(assets, tmp_path / "shared", "--assign", "all", "--subtypes", "fog,dusk", "--batch-size", "2")
     ev.main(args)
@@ -407,7 +408,7 @@ def test_questions_on_one_clip_share_its_prefill(assets, tmp_path, monkeypatch):
     big, few = [n for n in per_clip.values() if n >= 3], sum(n for n in per_clip.values() if n < 3)
     assert max(big) > 2 and few and sorted(sizes) == sorted(big + [2] * (few // 2) + [1] * (few % 2))  # rest: by 2
     assert all(calls.count(n) >= big.count(n) for n in big)   # (a batch that is one clip's shares it too)
-    monkeypatch.setattr(ev.HFModel, "share_clips", False)
+    monkeypatch.setattr(evaluation.HFModel, "share_clips", False)
     calls.clear()
     ev.main(cli(assets, tmp_path / "plain", "--assign", "all", "--subtypes", "fog,dusk", "--batch-size", "2"))
     plain_dir, plain = outputs(tmp_path / "plain")
@@ -421,12 +422,12 @@ def test_the_judge_runs_while_the_next_window_generates(assets, tmp_path, monkey
     """A window is judged in a background thread while the next one generates; a judge that fails stops the
     run with its error, the samples generated so far kept."""
     generating, seen = threading.Event(), {}
-    real = ev.HFModel.generate
+    real = evaluation.HFModel.generate
 
     def generate(self, *a, **kw):
         generating.set()
         return real(self, *a, **kw)
-    monkeypatch.setattr(ev.HFModel, "generate", generate)
+    monkeypatch.setattr(evaluation.HFModel, "generate", generate)
 
     class SlowJudge(StubJudge):
         def reasoning_quality_batch(self, items, images=None):
@@ -575,8 +576,8 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
     args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "2", "--judge", "none")
     args[args.index("--model") + 1] = "openai:fake-vlm"
     encoded = []
-    real_jpegs = ev.chat.jpegs
-    monkeypatch.setattr(ev.chat, "jpegs", lambda frames: (encoded.append(1) if not isinstance(frames[0], bytes)
+    real_jpegs = evaluation.chat.jpegs
+    monkeypatch.setattr(evaluation.chat, "jpegs", lambda frames: (encoded.append(1) if not isinstance(frames[0], bytes)
                                                           else None) or real_jpegs(frames))  # (bytes pass through)
     try:
         ev.main(args + ["--base-url", url])

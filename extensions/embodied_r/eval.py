@@ -23,10 +23,11 @@ from pathlib import Path
 from machinery import chat
 from machinery import answers, data
 import eval_pvrbench as ev
+from machinery import evaluation
 from extensions.embodied_r import keyframes, perceive
 
 
-class PerceiverModel(ev.HFModel):
+class PerceiverModel(evaluation.HFModel):
     """eval_pvrbench's local model, and for a text-only LM (Embodied-R's reasoner, train.py --policy text)
     `perceiver`'s text of each clip, clean or corrupted, in the video's place (perceive.py; texts cached in
     `perception_cache`, keyed by frame content, question and perceiver)."""

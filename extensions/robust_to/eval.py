@@ -17,6 +17,7 @@ from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy befo
 import functools
 
 import eval_pvrbench as ev
+from machinery import evaluation
 from eval_pvrbench import _d, _f
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise, PROTOCOLS["robust-to"]
 
@@ -39,7 +40,7 @@ def robust_to_table(name, frames, pvr):
     return head + "|---" * (len(ROBUST_TO_COLUMNS) + 4) + "|\n| " + " | ".join(cells) + " |\n"
 
 
-class AgentModel(ev.HFModel):
+class AgentModel(evaluation.HFModel):
     """Robust-TO's orchestrated agent (orchestrate.Agent) around a local checkpoint, `--model robust-to:PATH`:
     of the frames read, the k most reliable and relevant (reliability.select_frames), decomposition,
     tools, three-tier synthesis; the synthesis is the response scored. Errors as HFModel's."""

@@ -1,0 +1,501 @@
+"""The machinery of eval_pvrbench.py: reading a clip as the model sees it, the models asked (a local checkpoint,
+its clip's prefill shared by the clip's questions; a served model, every request in flight), the resumable
+store of generations and verdicts, and the Runner that generates and judges a window of videos at a time.
+The benchmark's protocol (which questions, which corruption, how they are scored) is eval_pvrbench.py's: it
+gives the Runner `corrupt(frames, spec, depth)`, the manifest's spec applied to a clean clip.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import itertools
+import json
+import os
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from machinery import answers, chat, data, runtime, video
+from machinery import depth as depths
+
+
+SHARE_MIN = 4   # questions on one (video, condition) from which HFModel shares its prefill (Runner.batches)
+
+
+def read_clip(group, args, read_kwargs, with_indices=False):
+    """(frames, fps seen by the model[, the frame indices read]) or a VideoError; fps: qwen-vl-utils' sample fps,
+    or --fps. read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
+    frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels,
+                                             **read_kwargs)
+    if args.fps != "video":
+        fps = float(args.fps)
+    else:
+        fps = len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0
+    return (frames, fps, indices) if with_indices else (frames, fps)
+
+
+def export_depth(root, g, frames, indices, source):
+    """(depth for `corrupt`, the manifest's "depth") of an exported clip: "proxy", or the clip's depth (its own
+    or --depth-model's) written to <video id>/depth.npy (float16 [T,H,W]: the spec, the clean frames and this
+    file regenerate the corrupted clip bit for bit, Eq. 4, without the model)."""
+    if source.kind(g.path) == "proxy":
+        return None, "proxy"
+    d, f = source(frames, g.video_id, indices, video_path=g.path), Path(g.video_id) / "depth.npy"
+    depths.write(root / f, d)
+    return d, {**source.describe(g.path), "file": str(f),
+               "sha256": hashlib.sha256((root / f).read_bytes()).hexdigest()}
+
+
+def export(groups, manifest, args, read_kwargs, corrupt):
+    """--export DIR: the clean and corrupted clips as mp4 (the frames the models see, `corrupt`: the manifest's
+    spec applied), their depth maps with --depth-model (export_depth), plus the manifest."""
+    root, specs = Path(args.export), defaultdict(list)
+    source = depths.Depth(args.depth_model, args.depth_cache or None)
+    for row in manifest:
+        specs[(row["source"], row["video_id"])].append(row)
+    rows = []
+    for g in groups:
+        try:
+            frames, fps, indices = read_clip(g, args, read_kwargs, with_indices=True)
+        except Exception as e:  # noqa: BLE001 - recorded, never fatal
+            rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
+            continue
+        clean = Path(g.video_id) / "clean.mp4"
+        video.write_video(root / clean, frames, fps=fps)
+        d, entry = export_depth(root, g, frames, indices, source)
+        for r in specs[(g.source, g.video_id)]:
+            f = Path(g.video_id) / f"{r['subtype']}.mp4"
+            video.write_video(root / f, corrupt(frames, r["spec"], d), fps=fps)
+            rows.append(dict(r, file=str(f), clean_file=str(clean), source_video=g.path, fps=fps, depth=entry,
+                             frames=args.frames, max_pixels=args.max_pixels))
+    write_jsonl(root / "manifest.jsonl", rows)
+    print(f"exported {sum('file' in r for r in rows)} corrupted videos ({sum('error' in r for r in rows)} errors) "
+          f"and {root / 'manifest.jsonl'}")
+
+
+class HFModel:
+    """Any AutoModelForImageTextToText checkpoint (policy.load_policy), optionally with a peft LoRA adapter;
+    greedy generation. `share_clips`: the Runner gives it each (video, condition)'s questions together, and
+    the clip is encoded and its prefix prefilled once for all of them (policy.answer_same_video, decoding
+    `batch_size` at a time); off (what benchmarks/bench_eval.py measures it against): batches of `batch_size`
+    prompts, each with its own copy of the video (policy.rollout). Both give the same greedy texts."""
+    failure = "generation failed"  # the reason recorded for a sample that fails alone
+    share_clips = True
+
+    def __init__(self, path, adapter=None, batch_size=8):
+        from machinery import policy
+        self.policy, self.batch_size = policy, batch_size
+        self.model, self.processor = policy.load_policy(path)
+        if adapter:
+            from peft import PeftModel
+            self.model = PeftModel.from_pretrained(self.model, adapter).eval()
+        self.text = policy.is_text_model(self.model)
+        self.check_kind(path)
+
+    def check_kind(self, path):
+        if self.text:   # (Embodied-R's reasoner reads a perceiver's text of the videos: its entry point)
+            raise runtime.UserError(f"{path} is a text-only LM: it cannot see the videos (a perceiver's text of them: "
+                                    "python -m extensions.embodied_r.eval --perceiver ...)")
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""
+        try:
+            return [(t, None) for t in self._texts(samples, clips, fps, style, max_new_tokens)]
+        except (RuntimeError, ValueError) as e:   # e.g. out of memory on one long video
+            if len(samples) == 1:
+                return [(None, f"{self.failure}: {type(e).__name__}: {str(e)[:300]}")]
+            return [o for k in range(len(samples)) for o in self.generate(
+                samples[k:k + 1], prompts[k:k + 1], clips[k:k + 1], fps[k:k + 1], style, max_new_tokens)]
+
+    def _texts(self, samples, clips, fps, style, max_new_tokens):
+        messages = [data.build_messages(s, style) for s in samples]
+        if self.share_clips and len({id(c) for c in clips}) == 1 and len(samples) > 1:   # one clip's questions
+            return self.policy.answer_same_video(self.model, self.processor, messages, clips[0], fps[0],
+                                                 max_new_tokens, self.batch_size)
+        inputs = self.policy.make_inputs(self.processor, messages, clips, fps=fps)
+        return self.policy.rollout(self.model, self.processor, inputs, n=1, max_new_tokens=max_new_tokens,
+                                   do_sample=False).texts
+
+
+VIDEO_FORMATS = ("auto", "video", "images")
+
+
+def video_format(requested, base_url):
+    """--video-format auto: one video part for a self-hosted server (--base-url or $OPENAI_BASE_URL: vLLM,
+    SGLang), so that a served Qwen-VL sees a video as transformers does; image parts for OpenAI's API, which
+    takes no video (the paper evaluates GPT-4o so)."""
+    if requested != "auto":
+        return requested
+    return "video" if (base_url or os.environ.get("OPENAI_BASE_URL")) else "images"
+
+
+def video_refused(base_url, reason):
+    """The one-line error for a server that refused a request carrying the clip as one video part: its own words,
+    whole, and the fix that matches them."""
+    text = reason.lower()
+    if "trust-request-mm-kwargs" in text or "media_io_kwargs" in text:
+        fix = ("start the server with --trust-request-mm-kwargs: the clip's frame rate goes with each request as "
+               "media_io_kwargs, which Qwen-VL's temporal positions are computed from")
+    elif "at most" in text and "video" in text:
+        fix = "start the server with --limit-mm-per-prompt '{\"video\": 1}'"
+    else:
+        fix = "if the served model takes no video, use --video-format images"
+    return f"{base_url} refused a request with the clip as one video part ({reason}): {fix}"
+
+
+class APIModel:
+    """An OpenAI-compatible chat-completions model (OpenAI, vLLM, SGLang) through chat.ChatClient: the frames as
+    one video part (`video_format` "video", at the clip's fps) or as base64 JPEG image parts, then the prompt;
+    temperature 0; retries with backoff; the key from $OPENAI_API_KEY, never stored, logged or written;
+    `concurrency` requests at a time. A server that refuses the video part stops the run, saying how to switch."""
+
+    def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=64, video_format="images"):
+        self.concurrency, self.video = max(1, concurrency), video_format == "video"
+        self.window = 2 * self.concurrency  # samples per Runner window: the pool stays full across videos
+        self.client = chat.ChatClient(base_url=base_url, model=name, max_retries=retries, timeout=timeout,
+                                      concurrency=self.concurrency)
+
+    def stream(self, samples, prompts, clips, fps, style, max_new_tokens):
+        """(index, (text, error)) of each request as it finishes, `concurrency` in flight: a finished request
+        is replaced at once (no batch waits for its slowest). `clips`: frames, or futures of frames (the Runner
+        corrupts the window's clips while the first requests are in flight); each clip is one object, its
+        JPEGs encoded once for all its questions, by the pool, ahead of their requests (first in, first
+        out: a request never waits for an encoding that has not started). Closing the generator cancels what
+        has not started."""
+        pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, max(1, len(prompts))))
+        encoded, futures = {}, {}
+
+        def encode(clip):
+            return chat.jpegs(clip.result() if isinstance(clip, concurrent.futures.Future) else clip)
+
+        def one(k):
+            reply = self.client.complete(prompts[k], max_new_tokens, frames=encoded[id(clips[k])].result(),
+                                         video_fps=fps[k] if self.video else None)
+            return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
+        for k, clip in enumerate(clips):
+            if id(clip) not in encoded:
+                encoded[id(clip)] = pool.submit(encode, clip)
+            futures[pool.submit(one, k)] = k
+        try:
+            for fut in concurrent.futures.as_completed(futures):
+                out = fut.result()
+                if self.video and out[0] is None and self.client.rejected:
+                    raise runtime.UserError(video_refused(self.client.base_url, self.client.rejected))
+                yield futures[fut], out
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
+        outs = dict(self.stream(samples, prompts, clips, fps, style, max_new_tokens))
+        return [outs[k] for k in range(len(prompts))]
+
+
+def write_jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+class Store:
+    """Append-only JSONL per source: samples_<source>.jsonl (generations) and judge-<judge>_<source>.jsonl
+    (verdicts), flushed per batch; the last line of a key wins; a torn last line (a kill) is skipped."""
+
+    def __init__(self, run_dir, judge_tag):
+        self.dir, self.tag = Path(run_dir), judge_tag
+        self.gen, self.jdg, self.lock = defaultdict(dict), defaultdict(dict), threading.Lock()
+        for kind, table in (("samples", self.gen), (f"judge-{judge_tag}", self.jdg)):
+            for f in self.dir.glob(f"{kind}_*.jsonl"):
+                for line in f.read_text().splitlines():
+                    try:
+                        r = json.loads(line)
+                    except ValueError:
+                        continue
+                    table[f.stem.rsplit("_", 1)[1]][(r["doc_id"], r["condition"])] = r
+
+    def done(self, src, key):
+        """Generated without error (an error, e.g. an unreadable video or a failed API call, is tried again)."""
+        r = self.gen[src].get(key)
+        return r is not None and r.get("error") is None
+
+    def append(self, kind, src, rows):
+        if not rows:
+            return
+        path = self.dir / f"{kind}_{src}.jsonl"
+        with self.lock:   # (the judge appends from its own thread)
+            torn = False
+            if path.exists() and path.stat().st_size:
+                with open(path, "rb") as f:
+                    torn = f.seek(-1, 2) >= 0 and f.read(1) != b"\n"
+            with open(path, "a") as f:
+                f.write(("\n" if torn else "") + "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+                f.flush()
+                os.fsync(f.fileno())
+            table = self.gen if kind == "samples" else self.jdg
+            table[src].update({(r["doc_id"], r["condition"]): r for r in rows})
+
+    def pending(self, g):
+        """(sample, condition) of a group still to generate."""
+        return [(s, c) for s, conds in g.items for c in conds if not self.done(g.source, (s.id, c))]
+
+    def to_judge(self, g, judge):
+        """(key, question, reference, candidate) still to judge in a group: clean with itself (Orig.+), each
+        perturbed response against the clean one."""
+        if judge is None:
+            return []
+        out = []
+        for s, conds in g.items:
+            clean = self.gen[g.source].get((s.id, "clean"))
+            if clean is None or clean.get("error") is not None:
+                continue
+            for c in conds:
+                r = self.gen[g.source].get((s.id, c))
+                if r is not None and r.get("error") is None and (s.id, c) not in self.jdg[g.source]:
+                    out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
+        return out
+
+    def records(self, groups, style="reason", scoring=answers.SCORINGS[0]):
+        """{source: the final records, in plan order, each with its verdict}, scored again from the stored response
+        under the current rules (a store written before a change of the scoring code gets today's scores)."""
+        flat = defaultdict(list)
+        for g in groups:
+            for s, conds in g.items:
+                for c in conds:
+                    r = self.gen[g.source][(s.id, c)]
+                    flat[g.source].append(dict(r, **scored(s, r["response"], r.get("error"), style, scoring),
+                                               judge=self.jdg[g.source].get((s.id, c), {}).get("judge")))
+        return flat
+
+
+def record(g, s, cond, prompt, text, error, style="reason", scoring=answers.SCORINGS[0]):
+    return {"doc_id": s.id, "condition": cond, "video_id": g.video_id, "task": s.task, "input": prompt,
+            "target": s.answer, "response": text, **scored(s, text, error, style, scoring), "error": error}
+
+
+def scored(s, text, error, style="reason", scoring=answers.SCORINGS[0]):
+    """A sample's extracted answer (filtered_resps) and score under --style / --scoring (None after an error)."""
+    if error is not None:
+        return {"filtered_resps": None, "score": None}
+    pred = answers.extract_answer(text, s.source, problem_type=s.problem_type, style=style, scoring=scoring)
+    return {"filtered_resps": pred, "score": answers.score(pred, s.answer, s.problem_type, s.source, style=style)}
+
+
+class Runner:
+    """Generation and judging, a window of videos at a time (about --batch-size samples; 2 x --api-concurrency
+    for a served model): each video decoded once and each (video, condition) corrupted once; its pending
+    samples generated clip by clip, in (video, condition) order (a server's prefix cache sees one clip's
+    questions together), each stored as it finishes. A window's pairs are judged in the background while the
+    next window generates (at most one window waits for its judge)."""
+
+    def __init__(self, args, store, model, judge, manifest, read_kwargs, pending, corrupt):
+        from tqdm import tqdm
+        self.args, self.store, self.model, self.judge, self.read_kwargs = args, store, model, judge, read_kwargs
+        self.corrupt = corrupt   # (frames, the manifest's spec, depth) -> the corrupted frames
+        self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
+        self.depth = depths.Depth(args.depth_model, args.depth_cache or None)
+        self.depth_of = depths.ClipMemo(self.depth)
+        self.indices = {}   # video id -> the frame indices read (the depth cache's key)
+        self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
+        self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
+        self.judging = None   # the background judge of the last window: (thread, {"error": ...})
+
+    def run(self, groups):
+        """Every window; False when --stop-after is reached."""
+        window, size = [], 0
+        try:   # (a kill does not wait for the judge in the background: what it had not stored is asked again)
+            for k, g in enumerate(groups):
+                window.append(g)
+                size += sum(len(c) for _, c in g.items)
+                if size >= getattr(self.model, "window", self.args.batch_size) or k == len(groups) - 1:
+                    if not self.window(window):
+                        self.wait_judge()
+                        return False
+                    window, size = [], 0
+            self.wait_judge()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+        return True
+
+    def window(self, groups):
+        self.clips, todo = {}, []
+        self.depth_of = depths.ClipMemo(self.depth, len(groups))   # the window's clips' depth
+        pending = [(g, self.store.pending(g)) for g in groups]
+        pending = [(g, pend) for g, pend in pending if pend or self.store.to_judge(g, self.judge)]
+        groups = [g for g, _ in pending]
+        for (g, pend), clip in zip(pending, self.read(groups)):
+            if isinstance(clip, str):   # an unreadable video: error records (its reason), never fatal
+                self.store.append("samples", g.source, [record(g, s, c, None, None, clip) for s, c in pend])
+                continue
+            self.clips[(g.video_id, "clean")] = clip
+            conds = list(dict.fromkeys(c for _, c in pend))   # clip by clip: clean, then each subtype
+            todo += [(g, s, c) for cond in conds for s, c in pend if c == cond]
+        if not self.generate(todo):
+            return False
+        self.start_judge(groups, self.clips)
+        return True
+
+    def read(self, groups):
+        """Each group's clean clip (frames, fps), or the reason it cannot be read; in parallel (decoding and
+        resizing run in C)."""
+        with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs, True) for g in groups]
+        out = []
+        for g, r in zip(groups, reads):
+            try:
+                frames, fps, self.indices[g.video_id] = r.result()
+                out.append((frames, fps))
+            except Exception as e:  # noqa: BLE001 - recorded per sample
+                out.append(f"{type(e).__name__}: {e}")
+        return out
+
+    def clip(self, g, cond, clips=None):
+        """(frames, fps) under a condition, kept in `clips` (the window's): a perturbed clip is rebuilt from
+        the manifest's spec (Sec. 4) and the clip's depth (clip_depth)."""
+        clips = self.clips if clips is None else clips
+        if (g.video_id, cond) not in clips:
+            frames, fps = clips[(g.video_id, "clean")]
+            spec = self.manifest[(g.source, g.video_id, cond)]["spec"]
+            clips[(g.video_id, cond)] = (self.corrupt(frames, spec, self.clip_depth(g, frames)), fps)
+        return clips[(g.video_id, cond)]
+
+    def clip_depth(self, g, frames):
+        """The depth of a clean clip (depth.Depth: its own, or a model's computed once and cached on disk; read
+        once per window: depth.ClipMemo; thread-safe), or None: perturb's depth proxy."""
+        return self.depth_of(frames, g.video_id, self.indices.get(g.video_id), video_path=g.path)
+
+    def batches(self, todo):
+        """The model's calls: --batch-size samples each; for a model that shares a clip's prefill
+        (HFModel.share_clips), a clip with at least SHARE_MIN questions gets a call of its own, and the
+        clips with fewer are batched together (one question per clip, a call each decoded ~10x slower)."""
+        size = self.args.batch_size
+        if not getattr(self.model, "share_clips", False):
+            return [todo[k:k + size] for k in range(0, len(todo), size)]
+        out, rest = [], []
+        for _, run in itertools.groupby(todo, key=lambda t: (t[0].video_id, t[2])):
+            run = list(run)
+            if len(run) >= SHARE_MIN:
+                out.append(run)
+            else:
+                rest.extend(run)
+        return out + [rest[k:k + size] for k in range(0, len(rest), size)]
+
+    def generate(self, todo):
+        if hasattr(self.model, "stream"):
+            return self.generate_stream(todo)
+        for batch in self.batches(todo):
+            clips = [self.clip(g, c) for g, _, c in batch]
+            prompts = [data.build_prompt(s, self.args.style) for _, s, _ in batch]
+            t0 = time.perf_counter()
+            outs = self.model.generate([s for _, s, _ in batch], prompts, [v for v, _ in clips],
+                                       [f for _, f in clips], self.args.style, self.args.max_new_tokens)
+            self.sec_generate += time.perf_counter() - t0
+            rows = defaultdict(list)
+            for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
+                rows[g.source].append(record(g, s, c, p, text, err, self.args.style, self.args.scoring))
+            for src, rs in rows.items():
+                self.store.append("samples", src, rs)
+            self.generated += len(batch)
+            if self.bar is not None:
+                self.bar.update(len(batch))
+            if self.args.stop_after and self.generated >= self.args.stop_after:
+                return False
+        return True
+
+    def generate_stream(self, todo):
+        """A served model: every pending sample of the window in flight (up to its concurrency), each finished
+        one stored at once, so that a killed run neither loses nor repeats a finished request."""
+        if not todo:
+            return True
+        prep, ready = concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)), {}
+        for g, _, c in todo:   # the clips corrupted in order, while the first requests are in flight
+            if (g.video_id, c) not in ready:
+                ready[(g.video_id, c)] = prep.submit(lambda g=g, c=c: self.clip(g, c)[0])
+        clips = [ready[(g.video_id, c)] for g, _, c in todo]
+        fps = [self.clips[(g.video_id, "clean")][1] for g, _, _ in todo]
+        prompts = [data.build_prompt(s, self.args.style) for _, s, _ in todo]
+        t0 = time.perf_counter()
+        results = self.model.stream([s for _, s, _ in todo], prompts, clips, fps, self.args.style,
+                                    self.args.max_new_tokens)
+        try:
+            for k, (text, err) in results:
+                g, s, c = todo[k]
+                self.store.append("samples", g.source, [record(g, s, c, prompts[k], text, err, self.args.style,
+                                                               self.args.scoring)])
+                self.generated += 1
+                if self.bar is not None:
+                    self.bar.update(1)
+                if self.args.stop_after and self.generated >= self.args.stop_after:
+                    return False
+        finally:
+            results.close()
+            prep.shutdown(wait=True, cancel_futures=True)
+            self.sec_generate += time.perf_counter() - t0
+        return True
+
+    def start_judge(self, groups, clips):
+        """Judge a window in a background thread (the next window generates meanwhile), once the previous
+        window's judge has finished. A judge's failure stops the run."""
+        self.wait_judge()
+        if self.judge is None:
+            return
+        state = {"error": None}
+
+        def work():
+            try:
+                self.judge_window(groups, clips)
+            except BaseException as e:  # noqa: BLE001 - raised again in the main thread by wait_judge
+                state["error"] = e
+        thread = threading.Thread(target=work, name="judge", daemon=True)  # (a kill does not wait for it)
+        thread.start()
+        self.judging = (thread, state)
+
+    def wait_judge(self):
+        if self.judging is not None:
+            thread, state = self.judging
+            thread.join()
+            self.judging = None
+            if state["error"] is not None:
+                raise state["error"]
+
+    def judge_window(self, groups, clips):
+        """A window's pairs (Store.to_judge), each verdict stored as it comes. An openai: judge: every pair in
+        flight at once, --judge-concurrency at a time, each with --judge-frames frames of the clip it rates
+        (encoded once per clip); another judge: one batch per video."""
+        t0 = time.perf_counter()
+        served, jobs = getattr(self.judge, "served", False), []
+        for g in groups:
+            pend = self.store.to_judge(g, self.judge)
+            if not pend or (g.video_id, "clean") not in clips:   # (nothing to judge, or an unreadable video)
+                continue
+            if not served:
+                jobs.append((g.source, pend, None))
+                continue
+            shown = {}
+            for p in pend:
+                cond = p[0][1]
+                if cond not in shown:
+                    shown[cond] = self.judge_images(g, cond, clips)
+                jobs.append((g.source, [p], shown[cond]))
+
+        def one(job):
+            src, ps, images = job
+            verdicts = self.judge.reasoning_quality_batch([p[1:] for p in ps], images=images)
+            self.store.append(f"judge-{self.store.tag}", src, [
+                {"doc_id": k[0], "condition": k[1], "judge": v} for (k, *_), v in zip(ps, verdicts)
+                if any(x is not None for x in v.values())])
+        if served and len(jobs) > 1:
+            with concurrent.futures.ThreadPoolExecutor(min(len(jobs), self.args.judge_concurrency)) as pool:
+                list(pool.map(one, jobs))
+        else:
+            for job in jobs:
+                one(job)
+        self.sec_judge += time.perf_counter() - t0
+
+    def judge_images(self, g, cond, clips):
+        """--judge-frames frames of the clip, evenly spaced, as JPEG (None: a text-only judge)."""
+        if self.args.judge_frames <= 0:
+            return None
+        frames = self.clip(g, cond, clips)[0]
+        return chat.jpegs(list(frames[np.linspace(0, len(frames) - 1, self.args.judge_frames).round().astype(int)]))
