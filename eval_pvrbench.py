@@ -574,6 +574,14 @@ def parse_args(argv=None, ext=None):
     return args
 
 
+def make_judge(args, run_dir):
+    """--judge (None: none), its verdicts cached in the run's store; a served judge keeps --judge-concurrency
+    requests in flight."""
+    served = {"concurrency": max(1, args.judge_concurrency)} if args.judge.startswith("openai:") else {}
+    return None if args.judge == "none" else judges.make_judge(
+        args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"), **served)
+
+
 def corrupt(frames, spec, depth):
     """Sec. 4's static protocol: a clip under the manifest's spec (Eq. 4's V~, regenerated exactly: Eq. 2)."""
     return perturb.apply(frames, perturb.PerturbSpec.from_dict(spec), depth)
@@ -618,15 +626,12 @@ def main(argv=None, ext=None):
     print(f"PVRBench: {len(groups)} videos, {sum(len(c) for g in groups for _, c in g.items)} (question, condition) "
           f"samples, {pending} to generate; model {spec}; store {run_dir}", flush=True)
     model = models[scheme](args, path) if pending else None
-    served = {"concurrency": max(1, args.judge_concurrency)} if args.judge.startswith("openai:") else {}
-    judge = None if args.judge == "none" else judges.make_judge(
-        args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"), **served)
+    judge = make_judge(args, run_dir)
     runner = evaluation.Runner(args, store, model, judge, manifest, ext.read_kwargs(args), pending, corrupt)
     if not runner.run(groups):
         print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
         return None
-    if hasattr(judge, "close"):
-        judge.close()
+    getattr(judge, "close", lambda: None)()
     flat = store.records(groups, args.style, args.scoring)
     results = summarize(flat, subtypes, args.style)
     results["diagnostics"] = diagnostics.collapse(flat, sources)   # did the model stop looking at the video?
@@ -638,22 +643,28 @@ def main(argv=None, ext=None):
         print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)
         return previous[1]
     ts = time.strftime("%Y%m%d_%H%M%S")
-    out = {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),
-           "config": {**{k: v for k, v in vars(args).items() if k != "compare"}, "model": spec, "model_name": name,
-                      "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
-                      "judge_stats": getattr(judge, "stats", None)},
-           "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
-               (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
-           "raw_question_rows": raw_question_rows(sources),
-           "scoring": scoring_block(args.style, args.scoring),
-           **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
-           "n_errors": results["n_errors"], "timing": {
-               "total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
-               "judge_s": runner.sec_judge, "generated": runner.generated}}
+    out = results_file(args, results, spec, name, subtypes, run_dir, run_hash, judge, manifest, sources, reports, ts)
+    out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
+                     "judge_s": runner.sec_judge, "generated": runner.generated}
     write_results(out, flat, model_dir, run_dir, ts, name, table + "\n" + legend)
     print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
           flush=True)
     return out
+
+
+def results_file(args, results, spec, name, subtypes, run_dir, run_hash, judge, manifest, sources, reports, ts):
+    """<ts>_results.json's content (its "timing" added by main)."""
+    model_dir = run_dir.parent
+    return {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),
+            "config": {**{k: v for k, v in vars(args).items() if k != "compare"}, "model": spec, "model_name": name,
+                       "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
+                       "judge_stats": getattr(judge, "stats", None)},
+            "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
+                (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
+            "raw_question_rows": raw_question_rows(sources),
+            "scoring": scoring_block(args.style, args.scoring),
+            **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
+            "n_errors": results["n_errors"]}
 
 
 def raw_question_rows(sources):

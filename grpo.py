@@ -107,6 +107,23 @@ def _clean_verdicts(values, allowed):
     return out
 
 
+def _verdicts(judge, kind, pairs, allowed) -> tuple[list, list]:
+    """(verdicts, the indices asked) of the judge on the (reference, candidate) `pairs`: a pair empty on either
+    side is not asked and scores 0.0; a verdict outside `allowed` is missing (None)."""
+    asked = [i for i, (ref, cand) in enumerate(pairs) if ref and cand]
+    out: list = [0.0] * len(pairs)
+    for i, v in zip(asked, _clean_verdicts(_judge_many(judge, kind, [pairs[i] for i in asked]), allowed)):
+        out[i] = v
+    return out, asked
+
+
+def _impute(values, missing):
+    """Missing verdicts (None) filled with the mean of the group's others (missing="mean") or 0 ("zero")."""
+    known = [v for v in values if v is not None]
+    fill = sum(known) / len(known) if (known and missing == "mean") else 0.0
+    return [fill if v is None else v for v in values]
+
+
 def alignment_reward(clean_texts, perturbed_texts, judge, alpha_r: float = 0.3, alpha_a: float = 0.7,
                      missing: str = "mean") -> Alignment:
     """Alg. 1 Steps 2, 4, 5: r^A_j = alpha_r Sim^r(p_j, p~_j) + alpha_a Sim^a(a_j, a~_j) for the
@@ -124,34 +141,17 @@ def alignment_reward(clean_texts, perturbed_texts, judge, alpha_r: float = 0.3, 
     if missing not in ("mean", "zero"):
         raise ValueError(f"missing must be 'mean' or 'zero', got {missing!r}")
     n = len(clean_texts)
-    parts = []
-    for o, o_t in zip(clean_texts, perturbed_texts):  # Alg. 1 l.4-5
-        parts.append((answers.extract_reasoning(o), answers.extract_reasoning(o_t),
-                      answers.extract_answer(o, strict=True), answers.extract_answer(o_t, strict=True)))
-    ask_r = [i for i, p in enumerate(parts) if p[0] and p[1]]
-    ask_a = [i for i, p in enumerate(parts) if p[2] and p[3]]
-    sim_r: list = [0.0] * n
-    sim_a: list = [0.0] * n
-    got_r = _clean_verdicts(_judge_many(judge, "reasoning", [(parts[i][0], parts[i][1]) for i in ask_r]),
-                            (0.0, 0.5, 1.0))  # Alg. 1 l.9
-    got_a = _clean_verdicts(_judge_many(judge, "answer", [(parts[i][2], parts[i][3]) for i in ask_a]),
-                            (0.0, 1.0))  # Alg. 1 l.10
-    for i, v in zip(ask_r, got_r):
-        sim_r[i] = v
-    for i, v in zip(ask_a, got_a):
-        sim_a[i] = v
+    parts = [(answers.extract_reasoning(o), answers.extract_reasoning(o_t),   # Alg. 1 l.4-5
+              answers.extract_answer(o, strict=True), answers.extract_answer(o_t, strict=True))
+             for o, o_t in zip(clean_texts, perturbed_texts)]
+    sim_r, ask_r = _verdicts(judge, "reasoning", [(p[0], p[1]) for p in parts], (0.0, 0.5, 1.0))  # Alg. 1 l.9
+    sim_a, ask_a = _verdicts(judge, "answer", [(p[2], p[3]) for p in parts], (0.0, 1.0))  # Alg. 1 l.10
     n_missing = sum(v is None for v in sim_r) + sum(v is None for v in sim_a)
     notes = []
     if n_missing:
         notes.append(f"{n_missing} of {len(ask_r) + len(ask_a)} judge verdicts missing ({missing}-imputed)")
         log.warning("alignment_reward: %s", notes[-1])
-
-    def impute(values):
-        known = [v for v in values if v is not None]
-        fill = sum(known) / len(known) if (known and missing == "mean") else 0.0
-        return [fill if v is None else v for v in values]
-
-    r_vals, a_vals = impute(sim_r), impute(sim_a)
+    r_vals, a_vals = _impute(sim_r, missing), _impute(sim_a, missing)
     rewards = [alpha_r * r + alpha_a * a for r, a in zip(r_vals, a_vals)]  # Alg. 1 l.12
     return Alignment(rewards, sim_r, sim_a, n_missing, n - len(set(ask_r) & set(ask_a)), notes)
 

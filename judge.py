@@ -449,6 +449,16 @@ def option_lines(question) -> list:
     return [(k, v) for k, v in map(data.split_option, str(question or "").split("\n")) if k and v]
 
 
+def _same_quantity(qr, qc) -> bool:
+    """Two (value, unit or None) quantities: equal values in a common unit (a bare number takes the other's)."""
+    (vr, ur), (vc, uc) = qr, qc
+    if ur and uc:
+        if ur[0] != uc[0]:
+            return False
+        vr, vc = vr * ur[1], vc * uc[1]
+    return math.isclose(vr, vc, rel_tol=1e-6, abs_tol=1e-9)
+
+
 def answers_equivalent(reference, candidate) -> bool:
     """LocalJudge's Sim^a. Equal when, after normalisation, they are:
     the same option letter ("B" = "B." = "(B)" = "b" = "B. sofa"), or a labelled option and its text
@@ -462,12 +472,7 @@ def answers_equivalent(reference, candidate) -> bool:
         return False
     qr, qc = _quantity(ref), _quantity(cand)
     if qr is not None and qc is not None:
-        (vr, ur), (vc, uc) = qr, qc
-        if ur and uc:
-            if ur[0] != uc[0]:
-                return False
-            vr, vc = vr * ur[1], vc * uc[1]
-        return math.isclose(vr, vc, rel_tol=1e-6, abs_tol=1e-9)
+        return _same_quantity(qr, qc)
     orf, ocd = answer_option(ref), answer_option(cand)
     if orf and ocd:
         return orf[0] == ocd[0]

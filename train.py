@@ -75,7 +75,6 @@ GROUPS = {  # --help shows the flags in these groups, in this order
     "SFT": "the supervised warm-up (Sec. 5.1, App. D)",
     "RL": "dual-branch GRPO (Alg. 1-2, Eq. 7-10, App. D)",
     "curriculum": "self-assessment and the memory buffer (Sec. 3.2, Eq. 3-6, Alg. 2 l.6-21)",
-    "evaluation": "the before/after check of the demo (PVRBench itself: eval_pvrbench.py)",
     "distributed": "torchrun --nproc_per_node=N train.py ...: NCCL on GPUs, gloo on CPU, one data shard and "
                    "buffer per rank, gradients averaged over every rank's trained completions",
 }
@@ -145,9 +144,6 @@ class Config:
     n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
                       "curriculum")
     reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
-    # evaluation
-    eval_data: str = _arg("", "VSI-Bench-format file to report clean/perturbed accuracy on before and after",
-                          "evaluation")
     # distributed
     sharding: str = _arg("auto", "auto | fsdp | ddp | none: auto is FSDP2 for full fine-tuning on GPUs or on more "
                                  "than one process, DDP for LoRA / 4-bit on more than one, none for one CPU process",
@@ -194,6 +190,8 @@ class Config:
     updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
                                        "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
     gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
+    eval_data: str = _arg("", "VSI-Bench-format file of the before/after check: clean and perturbed accuracy before "
+                          "and after training (the demo's: its held-out questions; PVRBench itself: eval_pvrbench.py)")
     eval_video_root: str = _arg("", "video root of --eval-data (default: its folder)")
     eval_limit: int = _arg(96, "questions of --eval-data in the before/after report")
     demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark")
@@ -995,7 +993,7 @@ def run_sft(run, state, ckpt, per_rank):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
-    labels, ans_cursor, by_id = None, None, {s.id: s for s in run.shard}
+    warm_up = AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
     if ckpt:
         run.resume(per_rank, optim, ckpt)
         cursor.load(per_rank[0]["cursor"])
@@ -1005,23 +1003,16 @@ def run_sft(run, state, ckpt, per_rank):
         if state["step"] < task:
             batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
             nll, n = run.ext.sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
-        else:
-            if labels is None:   # once, after the task SFT (a resumed run reads them back)
-                labels = answerability_labels(run)
-                ans_cursor = runtime.Cursor(len(labels), cfg.seed * 1000 + 2 * run.rank + 7)
-                if ckpt and "answerability_cursor" in per_rank[0]:
-                    ans_cursor.load(per_rank[0]["answerability_cursor"])
-            batch = [labels[i] for i in ans_cursor.take(half)]   # half answerability, half the task (replayed:
-            task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]   # alone, it forgets it)
-            nll, n = answerability_step(run, [(by_id[x["id"]], x) for x in batch], task_batch)
+        else:   # half answerability, half the task (replayed: alone, the model forgets it)
+            task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
+            nll, n = answerability_step(run, warm_up.batch(half), task_batch)
         nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
         run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0], "nll": nll,
                  "bad_videos": len(run.clips.bad), "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == total:
-            run.checkpoint(state, optim, {"cursor": cursor.state(), **(
-                {"answerability_cursor": ans_cursor.state()} if ans_cursor is not None else {})})
+            run.checkpoint(state, optim, {"cursor": cursor.state(), **warm_up.state()})
         if run.killed():
             return False
     run.log.close_bar()
@@ -1030,6 +1021,27 @@ def run_sft(run, state, ckpt, per_rank):
     if total > 0:
         run.evaluate("eval_after_sft.json")
     return True
+
+
+class AnswerabilityWarmUp:
+    """The answerability warm-up's examples (answerability_labels, made once after the task SFT; a resumed run
+    reads them back) and their cursor (`saved`: this rank's checkpoint state, which may hold it)."""
+
+    def __init__(self, run, saved):
+        self.run, self.saved, self.labels, self.cursor = run, saved, None, None
+        self.by_id = {s.id: s for s in run.shard}
+
+    def batch(self, n):
+        """The next n (sample, example) pairs."""
+        if self.labels is None:
+            self.labels = answerability_labels(self.run)
+            self.cursor = runtime.Cursor(len(self.labels), self.run.cfg.seed * 1000 + 2 * self.run.rank + 7)
+            if "answerability_cursor" in self.saved:
+                self.cursor.load(self.saved["answerability_cursor"])
+        return [(self.by_id[x["id"]], x) for x in (self.labels[i] for i in self.cursor.take(n))]
+
+    def state(self):
+        return {"answerability_cursor": self.cursor.state()} if self.cursor is not None else {}
 
 
 def answerability_labels(run):

@@ -65,7 +65,7 @@ def test_the_core_never_imports_an_extension():
 def test_train_help_lists_the_core_flags_only():
     ap = train.runtime.config_parser(train.Config, train.GROUPS)
     options = [a for a in ap._actions if a.option_strings]  # -h included
-    assert len(options) <= 41   # (40, + --depth-model: depth.py)
+    assert len(options) <= 40   # -h, --debug and --set included
     flags = {s for a in ap._actions for s in a.option_strings}
     assert not flags & {"--perceiver", "--reward-weights", "--frame-sampler", "--agent-k", "--policy", "--agent"}
 
