@@ -31,11 +31,9 @@ from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait pol
 import gc
 import json
 import math
-import random
 import textwrap
 import time
-import warnings
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 import dataclasses
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,18 +45,13 @@ import torch.distributed as dist
 
 import buffer as curriculum
 from machinery import answers, data
-from machinery import depth as depths
 import grpo
 import judge as judges
-from machinery import memory
-from machinery import parallel
+from machinery import learner, parallel, runs
 import perturb
 from machinery import policy
 from machinery import synthetic
-from machinery import tiny as tiny_model
-from machinery import video
 
-log = print  # rank-aware in main()
 RESUME_HINT = "rerun the same command to continue from the last checkpoint"  # Ctrl-C's line; main() names OUT
 
 
@@ -213,11 +206,6 @@ DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sf
             batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0,
             answerability_epochs=1.0, video_cache=4096, eval_limit=120, micro_batch_size=0)
 MODES = ("rova", "dual", "grpo", "grpo-aug")
-# Config fields that change nothing a run computes: an unfinished run continues across a change of these.
-NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
-                   "video_cache", "max_bad_fraction", "judge_cache", "perception_cache", "depth_cache")
-RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
-RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
 
 def parse_args(argv=None, ext=None, settings=None) -> Config:
@@ -270,52 +258,6 @@ def _check_config(ap, cfg):
 
 # ----------------------------------------------------------------------------- what the policy sees
 
-class Clips:
-    """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
-    (path -> reason) so that it is neither decoded again nor counted twice; above a share
-    (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler.
-    `corrupt` applies a spec with the clip's depth (--depth-model's, depth.Depth; or perturb's proxy)."""
-
-    def __init__(self, cfg: Config, missing: list, n_videos: int, read_kwargs=None):
-        self.cfg, self.cache, self.n_videos = cfg, OrderedDict(), n_videos
-        self.bad = {path: "missing" for _, path in missing}
-        self.read_kwargs = read_kwargs or {}
-        self.depth = depths.Depth(cfg.depth_model, cfg.depth_cache or None)
-        self.depth_of = depths.ClipMemo(self.depth)   # the last 8 clips' depth (a step's)
-        self.indices = {}   # path -> the frame indices read (the depth cache's key)
-
-    def read(self, path):
-        frames, self.indices[path], _ = video.read_frames(path, num_frames=self.cfg.frames,
-                                                          max_pixels=self.cfg.max_pixels, **self.read_kwargs)
-        return frames
-
-    def corrupt(self, sample, frames, spec):
-        """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations; None:
-        perturb's proxy)."""
-        d = self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video), video_path=sample.video)
-        return perturb.apply(frames, spec, d)
-
-    def get(self, sample):
-        if sample.video in self.bad:
-            return None
-        if sample.video in self.cache:
-            self.cache.move_to_end(sample.video)
-            return self.cache[sample.video]
-        try:
-            frames = self.read(sample.video)
-        except Exception as e:  # noqa: BLE001 - a bad file is skipped, never fatal (up to max_bad_fraction)
-            self.bad[sample.video] = " ".join(str(e).split())
-            log(f"skipping sample {sample.id}: {e}")
-            if len(self.bad) > self.cfg.max_bad_fraction * max(self.n_videos, 1):
-                raise runtime.UserError(f"stopping: {len(self.bad)} of {self.n_videos} videos are missing or "
-                                        f"unreadable (more than max_bad_fraction {self.cfg.max_bad_fraction}: --set "
-                                        f"max_bad_fraction=X); last: {sample.video}") from None
-            return None
-        self.cache[sample.video] = frames
-        if len(self.cache) > self.cfg.video_cache:
-            self.cache.popitem(last=False)
-        return frames
-
 
 class Observer:
     """What the policy is shown of a clip, clean or corrupted: here the frames themselves. (Embodied-R's
@@ -333,38 +275,6 @@ class Observer:
 
 
 # ----------------------------------------------------------------------------- the optimiser
-
-@dataclass
-class Optim:
-    """AdamW over the trainable parameters (fp32: FSDP2's sharded master weights, or LoRA's adapters; fused on
-    CUDA) with App. D's cosine schedule from lr to 0 over the stage. One per stage: SFT's is dropped before RL."""
-    params: list
-    opt: Any
-    sched: Any
-    max_grad_norm: float
-
-    @classmethod
-    def make(cls, cfg, model, lr, total_steps, device, restart=0):
-        """`restart`: the schedule starts again from lr at that step (SFT's answerability part)."""
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
-
-        def cosine(step):
-            start, end = (restart, total_steps) if 0 < restart <= step else (0, restart or total_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(step - start, end - start) / max(end - start, 1)))
-        return cls(params, opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine), cfg.max_grad_norm)
-
-    def step(self, trained: bool):
-        """One optimiser step on the accumulated gradients (already the mean over every rank's trained rows:
-        parallel.backward_micro_batches), clipped; skipped when no rank trained anything (all deferred), while
-        the schedule advances."""
-        if trained:
-            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-            self.opt.step()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-            self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
 
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
@@ -833,7 +743,7 @@ def evaluate(cfg, model, processor, samples, observer, clips, batch_size=16):
             try:
                 frames.append(clips.read(s.video))
             except Exception as e:  # noqa: BLE001
-                log(f"evaluation: skipping {s.id}: {e}")
+                runtime.log(f"evaluation: skipping {s.id}: {e}")
                 continue
             chunk.append((s, perturb.SUBTYPES[(start + k) % len(perturb.SUBTYPES)]))
         for cond in scores if chunk else ():
@@ -848,6 +758,12 @@ def evaluate(cfg, model, processor, samples, observer, clips, batch_size=16):
 
 
 # ----------------------------------------------------------------------------- extensions
+
+def vlm_only(cfg, model):
+    """The policy trained here watches videos: a text-only LM is refused (one line, before any data is read)."""
+    if policy.is_text_model(model):
+        raise runtime.UserError(f"--model {cfg.model} is a text-only LM; train.py trains a vision-language model")
+
 
 @dataclass
 class Extension:
@@ -866,120 +782,13 @@ class Extension:
     sft_step: Any = sft_step
     read_kwargs: Any = lambda cfg: {}
     judge_needed: Any = lambda cfg: cfg.mode in ("rova", "dual")
+    check_model: Any = None
+
+    def __post_init__(self):
+        self.check_model = self.check_model or vlm_only
 
 
 # ----------------------------------------------------------------------------- main
-
-def prepare_demo(cfg, rank):
-    """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once)."""
-    out = Path(cfg.out)
-    tiny, synth = out / "tiny", out / "synthetic"
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        if not (tiny / "config.json").is_file():
-            log(f"demo: building the tiny model in {tiny}")
-            with runtime.no_hf_progress_bars():
-                tiny_model.build_tiny(tiny)
-        make_demo_benchmark(cfg, synth)
-    runtime.barrier()
-    cfg.model = str(tiny)
-    use_demo_benchmark(cfg, synth)
-
-
-def make_demo_benchmark(cfg, synth):
-    if not (synth / "summary.json").is_file():
-        log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
-        synthetic.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56,
-                                 families=[f for f in cfg.demo_families.split(",") if f] or None)
-
-
-def use_demo_benchmark(cfg, synth):
-    cfg.data = str(synth / "train.json")
-    cfg.eval_data, cfg.eval_video_root = str(synth / "eval.jsonl"), str(synth / "videos")
-
-
-def check_sources(cfg):
-    """Every model the run will load exists (locally, in the cache or on a reachable hub): one line now,
-    not a traceback after the data is read."""
-    runtime.model_source(cfg.model)
-    runtime.check_hf_flags({"--judge": cfg.judge})
-    depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (auto: once the data is read)
-
-
-def load_data(cfg, rank, world, ext):
-    """The training samples (all, and this rank's shard) and the clip reader; too many missing videos stop."""
-    samples, missing = data.load_video_r1(cfg.data, cfg.video_root or None)
-    n_videos = len({s.video for s in samples} | {p for _, p in missing})
-    n_missing = len({p for _, p in missing})
-    if n_missing > cfg.max_bad_fraction * max(n_videos, 1):
-        raise runtime.UserError(f"stopping: {n_missing} of {n_videos} videos of {cfg.data} are missing (more than "
-                                f"max_bad_fraction {cfg.max_bad_fraction}: --set max_bad_fraction=X); e.g. "
-                                f"{missing[0][1]}")
-    if not samples:
-        raise runtime.UserError(f"no usable training samples in {cfg.data}")
-    return samples, samples[rank::world], Clips(cfg, missing, n_videos, ext.read_kwargs(cfg))
-
-
-@dataclass
-class Run:
-    """What both stages share: the config, this process, the model, the data, the log."""
-    cfg: Config
-    ext: Extension
-    rank: int
-    world: int
-    device: Any
-    out: Path
-    model: Any
-    processor: Any
-    observer: Any
-    samples: list
-    shard: list
-    clips: Clips
-    spec_rng: Any
-    log: runtime.StepLog
-    eval_samples: list
-    sharding: str = "none"           # parallel.choose: fsdp | ddp | none
-    train_model: Any = None          # what forward/backward go through (the DDP wrapper), else the model
-    steps_this_run: int = 0
-
-    def checkpoint(self, state, optim, plain):
-        """Weights and optimiser state with torch.distributed.checkpoint (each rank its shard), every rank's
-        RNGs, data cursor and schedule: parallel.save_state, runtime.save_checkpoint."""
-        rng_plain, rng_tensors = runtime.rng_state(self.spec_rng)
-        runtime.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), (
-            {**plain, "rng": rng_plain, "scheduler": optim.sched.state_dict()}, rng_tensors),
-            lambda folder: parallel.save_state(folder / "state", self.model, optim.opt),
-            keep=self.cfg.keep_checkpoints, world=self.world)
-
-    def resume(self, per_rank, optim, ckpt):
-        parallel.load_state(ckpt / "state", self.model, optim.opt)
-        optim.sched.load_state_dict(per_rank[0]["scheduler"])
-        runtime.set_rng_state(per_rank[0]["rng"], per_rank[1], self.spec_rng)
-
-    def save_model(self, folder):
-        """The full weights (gathered from every rank's shard under FSDP2) as safetensors, on rank 0."""
-        weights = parallel.full_state_dict(self.model) if self.sharding == "fsdp" else None
-        if self.rank == 0:
-            policy.save(parallel.unwrap(self.model), self.processor, folder, state_dict=weights,
-                        dtype=policy.compute_dtype(self.device) if self.sharding == "fsdp" else None)
-
-    def killed(self):
-        """--stop-after (testing): exit as if killed after that many steps of this run."""
-        self.steps_this_run += 1
-        if self.cfg.stop_after and self.steps_this_run >= self.cfg.stop_after:
-            log(f"stop_after {self.cfg.stop_after}: exiting as if killed")
-            return True
-        return False
-
-    def evaluate(self, name):
-        """The demo's before/after check, on rank 0 (the others wait in FSDP2's gathered weights)."""
-        with parallel.gathered(self.model):
-            if self.eval_samples and self.rank == 0:
-                result = evaluate(self.cfg, self.model, self.processor, self.eval_samples, self.observer, self.clips)
-                if name:
-                    (self.out / name).write_text(json.dumps(result))
-                return result
-        return None
 
 
 def run_sft(run, state, ckpt, per_rank):
@@ -991,7 +800,7 @@ def run_sft(run, state, ckpt, per_rank):
     per_rank_n = len(run.samples) // run.world
     task, half = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size)), max(1, cfg.sft_batch_size // 2)
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
-    optim = Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
+    optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
     warm_up = AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
     if ckpt:
@@ -1073,7 +882,7 @@ def answerability_labels(run):
     tmp.write_text(json.dumps(labels))
     tmp.replace(path)
     yes = sum(x["target"] == "YES" for x in labels)
-    log(f"answerability warm-up: {len(labels)} examples on rank {run.rank}, {yes} YES / {len(labels) - yes} NO")
+    runtime.log(f"answerability warm-up: {len(labels)} examples on rank {run.rank}, {yes} YES / {len(labels) - yes} NO")
     return labels
 
 
@@ -1098,23 +907,6 @@ def answerability_step(run, batch, task_batch):
                         lambda: stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
 
 
-def reference_model(run):
-    """The frozen reference of Eq. 7's KL: the policy as RL starts (with LoRA: the adapters off, None here; with
-    --beta 0 none is loaded). Saved once (a resumed run loads it back); under FSDP2 sharded like the policy, in
-    the compute dtype (forward only)."""
-    if run.cfg.beta <= 0 or run.cfg.lora_r > 0:
-        return None
-    ref_dir = run.out / "reference"
-    if not (ref_dir / "config.json").is_file():
-        run.save_model(ref_dir)
-    runtime.barrier()
-    with runtime.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
-        ref = policy.load_policy(str(ref_dir), device=run.device, dtype=policy.compute_dtype(run.device))[0]
-    if run.sharding == "fsdp":
-        parallel.shard(ref, run.device)
-    return policy.frozen_copy(ref, deep=False)
-
-
 def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, ext=None, observer=None,
              train_model=None):
     """This rank's RL stage: its shard, the alignment judge (App. C.1; verdicts cached on disk, so a resumed
@@ -1122,7 +914,7 @@ def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_mod
     ext = ext or Extension()
     judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
         if ext.judge_needed(cfg) else None
-    optim = Optim.make(cfg, model, cfg.lr, cfg.rl_steps * cfg.updates_per_generation, device)
+    optim = learner.Optim.make(cfg, model, cfg.lr, cfg.rl_steps * cfg.updates_per_generation, device)
     return ext.rl(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
                   ref_model, judge, optim, observer or ext.observer(cfg), train_model=train_model)
 
@@ -1131,7 +923,7 @@ def run_rl(run, state, ckpt, per_rank):
     """Stage 2: RL (Alg. 2). Returns the RL object, or None if killed."""
     cfg = run.cfg
     rl = build_rl(cfg, run.rank, run.world, run.device, run.samples, run.clips, run.model, run.processor,
-                  reference_model(run), run.ext, run.observer, run.train_model)
+                  runs.reference_model(run), run.ext, run.observer, run.train_model)
     if ckpt and per_rank:
         run.resume(per_rank, rl.optim, ckpt)
         rl.load(per_rank[0]["rl"])
@@ -1174,92 +966,25 @@ def finish(run, rl):
             summary["after"] = after
             print_table(summary, run.cfg.mode)
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        log(f"final weights in {run.out / 'final'}")
+        runtime.log(f"final weights in {run.out / 'final'}")
 
 
 def print_table(summary, mode):
     b, m, a = summary["before"], summary.get("after_sft"), summary["after"]
-    log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
-    log(f"             before{'   after SFT' if m else ''}   after {mode} RL")
+    runtime.log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
+    runtime.log(f"             before{'   after SFT' if m else ''}   after {mode} RL")
     for k in ("clean", "perturbed"):
-        log(f"  {k:<10} {b[k]:6.3f}" + (f"   {m[k]:9.3f}" if m else "") + f"   {a[k]:12.3f}")
-
-
-def setup(cfg, ext):
-    """The process, the run folder (claimed: continue, refuse or start), the model and the data."""
-    global log, RESUME_HINT
-    rank, world, device = runtime.setup_distributed()
-    log = (lambda *a, **k: print(*a, **k, flush=True)) if rank == 0 else (lambda *a, **k: None)
-    out = runtime.out_dir(cfg.out, create=False)
-    if not cfg.model:
-        depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
-        (ext.prepare_demo or prepare_demo)(cfg, rank)
-    else:
-        check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder
-    out.mkdir(parents=True, exist_ok=True)
-    RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {out / 'checkpoints'}"
-    random.seed(cfg.seed * 1000 + rank)
-    np.random.seed(cfg.seed * 1000 + rank)
-    torch.manual_seed(cfg.seed * 1000 + rank)
-    spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
-    samples, shard, clips = load_data(cfg, rank, world, ext)
-    depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
-                        needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
-    ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
-                                    ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=log, world=world)
-    sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
-    model, processor = load_model(cfg, sharding, world, device, ckpt)
-    if policy.is_text_model(model) != (getattr(cfg, "policy", "vlm") == "text"):
-        raise runtime.UserError(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}"
-                                + (": use --policy text (python -m extensions.embodied_r.train)"
-                                   if policy.is_text_model(model) else ": use --policy vlm"))
-    if ckpt and rank == 0:
-        runtime.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
-    runtime.barrier()
-    eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
-    run = Run(cfg, ext, rank, world, device, out, model, processor, ext.observer(cfg), samples, shard, clips,
-              spec_rng, runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean",
-                                                                            "rho")}), eval_samples, sharding,
-              parallel.replicate(model, device) if sharding == "ddp" else model)
-    return run, ckpt
-
-
-def check_memory(cfg, sharding, world, device):
-    """Fail fast when memory.plan's per-GPU peak for this run exceeds the GPU (before anything is loaded)."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(cfg.model, **runtime.model_source(cfg.model))
-    mode = "fsdp" if sharding == "fsdp" else ("qlora" if cfg.load_in_4bit else "lora" if cfg.lora_r else "ddp")
-    plan = memory.plan(config, mode, world if mode == "fsdp" else 1, batch_size=cfg.batch_size,
-                       group_size=cfg.group_size, temporal_grpo=cfg.temporal_grpo,
-                       branches=2 if cfg.mode in ("rova", "dual") else 1, frames=cfg.frames, max_pixels=cfg.max_pixels,
-                       max_new_tokens=cfg.max_new_tokens, micro_batch_size=cfg.micro_batch_size,
-                       lora_r=cfg.lora_r or 64, reference=cfg.beta > 0, reference_root_gathered=False,
-                       gradient_checkpointing=cfg.gradient_checkpointing)
-    memory.check_fits(plan, parallel.memory_available_gib(device))
-
-
-def load_model(cfg, sharding, world, device, ckpt):
-    """The policy as this run trains it: fp32 master weights sharded by FSDP2 (each rank loads the model, then
-    keeps its shard), or the model as loaded (LoRA, one process). A resumed run loads the weights of an RL
-    checkpoint's stage from the checkpoint itself (Run.resume); here, the stage's starting weights. A model the
-    plan says cannot fit on this GPU stops here, with the planned and the available memory."""
-    if device.type == "cuda":
-        check_memory(cfg, sharding, world, device)
-    model, processor = policy.load_checkpoint(
-        cfg.model, None, lora_r=cfg.lora_r, load_in_4bit=cfg.load_in_4bit, device=device,
-        gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda",
-        dtype=torch.float32 if sharding == "fsdp" else None)
-    if sharding == "fsdp":
-        parallel.shard(model, device)
-    return model, processor
+        runtime.log(f"  {k:<10} {b[k]:6.3f}" + (f"   {m[k]:9.3f}" if m else "") + f"   {a[k]:12.3f}")
 
 
 def main(argv=None, ext=None, **settings):
     """Train (Alg. 2). `ext`: an extension's Extension; `settings`: values for Config fields without a flag."""
+    global RESUME_HINT
     ext = ext or Extension()
     cfg = parse_args(argv, ext, settings)
-    run, ckpt = setup(cfg, ext)
+    run, ckpt = runs.setup(cfg, ext, observer=ext.observer(cfg), corrupt=perturb.apply, check=evaluate,
+                           check_model=ext.check_model)
+    RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {run.out / 'checkpoints'}"
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = runtime.load_rank_state(ckpt, run.rank)
     if not (run.out / "eval_before.json").is_file():

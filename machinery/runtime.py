@@ -351,6 +351,17 @@ def setup_distributed():
     return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def log(*args, **kwargs):
+    """print, flushed, on rank 0 only once the process group is up (the other ranks would repeat its lines)."""
+    if not distributed() or rank_of() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def rank_of() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def distributed() -> bool:
     import torch.distributed as dist
     return dist.is_initialized()

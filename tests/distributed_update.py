@@ -21,6 +21,9 @@ from machinery import data  # noqa: E402
 from machinery import parallel  # noqa: E402
 from machinery import policy  # noqa: E402
 import train  # noqa: E402
+from machinery import clips as clips_mod  # noqa: E402
+from machinery import runs  # noqa: E402
+import perturb  # noqa: E402
 
 
 def gathered_grads(model, lora):
@@ -43,7 +46,7 @@ def main():
                             "--lora-r", "4" if lora else "0"])
     sharding = parallel.choose(cfg.sharding, world, lora)
     torch.manual_seed(0)  # the same initial adapters on every rank (LoRA)
-    model, processor = train.load_model(cfg, sharding, world, device, None)
+    model, processor = runs.load_model(cfg, sharding, world, device, None)
     for m in model.modules():  # LoRA's dropout draws differ with the split of the rows: off, to compare
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -54,7 +57,7 @@ def main():
             parallel.shard(ref, device)
     train_model = parallel.replicate(model, device) if sharding == "ddp" else model
     samples, _ = data.load_video_r1(data_json)
-    clips = train.Clips(cfg, [], len(samples))
+    clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
     rl = train.build_rl(cfg, rank, world, device, samples, clips, model, processor, ref, train_model=train_model)
 
     chosen = samples[:3]

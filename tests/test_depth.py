@@ -1,6 +1,6 @@
 """depth.py: a monocular depth model for the depth-conditioned corruptions (Sec. 3.1, Table 1), its rule
 (larger = farther, the sky farthest), the disk cache (computed once per clip, keyed by model, video, frame
-indices and content), float16 throughout, and its plumbing: perturb.apply, train.Clips, eval_pvrbench's manifest,
+indices and content), float16 throughout, and its plumbing: perturb.apply, machinery.clips.Clips, eval_pvrbench's manifest,
 run hash and --export (Eq. 4: the exported depth regenerates the evaluated clips bit for bit), perturb.py's CLI.
 The model is a random-weight Depth Anything of ~25k parameters built here (no download)."""
 import hashlib
@@ -22,6 +22,8 @@ import perturb
 from machinery import runtime
 from machinery import synthetic
 import train
+from machinery import clips as clips_mod
+from machinery import runs
 from machinery import video
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,20 +186,21 @@ def bench(tmp_path_factory):
 def test_train_clips_corrupt_with_the_clips_depth(tiny, tmp_path, bench):
     cfg = train.parse_args(["--depth-model", tiny, "--frames", "4", "--max-pixels", str(56 * 56)],
                            settings={"depth_cache": str(tmp_path)})
-    assert cfg.depth_model == tiny and "depth_cache" in train.NOT_RESULT_KEYS
+    assert cfg.depth_model == tiny and "depth_cache" in runs.NOT_RESULT_KEYS
     samples, _ = data.load_vsibench(bench / "eval.jsonl", bench / "videos")
-    clips, s = train.Clips(cfg, [], len(samples)), samples[0]
+    clips, s = clips_mod.Clips(cfg, [], len(samples), perturb.apply), samples[0]
     frames, spec = clips.get(s), perturb.static_spec(data.video_identity(s), "fog")
     source = depth.Source(tiny, tmp_path)
     d = source(frames, data.video_identity(s), video.read_frames(s.video, 4, 56 * 56)[1])
     assert np.array_equal(clips.corrupt(s, frames, spec), perturb.apply(frames, spec, d))
     assert clips.depth_of.items[data.video_identity(s)][0] is frames   # the next spec reuses it (ClipMemo)
     assert len(list(tmp_path.rglob("*.npy"))) == 1   # the same cache entry
-    auto = train.Clips(train.parse_args(["--frames", "4", "--max-pixels", str(56 * 56)]), [], len(samples))
+    auto = clips_mod.Clips(train.parse_args(["--frames", "4", "--max-pixels", str(56 * 56)]), [], len(samples),
+                          perturb.apply)
     own = depth.own_depth(depth.own_depth_file(s.video), frames, video.read_frames(s.video, 4, 56 * 56)[1])
     assert auto.depth.kind(s.video) == "own"   # the default: the synthetic benchmark's own (true) depth
     assert np.array_equal(auto.corrupt(s, frames, spec), perturb.apply(frames, spec, own))
-    plain = train.Clips(train.parse_args(["--depth-model", "proxy"]), [], len(samples))
+    plain = clips_mod.Clips(train.parse_args(["--depth-model", "proxy"]), [], len(samples), perturb.apply)
     assert plain.depth.kind(s.video) == "proxy"
     assert np.array_equal(plain.corrupt(s, frames, spec), perturb.apply(frames, spec))
     assert not np.array_equal(plain.corrupt(s, frames, spec), auto.corrupt(s, frames, spec))

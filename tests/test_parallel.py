@@ -12,6 +12,10 @@ import torch
 from machinery import parallel
 from machinery import policy
 import train
+from machinery import clips as clips_mod
+from machinery import learner
+from machinery import runs
+import perturb
 from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,13 +131,13 @@ def test_the_sft_optimizer_is_gone_before_rl(assets, tmp_path, monkeypatch):
     import gc
     import weakref
     made = []
-    real = train.Optim.make
+    real = learner.Optim.make
 
     def spy(*a, **k):
         o = real(*a, **k)
         made.append(weakref.ref(o.opt))
         return o
-    monkeypatch.setattr(train.Optim, "make", spy)
+    monkeypatch.setattr(learner.Optim, "make", spy)
     seen = {}
     real_rl = train.run_rl
 
@@ -153,7 +157,7 @@ def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
     samples, _ = data.load_video_r1(data_json)
     model, processor = policy.load_policy(tiny)
     cfg = train.Config(frames=4, max_pixels=56 * 56)
-    clips = train.Clips(cfg, [], len(samples))
+    clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
     observer = train.Observer(cfg)
     grads, values = [], []
     for mb in (0, 1, 2):
@@ -169,15 +173,15 @@ def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
 
 
 def test_a_model_too_large_for_the_gpu_fails_before_loading(assets, monkeypatch):
-    """train.check_memory (run on CUDA before anything is loaded): the planned and the available GiB."""
+    """runs.check_memory (run on CUDA before anything is loaded): the planned and the available GiB."""
     root, tiny, data_json = assets
     cfg = train.parse_args(["--model", str(tiny), "--data", str(data_json), "--frames", "4",
                             "--max-pixels", str(56 * 56)])
     monkeypatch.setattr(parallel, "memory_available_gib", lambda device: 0.5)
     with pytest.raises(Exception, match=r"planned peak 1\.\d GiB per GPU .* exceeds the 0\.5 GiB available"):
-        train.check_memory(cfg, "fsdp", 4, torch.device("cpu"))
+        runs.check_memory(cfg, "fsdp", 4, torch.device("cpu"))
     monkeypatch.setattr(parallel, "memory_available_gib", lambda device: 80.0)
-    train.check_memory(cfg, "fsdp", 4, torch.device("cpu"))  # fits: no error
+    runs.check_memory(cfg, "fsdp", 4, torch.device("cpu"))  # fits: no error
 
 
 MISMATCH = """

@@ -95,7 +95,7 @@ def test_help_is_grouped_and_shows_the_defaults():
     out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
     text = out.stdout
-    heads = [f"\n{g}:\n" for g in ("model", "data", "output", "SFT", "RL", "curriculum", "evaluation", "distributed")]
+    heads = [f"\n{g}:\n" for g in ("model", "data", "output", "SFT", "RL", "curriculum", "distributed")]
     assert all(h in text for h in heads) and [text.index(h) for h in heads] == sorted(text.index(h) for h in heads)
     assert "--perceiver" not in text and "--agent-k" not in text  # an extension's flags: only in its own --help
     er = subprocess.run([sys.executable, "-m", "extensions.embodied_r.train", "--help"], cwd=ROOT, capture_output=True,

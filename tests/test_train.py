@@ -15,6 +15,9 @@ from machinery import policy
 from machinery import synthetic
 from machinery import tiny as tiny_model
 import train
+from machinery import clips as clips_mod
+from machinery import runs
+import perturb
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -247,10 +250,10 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
     cfg = train.parse_args(args(assets, tmp_path / "out", "--lr", "3e-2", "--micro-batch-size", "2"),
                            settings={"updates_per_generation": 2})
     device = torch.device("cpu")
-    model, processor = train.load_model(cfg, "none", 1, device, None)
+    model, processor = runs.load_model(cfg, "none", 1, device, None)
     ref = policy.frozen_copy(policy.load_policy(tiny, dtype=torch.float32)[0], deep=False)
     samples, _ = data.load_video_r1(train_json)
-    clips = train.Clips(cfg, [], len(samples))
+    clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
     rl = train.build_rl(cfg, 0, 1, device, samples, clips, model, processor, ref)
     chosen = samples[:2]
     inputs = policy.make_inputs(processor, [data.build_messages(s) for s in chosen], [clips.get(s) for s in chosen])
@@ -385,7 +388,7 @@ def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(
     items = {}
     for share in (0.0, 1.0):
         cfg = train.parse_args(args(assets, tmp_path / str(share)), settings={"temporal_corruption": share})
-        clips = train.Clips(cfg, [], len(samples))
+        clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
         rl = train.build_rl(cfg, 0, 1, torch.device("cpu"), samples, clips, model, processor, None)
         items[share] = rl.corrupt_videos([(s, None, False) for s in samples[:4]], np.random.default_rng(0))
     for a, b in zip(items[0.0], items[1.0]):
@@ -458,7 +461,7 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
         seen["k"] += len(out.texts)
         return out
     monkeypatch.setattr(policy, "rollout", counted)
-    run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples, clips=train.Clips(cfg, [], len(samples)),
+    run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples, clips=clips_mod.Clips(cfg, [], len(samples), perturb.apply),
                                 model=model, processor=processor, observer=train.Observer(cfg))
     labels = train.answerability_labels(run)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)

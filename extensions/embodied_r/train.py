@@ -25,6 +25,7 @@ from machinery import data
 from machinery import policy
 from machinery import tiny as tiny_model
 import train
+from machinery import runs
 from extensions.embodied_r import perceive
 from extensions.embodied_r import rewards as er_rewards
 from extensions.embodied_r.keyframes import keyframe_sampler
@@ -146,24 +147,31 @@ def prepare_demo(cfg, rank):
     """The text demo: a tiny text LM (its tokenizer also knows the perception vocabulary) under OUT; in its
     default OUT it reads the VLM demo's synthetic benchmark (runs/rova/synthetic, rendered once)."""
     if cfg.policy != "text":
-        return train.prepare_demo(cfg, rank)
+        return runs.prepare_demo(cfg, rank)
     out = Path(cfg.out)
     tiny = out / "tiny-text"
     synth = Path(train.Config.out) / "synthetic" if cfg.out == TEXT_DEMO_OUT else out / "synthetic"
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if not (tiny / "config.json").is_file():
-            train.log(f"demo: building the tiny text LM in {tiny}")
+            runtime.log(f"demo: building the tiny text LM in {tiny}")
             with runtime.no_hf_progress_bars():
                 tiny_model.build_tiny(tiny, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
-        train.make_demo_benchmark(cfg, synth)
+        runs.make_demo_benchmark(cfg, synth)
     runtime.barrier()
     cfg.model = str(tiny)
-    train.use_demo_benchmark(cfg, synth)
+    runs.use_demo_benchmark(cfg, synth)
 
 
 def uses_consistency(cfg):
     return bool(cfg.reward_weights) and any(w[2] > 0 for _, _, w in er_rewards.parse_reward_weights(cfg.reward_weights))
+
+
+def check_model(cfg, model):
+    """The model is the kind --policy names: a text-only LM for text, a VLM for vlm."""
+    if policy.is_text_model(model) != (cfg.policy == "text"):
+        raise runtime.UserError(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}"
+                                + (": use --policy text" if policy.is_text_model(model) else ": use --policy vlm"))
 
 
 EXTENSION = train.Extension(
@@ -171,7 +179,7 @@ EXTENSION = train.Extension(
     check=check, demo={"perceiver": "cv"},  # the demo perceives by classical vision: no model to download
     prepare_demo=prepare_demo, observer=observer, rl=EmbodiedRL,
     read_kwargs=lambda cfg: {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {},
-    judge_needed=lambda cfg: cfg.mode in ("rova", "dual") or uses_consistency(cfg))
+    judge_needed=lambda cfg: cfg.mode in ("rova", "dual") or uses_consistency(cfg), check_model=check_model)
 
 
 def main(argv=None, **settings):

@@ -136,7 +136,7 @@ def test_policy_and_model_kind_must_agree(assets, tmp_path, scripted):
     root, tiny, vlm, synth = assets
     with pytest.raises(train.runtime.UserError, match="use --policy vlm"):
         er.main(_args(assets, tmp_path / "a", "--model", str(vlm)))
-    with pytest.raises(train.runtime.UserError, match="use --policy text"):
+    with pytest.raises(train.runtime.UserError, match="text-only LM; train.py trains a vision-language model"):
         train.main(["--model", str(tiny), "--data", str(synth / "train.json"), "--out", str(tmp_path / "b"),
                     "--rl-steps", "0", "--sft-epochs", "0"])
     with pytest.raises(SystemExit):  # argparse: --policy text needs --perceiver

@@ -8,6 +8,7 @@ import pytest
 from machinery import synthetic
 from machinery import tiny as tiny_model
 import train
+from machinery import runs
 from extensions.embodied_r import train as er
 
 
@@ -57,7 +58,7 @@ def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny_model, "build_tiny", lambda out, **kw: Path(out).mkdir(parents=True) or
                         (Path(out) / "config.json").write_text("{}"))
     vlm, text = train.parse_args([]), train.parse_args([], er.EXTENSION)
-    train.prepare_demo(vlm, 0)
+    runs.prepare_demo(vlm, 0)
     er.prepare_demo(text, 0)
     assert made == [Path("runs/rova/synthetic")] and text.out == er.TEXT_DEMO_OUT and text.perceiver == "cv"
     assert text.data == vlm.data == str(Path("runs/rova/synthetic") / "train.json")

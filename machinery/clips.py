@@ -1,0 +1,55 @@
+"""The training clips: decoded once (an LRU cache of --video-cache clips), a missing or unreadable video skipped
+and remembered, each clip corrupted with its own depth (Sec. 3.1's depth-conditioned perturbations)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from machinery import data, runtime, video
+from machinery import depth as depths
+
+class Clips:
+    """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
+    (path -> reason) so that it is neither decoded again nor counted twice; above a share
+    (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler.
+    `corrupt` applies a spec with the clip's depth (--depth-model's, depth.Depth; or perturb's proxy), by
+    `apply` (perturb.apply)."""
+
+    def __init__(self, cfg, missing: list, n_videos: int, apply, read_kwargs=None):
+        self.cfg, self.cache, self.n_videos, self.apply = cfg, OrderedDict(), n_videos, apply
+        self.bad = {path: "missing" for _, path in missing}
+        self.read_kwargs = read_kwargs or {}
+        self.depth = depths.Depth(cfg.depth_model, cfg.depth_cache or None)
+        self.depth_of = depths.ClipMemo(self.depth)   # the last 8 clips' depth (a step's)
+        self.indices = {}   # path -> the frame indices read (the depth cache's key)
+
+    def read(self, path):
+        frames, self.indices[path], _ = video.read_frames(path, num_frames=self.cfg.frames,
+                                                          max_pixels=self.cfg.max_pixels, **self.read_kwargs)
+        return frames
+
+    def corrupt(self, sample, frames, spec):
+        """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations; None:
+        perturb's proxy)."""
+        d = self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video), video_path=sample.video)
+        return self.apply(frames, spec, d)
+
+    def get(self, sample):
+        if sample.video in self.bad:
+            return None
+        if sample.video in self.cache:
+            self.cache.move_to_end(sample.video)
+            return self.cache[sample.video]
+        try:
+            frames = self.read(sample.video)
+        except Exception as e:  # noqa: BLE001 - a bad file is skipped, never fatal (up to max_bad_fraction)
+            self.bad[sample.video] = " ".join(str(e).split())
+            runtime.log(f"skipping sample {sample.id}: {e}")
+            if len(self.bad) > self.cfg.max_bad_fraction * max(self.n_videos, 1):
+                raise runtime.UserError(f"stopping: {len(self.bad)} of {self.n_videos} videos are missing or "
+                                        f"unreadable (more than max_bad_fraction {self.cfg.max_bad_fraction}: --set "
+                                        f"max_bad_fraction=X); last: {sample.video}") from None
+            return None
+        self.cache[sample.video] = frames
+        if len(self.cache) > self.cfg.video_cache:
+            self.cache.popitem(last=False)
+        return frames

@@ -1,0 +1,228 @@
+"""A training run's plumbing (train.py's stages run inside it): the demo's model and data, the training data and
+its clip reader, the process (torchrun's rank and device), the run folder (claimed: continued, refused or
+started), the policy loaded as it is trained (FSDP2-sharded, DDP-replicated, LoRA, 4-bit; the memory plan
+checked first), the frozen reference, and the `Run` both stages share: checkpoints (torch.distributed.checkpoint,
+every rank's RNGs and data cursor), the final weights, the step log.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from machinery import data, memory, parallel, policy, runtime, synthetic
+from machinery import depth as depths
+from machinery import tiny as tiny_model
+from machinery.clips import Clips
+
+# Config fields that change nothing a run computes: an unfinished run continues across a change of these.
+NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
+                   "video_cache", "max_bad_fraction", "judge_cache", "perception_cache", "depth_cache")
+
+
+RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
+
+
+RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
+
+
+def prepare_demo(cfg, rank):
+    """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once)."""
+    out = Path(cfg.out)
+    tiny, synth = out / "tiny", out / "synthetic"
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        if not (tiny / "config.json").is_file():
+            runtime.log(f"demo: building the tiny model in {tiny}")
+            with runtime.no_hf_progress_bars():
+                tiny_model.build_tiny(tiny)
+        make_demo_benchmark(cfg, synth)
+    runtime.barrier()
+    cfg.model = str(tiny)
+    use_demo_benchmark(cfg, synth)
+
+
+def make_demo_benchmark(cfg, synth):
+    if not (synth / "summary.json").is_file():
+        runtime.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
+        synthetic.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56,
+                                 families=[f for f in cfg.demo_families.split(",") if f] or None)
+
+
+def use_demo_benchmark(cfg, synth):
+    cfg.data = str(synth / "train.json")
+    cfg.eval_data, cfg.eval_video_root = str(synth / "eval.jsonl"), str(synth / "videos")
+
+
+def check_sources(cfg):
+    """Every model the run will load exists (locally, in the cache or on a reachable hub): one line now,
+    not a traceback after the data is read."""
+    runtime.model_source(cfg.model)
+    runtime.check_hf_flags({"--judge": cfg.judge})
+    depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (auto: once the data is read)
+
+
+def load_data(cfg, rank, world, corrupt, read_kwargs=None):
+    """The training samples (all, and this rank's shard) and the clip reader (`corrupt`: perturb.apply; `read_kwargs`:
+    video.read_frames arguments, a frame sampler); too many missing videos stop."""
+    samples, missing = data.load_video_r1(cfg.data, cfg.video_root or None)
+    n_videos = len({s.video for s in samples} | {p for _, p in missing})
+    n_missing = len({p for _, p in missing})
+    if n_missing > cfg.max_bad_fraction * max(n_videos, 1):
+        raise runtime.UserError(f"stopping: {n_missing} of {n_videos} videos of {cfg.data} are missing (more than "
+                                f"max_bad_fraction {cfg.max_bad_fraction}: --set max_bad_fraction=X); e.g. "
+                                f"{missing[0][1]}")
+    if not samples:
+        raise runtime.UserError(f"no usable training samples in {cfg.data}")
+    return samples, samples[rank::world], Clips(cfg, missing, n_videos, corrupt, read_kwargs)
+
+
+@dataclass
+class Run:
+    """What both stages share: the config, this process, the model, the data, the log."""
+    cfg: Any                         # train.Config (or an extension's subclass)
+    ext: Any                         # the extension running the loop, if any
+    rank: int
+    world: int
+    device: Any
+    out: Path
+    model: Any
+    processor: Any
+    observer: Any
+    samples: list
+    shard: list
+    clips: Clips
+    spec_rng: Any
+    log: runtime.StepLog
+    eval_samples: list
+    sharding: str = "none"           # parallel.choose: fsdp | ddp | none
+    train_model: Any = None          # what forward/backward go through (the DDP wrapper), else the model
+    steps_this_run: int = 0
+    check: Any = None                # (cfg, model, processor, samples, observer, clips) -> the before/after check
+
+    def checkpoint(self, state, optim, plain):
+        """Weights and optimiser state with torch.distributed.checkpoint (each rank its shard), every rank's
+        RNGs, data cursor and schedule: parallel.save_state, runtime.save_checkpoint."""
+        rng_plain, rng_tensors = runtime.rng_state(self.spec_rng)
+        runtime.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), (
+            {**plain, "rng": rng_plain, "scheduler": optim.sched.state_dict()}, rng_tensors),
+            lambda folder: parallel.save_state(folder / "state", self.model, optim.opt),
+            keep=self.cfg.keep_checkpoints, world=self.world)
+
+    def resume(self, per_rank, optim, ckpt):
+        parallel.load_state(ckpt / "state", self.model, optim.opt)
+        optim.sched.load_state_dict(per_rank[0]["scheduler"])
+        runtime.set_rng_state(per_rank[0]["rng"], per_rank[1], self.spec_rng)
+
+    def save_model(self, folder):
+        """The full weights (gathered from every rank's shard under FSDP2) as safetensors, on rank 0."""
+        weights = parallel.full_state_dict(self.model) if self.sharding == "fsdp" else None
+        if self.rank == 0:
+            policy.save(parallel.unwrap(self.model), self.processor, folder, state_dict=weights,
+                        dtype=policy.compute_dtype(self.device) if self.sharding == "fsdp" else None)
+
+    def killed(self):
+        """--stop-after (testing): exit as if killed after that many steps of this run."""
+        self.steps_this_run += 1
+        if self.cfg.stop_after and self.steps_this_run >= self.cfg.stop_after:
+            runtime.log(f"stop_after {self.cfg.stop_after}: exiting as if killed")
+            return True
+        return False
+
+    def evaluate(self, name):
+        """The demo's before/after check, on rank 0 (the others wait in FSDP2's gathered weights)."""
+        with parallel.gathered(self.model):
+            if self.eval_samples and self.rank == 0:
+                result = self.check(self.cfg, self.model, self.processor, self.eval_samples, self.observer, self.clips)
+                if name:
+                    (self.out / name).write_text(json.dumps(result))
+                return result
+        return None
+
+
+def reference_model(run):
+    """The frozen reference of Eq. 7's KL: the policy as RL starts (with LoRA: the adapters off, None here; with
+    --beta 0 none is loaded). Saved once (a resumed run loads it back); under FSDP2 sharded like the policy, in
+    the compute dtype (forward only)."""
+    if run.cfg.beta <= 0 or run.cfg.lora_r > 0:
+        return None
+    ref_dir = run.out / "reference"
+    if not (ref_dir / "config.json").is_file():
+        run.save_model(ref_dir)
+    runtime.barrier()
+    with runtime.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
+        ref = policy.load_policy(str(ref_dir), device=run.device, dtype=policy.compute_dtype(run.device))[0]
+    if run.sharding == "fsdp":
+        parallel.shard(ref, run.device)
+    return policy.frozen_copy(ref, deep=False)
+
+
+def setup(cfg, ext, *, observer, corrupt, check, check_model):
+    """The process, the run folder (claimed: continue, refuse or start), the model and the data. `observer`: what
+    the policy sees of a clip; `corrupt`: perturb.apply; `check`: the before/after check (Run.evaluate);
+    `check_model(cfg, model)`: raises a UserError when the loaded model is not the kind the script trains."""
+    rank, world, device = runtime.setup_distributed()
+    out = runtime.out_dir(cfg.out, create=False)
+    if not cfg.model:
+        depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
+        (getattr(ext, "prepare_demo", None) or prepare_demo)(cfg, rank)
+    else:
+        check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder
+    out.mkdir(parents=True, exist_ok=True)
+    random.seed(cfg.seed * 1000 + rank)
+    np.random.seed(cfg.seed * 1000 + rank)
+    torch.manual_seed(cfg.seed * 1000 + rank)
+    spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
+    samples, shard, clips = load_data(cfg, rank, world, corrupt, ext.read_kwargs(cfg) if ext else None)
+    depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
+                        needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
+    ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
+                                    ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=runtime.log,
+                                    world=world)
+    sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
+    model, processor = load_model(cfg, sharding, world, device, ckpt)
+    check_model(cfg, model)
+    if ckpt and rank == 0:
+        runtime.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
+    runtime.barrier()
+    eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
+    run = Run(cfg, ext, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
+              runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean", "rho")}),
+              eval_samples, sharding, parallel.replicate(model, device) if sharding == "ddp" else model, check=check)
+    return run, ckpt
+
+
+def check_memory(cfg, sharding, world, device):
+    """Fail fast when memory.plan's per-GPU peak for this run exceeds the GPU (before anything is loaded)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(cfg.model, **runtime.model_source(cfg.model))
+    mode = "fsdp" if sharding == "fsdp" else ("qlora" if cfg.load_in_4bit else "lora" if cfg.lora_r else "ddp")
+    plan = memory.plan(config, mode, world if mode == "fsdp" else 1, batch_size=cfg.batch_size,
+                       group_size=cfg.group_size, temporal_grpo=cfg.temporal_grpo,
+                       branches=2 if cfg.mode in ("rova", "dual") else 1, frames=cfg.frames, max_pixels=cfg.max_pixels,
+                       max_new_tokens=cfg.max_new_tokens, micro_batch_size=cfg.micro_batch_size,
+                       lora_r=cfg.lora_r or 64, reference=cfg.beta > 0, reference_root_gathered=False,
+                       gradient_checkpointing=cfg.gradient_checkpointing)
+    memory.check_fits(plan, parallel.memory_available_gib(device))
+
+
+def load_model(cfg, sharding, world, device, ckpt):
+    """The policy as this run trains it: fp32 master weights sharded by FSDP2 (each rank loads the model, then
+    keeps its shard), or the model as loaded (LoRA, one process). A resumed run loads the weights of an RL
+    checkpoint's stage from the checkpoint itself (Run.resume); here, the stage's starting weights. A model the
+    plan says cannot fit on this GPU stops here, with the planned and the available memory."""
+    if device.type == "cuda":
+        check_memory(cfg, sharding, world, device)
+    model, processor = policy.load_checkpoint(
+        cfg.model, None, lora_r=cfg.lora_r, load_in_4bit=cfg.load_in_4bit, device=device,
+        gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda",
+        dtype=torch.float32 if sharding == "fsdp" else None)
+    if sharding == "fsdp":
+        parallel.shard(model, device)
+    return model, processor
