@@ -201,7 +201,7 @@ def component_advantages(components, weights, eps: float = 1e-4) -> torch.Tensor
     return sum(w * group_advantages(components[k], eps) for k, w in weights.items())
 
 
-LOSS_NORMS = ("sequence", "fixed", "token")   # train.py's `loss_norm` (RL.loss_denominator)
+LOSS_NORMS = ("sequence", "fixed", "token")   # train.py's `loss_norm` (step_loss, loss_denominator)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2, beta: float = 0.01,
@@ -238,3 +238,28 @@ def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2,
         stats = {"kl": float((kl * mask).sum() / n_tok), "clip_fraction": float((clipped * mask).sum() / n_tok),
                  "ratio": float((ratio * mask).sum() / n_tok)}
     return loss, stats
+
+
+# Eq. 7 over a step's trained completions, in micro-batches and over ranks: each micro-batch's loss is a SUM
+# (step_loss); the update divides the sum over every rank by the count loss_denominator gives (summed over the
+# ranks by the machinery: learner.Learner.backward). Together: the step's loss of `loss_norm`.
+
+def step_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, beta, loss_norm):
+    """Eq. 7 on a micro-batch of completions as a sum: of each completion's token mean (loss_norm sequence or
+    fixed) or of every token's loss (token). Returns (the sum, grpo_loss's stats)."""
+    token = loss_norm == "token"
+    loss, stats = grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, beta,
+                            normalize="token" if token else "sequence")
+    return loss * (mask.sum() if token else len(logp)), stats
+
+
+def loss_denominator(loss_norm, masks, fixed: int):
+    """What a rank's part of the step's sum counts (summed over the ranks, it divides the sum): its completions
+    (None: sequence, the rows), `fixed` = batch_size x group_size (fixed, Dr. GRPO's constant), or its
+    completions' tokens (token; `masks`: their completion masks, None when it trains none)."""
+    if loss_norm == "fixed":
+        return float(fixed)
+    if loss_norm == "token":
+        return float(masks.sum()) if masks is not None else 0.0
+    return None
+

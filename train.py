@@ -392,6 +392,8 @@ class RL:
         self.model, self.processor, self.ref_model, self.judge = model, processor, ref_model, judge
         self.train_model = train_model or model  # the DDP wrapper (LoRA on several processes), else the model
         self.optim, self.observer = optim, observer
+        self.learner = learner.Learner(model, processor, device, cfg.micro_batch_size, cfg.temperature, cfg.beta,
+                                       self.train_model, ref_model, stand_in=self.stand_in)
         self.cursor = runtime.Cursor(len(shard), cfg.seed * 1000 + 2 * rank + 1)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
@@ -404,7 +406,7 @@ class RL:
         with self.timer("perturbation"):
             items = self.corrupt_videos(self.next_samples(), spec_rng)   # Sec. 3.1, Eq. 1-2 (l.2)
         literal = self.cfg.assess_after_update                           # Alg. 2's order: l.5 before l.6
-        with parallel.gathered(self.model):                               # FSDP2: weights gathered once to generate
+        with self.learner.generating():                                   # (FSDP2: the weights gathered once)
             rollout = self.dual_rollouts(items)                           # l.3
             with self.timer("self_assessment"):
                 selected = items if literal else self.select(items, step)  # Eq. 3, l.6-10
@@ -413,7 +415,7 @@ class RL:
         with self.timer("backward"):
             loss_stats, n_rows = self.update(selected, rollout)           # Eq. 7-8
         if literal:
-            with parallel.gathered(self.model), self.timer("self_assessment"):
+            with self.learner.generating(), self.timer("self_assessment"):
                 self.select(items, step)                                  # l.6-10 by the updated policy
         with self.timer("memory_reevaluation"):
             promoted, evicted = self.reevaluate(step)                     # Eq. 5-6, l.12-21
@@ -542,64 +544,18 @@ class RL:
         """An extension's reward terms added to R_j (recorded in it.comp); the core has none."""
         return rewards
 
-    def grpo_loss(self, inputs, ids, mask, adv, old=None, ref=None):
-        """Eq. 7 on completions `ids` (mask) of the prompts `inputs` (one per row), summed over the rows, and
-        the (old, ref) log-probs it used. `old` (F_theta_old) and `ref` (F_ref): kept from the first of the
-        updates_per_generation updates; None: F_theta_old is the current policy (the ratio is 1, as in
-        Video-R1's one update per generation) and F_ref is computed here."""
-        logp = policy.token_logprobs(self.train_model, inputs, ids, mask, temperature=self.cfg.temperature)
-        if ref is None and self.cfg.beta > 0:
-            ref = policy.reference_logprobs(parallel.unwrap(self.train_model), inputs, ids, mask,
-                                            ref_model=self.ref_model, temperature=self.cfg.temperature)
-            parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
-        old = logp.detach() if old is None else old.to(logp.device)
-        ref = logp.detach() if ref is None else ref.to(logp.device)   # (beta = 0: no KL term)
-        token = self.cfg.loss_norm == "token"
-        loss, stats = grpo.grpo_loss(logp, old, ref, adv.to(logp.device), mask.to(logp.device),
-                                     self.cfg.clip_eps, self.cfg.beta, normalize="token" if token else "sequence")
-        return loss * (mask.sum() if token else len(ids)), stats, old, ref   # a sum over the rows (or tokens)
+    def loss(self, logp, old, ref, adv, mask):
+        """Eq. 7 on a micro-batch of the step's completions, as a sum (grpo.step_loss)."""
+        return grpo.step_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm)
 
     def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None):
-        """Eq. 7's loss on the completions `rows` of `rollout` (advantages `adv`, one per row), backward in
-        micro-batches: the gradient is `share` x the mean over every rank's trained completions
-        (parallel.backward_micro_batches). `kept` (several updates per generation): a dict that the first
-        update fills with each row's log-probs under the policy before it (F_theta_old) and the reference,
-        and the later ones read. Returns (this rank's mean loss and stats, the rows of all ranks)."""
-        self.train_model.train()
-        rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
-        base = parallel.unwrap(self.train_model)
-
-        def batch(part):
-            if part is None and not len(rows):  # this rank trains nothing this step: a blank video, at weight 0
-                return self.stand_in(), *policy.target_ids(self.processor, [""]), torch.zeros(1)
-            part = part if part is not None else slice(0, 1)  # fewer micro-batches than another rank: weight 0
-            r = rows[part]
-            return rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r], adv[part]
-
-        def backward(part, weight):
-            x, ids, mask, a = batch(part)
-            reuse = kept is not None and part is not None and part.start in kept
-            old, ref = kept[part.start] if reuse else (None, None)
-            loss, stats, old, ref = self.grpo_loss(policy._to(x, policy.model_device(base)), ids, mask, a, old, ref)
-            (loss * weight).backward()
-            if kept is not None and part is not None and not reuse:
-                kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
-            if part is not None:
-                for key, v in {"loss": loss.item() / len(ids), **stats}.items():
-                    sums[key] += v * len(ids)
-
-        total = parallel.backward_micro_batches(len(rows), self.cfg.micro_batch_size, backward, self.device, share,
-                                                self.loss_denominator(rollout, rows))
-        return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, total
-
-    def loss_denominator(self, rollout, rows):
-        """What this rank's part of Eq. 7's sum is divided by (loss_norm): its rows (None, sequence), a fixed
-        batch_size x group_size (fixed), or its rows' completion tokens (token)."""
-        if self.cfg.loss_norm == "fixed":
-            return float(self.cfg.batch_size * self.cfg.group_size)
-        if self.cfg.loss_norm == "token":
-            return float(rollout.completion_mask[rows].sum()) if len(rows) else 0.0
-        return None
+        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`): the step's sum over
+        every rank divided by grpo.loss_denominator's count (loss_norm), times `share`; `kept`: the old and
+        reference log-probs of several updates per generation. Returns (this rank's mean loss and stats,
+        the rows of all ranks)."""
+        masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
+        den = grpo.loss_denominator(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.backward(self.loss, rollout, rows, adv, den, share, kept)
 
     def advantages(self, selected):
         """Eq. 8 for the selected samples' groups, one per completion: of R_j (advantage=summed), or each
@@ -643,9 +599,9 @@ class RL:
         if self.cfg.mode != "rova" or step + 1 >= self.cfg.rl_steps:  # the last step's promotions: never trained
             return 0, 0
         due = self.buffer.due(step + 1)  # per rank: its buffer may be full, or empty
-        if not runtime.all_sum([float(due)], self.device)[0]:
+        if not self.learner.anywhere(due):
             return 0, 0
-        with parallel.gathered(self.model):  # every rank enters (FSDP2's all-gather), each re-evaluates its own
+        with self.learner.generating():  # every rank enters, each re-evaluates its own buffer
             if not due:
                 return 0, 0
             per_entry = self.reeval_rollouts() or 1   # sequences per entry

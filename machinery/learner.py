@@ -1,12 +1,18 @@
-"""The policy's optimisation: AdamW with App. D's cosine schedule, one per stage."""
+"""The policy as training drives it: generation with the weights gathered (FSDP2), the log-probs of the policy
+and the frozen reference, a loss's backward in micro-batches with every rank running the same number (a rank
+with fewer rows runs zero-weight stand-ins) and the gradient normalised over every rank (`Learner`); AdamW with
+App. D's cosine schedule, one per stage (`Optim`)."""
 from __future__ import annotations
 
 import math
 import warnings
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from machinery import parallel, policy, runtime
 
 @dataclass
 class Optim:
@@ -39,3 +45,73 @@ class Optim:
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
             self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+
+
+class Learner:
+    """The policy in the RL update: `model` (FSDP2-sharded or plain) generates; forward and backward go through
+    `train_model` (the DDP wrapper, else the model); `ref_model` is the frozen reference of the KL (None: with
+    LoRA, the adapters off; with beta 0 none is needed). `stand_in()`: a one-row prompt for a rank that trains
+    nothing this step."""
+
+    def __init__(self, model, processor, device, micro_batch_size, temperature=1.0, beta=0.0, train_model=None,
+                 ref_model=None, stand_in=None):
+        self.model, self.processor, self.device = model, processor, device
+        self.micro_batch_size, self.temperature, self.beta = micro_batch_size, temperature, beta
+        self.train_model, self.ref_model, self.stand_in = train_model or model, ref_model, stand_in
+
+    def generating(self, *others):
+        """The weights gathered for a generation phase (FSDP2: once, not per layer and token); no-op otherwise."""
+        return parallel.gathered(self.model, *others)
+
+    def anywhere(self, flag) -> bool:
+        """`flag` on any rank (a phase that gathers the weights is entered by every rank or none)."""
+        return bool(runtime.all_sum([float(flag)], self.device)[0])
+
+    def logprobs(self, inputs, ids, mask, old=None, ref=None):
+        """(log F_theta, log F_theta_old, log F_ref) per completion token: `old` and `ref` as given (kept from an
+        earlier update on these rollouts), else the current policy's (detached) and the reference's (the
+        policy's when beta is 0: no KL term)."""
+        logp = policy.token_logprobs(self.train_model, inputs, ids, mask, temperature=self.temperature)
+        if ref is None and self.beta > 0:
+            ref = policy.reference_logprobs(parallel.unwrap(self.train_model), inputs, ids, mask,
+                                            ref_model=self.ref_model, temperature=self.temperature)
+            parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
+        old = logp.detach() if old is None else old.to(logp.device)
+        ref = logp.detach() if ref is None else ref.to(logp.device)
+        return logp, old, ref
+
+    def backward(self, loss, rollout, rows, adv, denominator=None, share=1.0, kept=None):
+        """`loss(logp, old, ref, adv, mask) -> (sum over the rows, stats)` on the completions `rows` of `rollout`
+        (advantages `adv`, one per row), backward in micro-batches: the gradient is `share` x the loss summed over
+        every rank's rows and divided by the sum of every rank's `denominator` (None: its rows). `kept`
+        (several updates per generation): a dict the first update fills with each micro-batch's old and
+        reference log-probs, and the later ones read. Returns (this rank's mean loss and stats, the rows of
+        all ranks)."""
+        self.train_model.train()
+        rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
+        base = parallel.unwrap(self.train_model)
+
+        def batch(part):
+            if part is None and not len(rows):  # this rank trains nothing this step: a blank video, at weight 0
+                return self.stand_in(), *policy.target_ids(self.processor, [""]), torch.zeros(1)
+            part = part if part is not None else slice(0, 1)  # fewer micro-batches than another rank: weight 0
+            r = rows[part]
+            return rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r], adv[part]
+
+        def backward(part, weight):
+            x, ids, mask, a = batch(part)
+            reuse = kept is not None and part is not None and part.start in kept
+            old, ref = kept[part.start] if reuse else (None, None)
+            logp, old, ref = self.logprobs(policy._to(x, policy.model_device(base)), ids, mask, old, ref)
+            total, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device))
+            (total * weight).backward()
+            if kept is not None and part is not None and not reuse:
+                kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
+            if part is not None:
+                for key, v in {"loss": total.item() / len(ids), **stats}.items():
+                    sums[key] += v * len(ids)
+
+        n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, share,
+                                            denominator)
+        return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
+

@@ -365,7 +365,7 @@ def _micro(s: Shape, w: _State, st: Settings) -> _Micro:
 
 
 def _forwards(s: Shape, w: _State, st: Settings, mode: str, m: _Micro, gathered: int) -> tuple:
-    """Peaks of the policy's forward and of the reference's no-grad forward (train.RL.grpo_loss runs it between
+    """Peaks of the policy's forward and of the reference's no-grad forward (learner.Learner.logprobs runs it between
     the policy's forward and backward)."""
     a, h = w.act, s.hidden
     inputs = m.kept - s.layers * m.layer_kept - s.v_depth * m.block_kept - m.head_kept - m.vision_kept
@@ -638,7 +638,7 @@ def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side
     """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
     validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
     `lora_r`, peft adapters and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an AdamW step,
-    as train.RL.grpo_loss + learner.Optim.step. `dtype` of the weights (float32 or bfloat16: AdamW's states follow
+    as learner.Learner.backward + learner.Optim.step. `dtype` of the weights (float32 or bfloat16: AdamW's states follow
     it), `gradient_checkpointing` as policy.load_policy sets it. Measured at the second update (AdamW's states
     exist: the steady state the plan describes). Returns bytes: "peak", "base" (weights, states, reference and
     inputs at the start)."""

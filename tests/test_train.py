@@ -473,14 +473,14 @@ def test_loss_norm_sets_what_a_steps_sum_is_divided_by():
     batch_size x group_size (2 of 8 kept: a quarter of the update), token by the kept completions' tokens."""
     from types import SimpleNamespace
 
+    import grpo
     from machinery import parallel
 
     rollout = SimpleNamespace(completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]] + [[1, 1, 1]] * 6))
     rows = torch.tensor([0, 1])
 
     def den(norm):
-        cfg = SimpleNamespace(loss_norm=norm, batch_size=4, group_size=2)
-        return train.RL.loss_denominator(SimpleNamespace(cfg=cfg), rollout, rows)
+        return grpo.loss_denominator(norm, rollout.completion_mask[rows], 4 * 2)
 
     assert den("sequence") is None and den("fixed") == 8.0 and den("token") == 3.0
     for norm, weight in (("sequence", 1 / 2), ("fixed", 1 / 8), ("token", 1 / 3)):
