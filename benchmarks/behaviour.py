@@ -6,9 +6,11 @@
 - eval_pvrbench.py's outputs and scores on the synthetic benchmark (reason and official styles);
 - perturb.apply on the built-in clip for every subtype of the protocols at three intensities.
 
-    python benchmarks/behaviour.py --out runs/behaviour                    # print the hashes
-    python benchmarks/behaviour.py --write docs/results/behaviour.json     # record them (before a refactor)
-    python benchmarks/behaviour.py --check docs/results/behaviour.json     # compare (after it): exit 1 if any differ
+    python benchmarks/behaviour.py --out runs/behaviour                           # print the hashes
+    python benchmarks/behaviour.py --write docs/results/behaviour-before.json     # record them (before a refactor)
+    python benchmarks/behaviour.py --check docs/results/behaviour-before.json     # compare (after it)
+    python benchmarks/behaviour.py --demo OUT --check docs/results/behaviour-before.json
+        # a finished CPU demo (`python train.py --out OUT`, ~9 min): its final weights and before/after table
 
 Float kernels differ between CPUs, so a recorded file is compared on the machine (and library versions) that
 wrote it; the file records both.
@@ -154,7 +156,10 @@ def main(argv=None):
     ap.add_argument("--out", default="runs/behaviour", help="working folder (finished runs are reused)")
     ap.add_argument("--write", default="", help="record the hashes in this JSON file")
     ap.add_argument("--check", default="", help="compare the hashes with this JSON file; exit 1 if any differ")
+    ap.add_argument("--demo", default="", help="a finished demo's OUT: compare (or --write) its weights and table")
     args = ap.parse_args(argv)
+    if args.demo:
+        return demo(Path(args.demo), args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     m = modules()
@@ -163,7 +168,8 @@ def main(argv=None):
     import transformers
     got = {"machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
                        "transformers": transformers.__version__},
-           "perturb": perturbations(m), "weights": training(out, tiny, text, synth), "eval": evaluation(out, tiny, synth)}
+           "perturb": perturbations(m), "weights": training(out, tiny, text, synth),
+           "eval": evaluation(out, tiny, synth)}
     if args.write:
         Path(args.write).write_text(json.dumps(got, indent=1) + "\n")
     if args.check:
@@ -173,6 +179,21 @@ def main(argv=None):
         print(f"behaviour_identical={not diff} compared={sum(len(want[p]) for p in ('perturb', 'weights', 'eval'))}"
               + (f" differ={','.join(diff)}" if diff else ""))
         sys.exit(1 if diff else 0)
+
+
+def demo(folder, args):
+    """The CPU demo's final weights and its before/after table (summary.json), against (or into) the file's "demo"."""
+    summary = json.loads((folder / "summary.json").read_text())
+    got = {"command": "python train.py --out OUT", "final_weights": tensors_hash(folder / "final"),
+           "table": {k: summary[k] for k in ("before", "after_sft", "after")}}
+    print(f"demo weights {got['final_weights']} table {json.dumps(got['table'])}")
+    if args.write:
+        d = json.loads(Path(args.write).read_text()) if Path(args.write).is_file() else {}
+        Path(args.write).write_text(json.dumps({**d, "demo": got}, indent=1) + "\n")
+    if args.check:
+        same = json.loads(Path(args.check).read_text())["demo"] == got
+        print(f"demo_identical={same}")
+        sys.exit(0 if same else 1)
 
 
 if __name__ == "__main__":

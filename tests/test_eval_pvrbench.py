@@ -15,16 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from machinery import data
-from machinery import depth
 import eval_pvrbench as ev
-from machinery import evaluation
 import perturb
-from machinery import runtime
-from machinery import policy
-from machinery import synthetic
+from machinery import data, depth, evaluation, policy, runtime, synthetic, video
 from machinery import tiny as tiny_model
-from machinery import video
 
 
 @pytest.fixture(scope="module")
