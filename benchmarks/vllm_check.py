@@ -17,7 +17,7 @@
    1, 2 and 8 fps. "before": the request this project sent until now (the fps as ``mm_processor_kwargs``, which
    vLLM ignores for a JPEG-sequence video) against transformers' own text positions after a video; "fps_only":
    the request it sends now (``media_io_kwargs``) against transformers' positions; "after": that request against
-   policy.reference_rope_index.
+   positions.reference_rope_index.
 4. eval_pvrbench.py --model openai:tiny against the server, in both video formats, on a synthetic PVRBench slice:
    every sample answered and scored, no errors; requests per second of the whole command.
 5. The server stopped by its pid (its process group: vLLM's engine runs in child processes), then started again
@@ -148,7 +148,7 @@ def decoded(jpegs):
 
 def local_logprobs(model, processor, frames, fps, reference=True):
     """(prompt tokens, video tokens, log-probs of the first answer token) through transformers; `reference`
-    False: transformers' own get_rope_index instead of the installed policy.reference_rope_index."""
+    False: transformers' own get_rope_index instead of the installed positions.reference_rope_index."""
     messages = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": PROMPT}]}]]
     inputs = policy.make_inputs(processor, messages, [frames], fps=fps)
     inner = model.model

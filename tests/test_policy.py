@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from machinery import policy
+from machinery import policy, positions
 from machinery import tiny as tiny_model
 
 F32 = {"dtype": torch.float32}  # exact comparisons; the default device (CUDA when present) is kept
@@ -128,7 +128,7 @@ def test_text_after_a_video_resumes_past_its_largest_position_on_any_axis(loaded
     mask = torch.ones_like(ids)
     mask[1, :2] = 0
     grid = torch.tensor([[3, 4, 4], [3, 4, 4]])
-    pos, delta = policy.reference_rope_index(inner, ids, types, video_grid_thw=grid,
+    pos, delta = positions.reference_rope_index(inner, ids, types, video_grid_thw=grid,
                                              second_per_grid_ts=torch.tensor([1.0, 1.0]), attention_mask=mask)
     t = [3 + 2 * k for k in range(3) for _ in range(4)]
     h = [3 + (k // 2) % 2 for k in range(12)]
@@ -136,11 +136,11 @@ def test_text_after_a_video_resumes_past_its_largest_position_on_any_axis(loaded
     assert pos[:, 0].tolist() == [[0, 1, 2] + t + [8, 9], [0, 1, 2] + h + [8, 9], [0, 1, 2] + w + [8, 9]]
     assert pos[:, 1, :2].eq(0).all() and pos[0, 1, 2:].tolist() == [0] + [p - 2 for p in t] + [6, 7]
     assert delta.flatten().tolist() == [10 - 17, 8 - 15]
-    assert inner.get_rope_index.__func__ is policy.reference_rope_index   # what load_policy installed
+    assert inner.get_rope_index.__func__ is positions.reference_rope_index   # what load_policy installed
     # where the temporal span stays within the spatial one, transformers' own rule gives the same positions
     short = type(inner).get_rope_index(inner, ids[:1], types[:1], video_grid_thw=grid[:1],
                                        second_per_grid_ts=torch.tensor([0.25]))
-    ours = policy.reference_rope_index(inner, ids[:1], types[:1], video_grid_thw=grid[:1],
+    ours = positions.reference_rope_index(inner, ids[:1], types[:1], video_grid_thw=grid[:1],
                                        second_per_grid_ts=torch.tensor([0.25]))
     assert torch.equal(short[0], ours[0]) and torch.equal(short[1], ours[1])
 
