@@ -9,6 +9,7 @@ import functools
 import logging
 import math
 import re
+import unicodedata
 
 import numpy as np
 
@@ -456,11 +457,105 @@ def score(pred, gt, problem_type: str, source: str | None = None, *, train_rewar
         return 0.0
 
 
-def score_sample(output, sample: data.Sample, *, strict: bool = False, train_reward: bool = False, style: str = "reason",
-                 scoring: str = SCORINGS[0]) -> float:
+def score_sample(output, sample: data.Sample, *, strict: bool = False, train_reward: bool = False,
+                 style: str = "reason", scoring: str = SCORINGS[0]) -> float:
     """Score a raw model output against a sample: extract with the sample's source, then score, both in `style`
     (and with `scoring`'s VSI-Bench numeric rule). An UrbanVideo output that eval.py drops scores 0 here
     (urban_dropped tells which; eval_pvrbench leaves them out of the official-rule figures)."""
     pred = extract_answer(output, sample.source, problem_type=sample.problem_type, strict=strict, style=style,
                           scoring=scoring)
     return score(pred, sample.answer, sample.problem_type, sample.source, train_reward=train_reward, style=style)
+
+
+# --------------------------------------------------------------------------- answers as the offline judge compares them
+ARTICLES = {"a", "an", "the"}
+STEM_SUFFIX = re.compile(r"(?<=\w{3})(?:ing|ed|s)$")  # crude stemming: "turning" -> "turn", "objects" -> "object"
+_QUANTITY = re.compile(r"^(?:about|approximately|approx|around|roughly|~)?\s*([-+]?(?:\d{1,3}(?:,\d{3})+|\d+)"
+                       r"(?:\.\d+)?|[-+]?\.\d+)\s*(.*)$")
+# unit -> (dimension, factor to the base unit). Modest on purpose: lengths, areas, times, angles, %.
+_UNITS = {}
+for _names, _dim, _f in [("m meter meters metre metres", "length", 1.0),
+                         ("cm centimeter centimeters centimetre centimetres", "length", 0.01),
+                         ("mm millimeter millimeters millimetre millimetres", "length", 0.001),
+                         ("km kilometer kilometers kilometre kilometres", "length", 1000.0),
+                         ("ft foot feet", "length", 0.3048),
+                         ("m2 m^2 m² sqm sq m square meter square meters square metre square metres", "area", 1.0),
+                         ("s sec secs second seconds", "time", 1.0), ("min mins minute minutes", "time", 60.0),
+                         ("deg degree degrees °", "angle", 1.0), ("% percent", "percent", 1.0)]:
+    _UNITS.update({n: (_dim, _f) for n in re.findall(r"sq m|square \w+|\S+", _names)})
+
+
+def norm_text(s: str) -> str:
+    """Lower case, no punctuation or articles, number words as digits, single spaces."""
+    s = unicodedata.normalize("NFKC", s).lower()
+    s = re.sub(r"[^\w\s]", " ", s)
+    toks = [t for t in s.split() if t not in ARTICLES]
+    return " ".join(str(n) if (n := words_to_number(t)) is not None else t for t in toks)
+
+
+def _quantity(s: str):
+    """"3", "3.0", "1,000", "three", "3 m", "twenty-one meters" -> (value, (dimension, factor) or None);
+    None when `s` is not a number with at most a known unit."""
+    s = unicodedata.normalize("NFKC", s).lower().strip().rstrip(".").strip()
+    m = _QUANTITY.match(s)
+    if m:
+        value, unit = float(m.group(1).replace(",", "")), m.group(2).strip().rstrip(".")
+    else:
+        toks = s.replace("-", " ").split()
+        for k in range(len(toks), 0, -1):
+            n = words_to_number(" ".join(toks[:k]))
+            if n is not None:
+                value, unit = float(n), " ".join(toks[k:])
+                break
+        else:
+            return None
+    if not unit:
+        return value, None
+    return (value, _UNITS[unit]) if unit in _UNITS else None
+
+
+def answer_option(s: str):
+    """An answer's option: "B" / "B." / "(B)" / "B) sofa" / "B. sofa" -> ("b", "sofa" normalised, or "");
+    None otherwise. data.split_option's grammar, except that an answer's label may be lower-case too
+    ("b) sofa"; in an option list or a question only an upper-case label counts)."""
+    s = unicodedata.normalize("NFKC", s).strip()
+    letter, body = data.split_option(s[:2].upper() + s[2:])      # the label: "b" or "(b" at the start
+    return (letter.lower(), norm_text(body)) if letter else None
+
+
+def option_lines(question) -> list:
+    """[(letter, text)] of the question's lines that are labelled options ("A. sofa", "(B) chair")."""
+    return [(k, v) for k, v in map(data.split_option, str(question or "").split("\n")) if k and v]
+
+
+def _same_quantity(qr, qc) -> bool:
+    """Two (value, unit or None) quantities: equal values in a common unit (a bare number takes the other's)."""
+    (vr, ur), (vc, uc) = qr, qc
+    if ur and uc:
+        if ur[0] != uc[0]:
+            return False
+        vr, vc = vr * ur[1], vc * uc[1]
+    return math.isclose(vr, vc, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def answers_equivalent(reference, candidate) -> bool:
+    """LocalJudge's Sim^a. Equal when, after normalisation, they are:
+    the same option letter ("B" = "B." = "(B)" = "b" = "B. sofa"), or a labelled option and its text
+    ("B. sofa" = "sofa"); the same number ("3" = "3.0" = "three", "1,000" = "1000"), with units
+    converted when both carry one ("300 cm" = "3 m") and a bare number taken in the other's unit
+    ("3" = "3 m"; units: m/cm/mm/km/ft, square metres, s/min, degrees, %); or the same text up to case,
+    punctuation, articles and number words ("The sofa." = "sofa"). A bare letter against a text
+    answer is not equal (the options are not known here). Empty -> not equal."""
+    ref, cand = str(reference or "").strip(), str(candidate or "").strip()
+    if not ref or not cand:
+        return False
+    qr, qc = _quantity(ref), _quantity(cand)
+    if qr is not None and qc is not None:
+        return _same_quantity(qr, qc)
+    orf, ocd = answer_option(ref), answer_option(cand)
+    if orf and ocd:
+        return orf[0] == ocd[0]
+    if orf or ocd:
+        letter_text = (orf or ocd)[1]
+        return bool(letter_text) and letter_text == norm_text(cand if orf else ref)
+    return norm_text(ref) == norm_text(cand)

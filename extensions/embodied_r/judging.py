@@ -52,7 +52,7 @@ def _reasoning_item(item):
 
 def _option_texts(options) -> dict:
     """{"a": "sofa", ...}: the normalised text of each labelled option ("A. sofa")."""
-    return {k.lower(): judges.norm_text(v) for k, v in map(data.split_option, options or []) if k}
+    return {k.lower(): answers.norm_text(v) for k, v in map(data.split_option, options or []) if k}
 
 
 _ANSWER_SAID = re.compile(r"\b(?:final\s+)?answer\s*(?:is|:)\s*(.+)", re.IGNORECASE)
@@ -77,10 +77,10 @@ def parse_reasoned_answer(text, options=None) -> str | None:
         return None
     if options:
         letters = _option_texts(options)
-        opt = judges.answer_option(span)
+        opt = answers.answer_option(span)
         if opt and (not letters or opt[0] in letters):
             return opt[0].upper()
-        hit = [k for k, v in letters.items() if v and v == judges.norm_text(span)]
+        hit = [k for k, v in letters.items() if v and v == answers.norm_text(span)]
         if len(hit) == 1:
             return hit[0].upper()
     return span
@@ -106,13 +106,13 @@ def _stem_token(t: str) -> str:
     """One lower-case word stemmed as the judges stem it (number words as digits), plus a few irregular
     verbs."""
     n = answers.words_to_number(t)
-    return str(n) if n is not None else _IRREGULAR.get(t) or judges.STEM_SUFFIX.sub("", t)
+    return str(n) if n is not None else _IRREGULAR.get(t) or answers.STEM_SUFFIX.sub("", t)
 
 
 def _stemmed_tokens(text: str):
     """[(stemmed token, end offset)] of lower-cased `text`, articles dropped (as the judges drop them)."""
     return [(_stem_token(m.group()), m.end()) for m in re.finditer(r"[^\W_]+", text)
-            if m.group() not in judges.ARTICLES]
+            if m.group() not in answers.ARTICLES]
 
 
 def _last_number(text: str) -> str | None:
@@ -132,7 +132,7 @@ def _stated_options(question, options) -> dict:
     inline options as UrbanVideo writes them; {} for an open question."""
     opts = _option_texts(options) if options else {}
     if not opts:
-        opts = {k.lower(): judges.norm_text(v) for k, v in judges.option_lines(question)}
+        opts = {k.lower(): answers.norm_text(v) for k, v in answers.option_lines(question)}
     return opts or _option_texts(data.parse_inline_options(str(question or ""))[1])
 
 
