@@ -222,8 +222,11 @@ def test_ctrl_c_says_how_to_continue_and_the_rerun_does(assets, tmp_path, capsys
     import time
     out = tmp_path / "int"
     a = args(assets, out, "--mode", "grpo", "--rl-steps", "500")
+    # Ctrl-C's default action in the child, as from a terminal: a shell's background job (`.ci/run ... &`)
+    # inherits SIGINT ignored, and then Python installs no KeyboardInterrupt handler and the run goes on
     proc = subprocess.Popen([sys.executable, "train.py", *a], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 240
     while not list((out / "checkpoints").glob("rl-*/COMPLETE")) and time.time() < deadline:
         time.sleep(0.2)
