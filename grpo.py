@@ -262,4 +262,3 @@ def loss_denominator(loss_norm, masks, fixed: int):
     if loss_norm == "token":
         return float(masks.sum()) if masks is not None else 0.0
     return None
-

@@ -258,7 +258,6 @@ def _check_config(ap, cfg):
 
 # ----------------------------------------------------------------------------- what the policy sees
 
-
 class Observer:
     """What the policy is shown of a clip, clean or corrupted: here the frames themselves. (Embodied-R's
     text policy is shown a perception model's text of them instead: extensions/embodied_r/train.py.)"""
@@ -272,9 +271,6 @@ class Observer:
     def inputs(self, processor, messages, views):
         """The model's batch for chat messages (each with one video item) and what it is shown of each."""
         return policy.make_inputs(processor, messages, views)
-
-
-# ----------------------------------------------------------------------------- the optimiser
 
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
@@ -738,14 +734,10 @@ class Extension:
     sft_step: Any = sft_step
     read_kwargs: Any = lambda cfg: {}
     judge_needed: Any = lambda cfg: cfg.mode in ("rova", "dual")
-    check_model: Any = None
-
-    def __post_init__(self):
-        self.check_model = self.check_model or vlm_only
+    check_model: Any = vlm_only
 
 
 # ----------------------------------------------------------------------------- main
-
 
 def run_sft(run, state, ckpt, per_rank):
     """Stage 1: the SFT warm-up on the chain-of-thought data (App. D: 1 epoch), then, with
@@ -938,9 +930,9 @@ def main(argv=None, ext=None, **settings):
     global RESUME_HINT
     ext = ext or Extension()
     cfg = parse_args(argv, ext, settings)
+    RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {Path(cfg.out) / 'checkpoints'}"
     run, ckpt = runs.setup(cfg, ext, observer=ext.observer(cfg), corrupt=perturb.apply, check=evaluate,
-                           check_model=ext.check_model)
-    RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {run.out / 'checkpoints'}"
+                           check_model=ext.check_model, prepare=ext.prepare_demo, read_kwargs=ext.read_kwargs(cfg))
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = runtime.load_rank_state(ckpt, run.rank)
     if not (run.out / "eval_before.json").is_file():

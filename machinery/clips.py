@@ -7,6 +7,7 @@ from collections import OrderedDict
 from machinery import data, runtime, video
 from machinery import depth as depths
 
+
 class Clips:
     """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
     (path -> reason) so that it is neither decoded again nor counted twice; above a share

@@ -114,4 +114,3 @@ class Learner:
         n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, share,
                                             denominator)
         return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
-

@@ -637,10 +637,10 @@ def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side
                    seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
     """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
     validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
-    `lora_r`, peft adapters and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an AdamW step,
-    as learner.Learner.backward + learner.Optim.step. `dtype` of the weights (float32 or bfloat16: AdamW's states follow
-    it), `gradient_checkpointing` as policy.load_policy sets it. Measured at the second update (AdamW's states
-    exist: the steady state the plan describes). Returns bytes: "peak", "base" (weights, states, reference and
+    `lora_r`, peft adapters and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an
+    AdamW step, as learner.Learner.backward + learner.Optim.step. `dtype` of the weights (float32 or bfloat16:
+    AdamW's states follow it), `gradient_checkpointing` as policy.load_policy sets it. Measured at the second
+    update (AdamW's states exist: the steady state the plan describes). Returns bytes: "peak", "base" (weights, states, reference and
     inputs at the start)."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
@@ -683,7 +683,8 @@ def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side
 
 def validate(loss_fn, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True, dtype="float32",
              gradient_checkpointing=False) -> dict:
-    """The plan of validation_config() against measure_update (`loss_fn`: grpo.grpo_loss): GiB measured, planned, and planned / measured.
+    """The plan of validation_config() against measure_update (`loss_fn`: grpo.grpo_loss): GiB measured, planned,
+    and planned / measured.
     fp32 is planned as `single`; bf16 as `ddp` (bf16 weights, grads and AdamW states: what a CPU can run of the
     GPU modes' accounting), without the CUDA overhead."""
     config = validation_config()

@@ -23,11 +23,7 @@ from machinery.clips import Clips
 # Config fields that change nothing a run computes: an unfinished run continues across a change of these.
 NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
                    "video_cache", "max_bad_fraction", "judge_cache", "perception_cache", "depth_cache")
-
-
 RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
-
-
 RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
 
@@ -162,15 +158,17 @@ def reference_model(run):
     return policy.frozen_copy(ref, deep=False)
 
 
-def setup(cfg, ext, *, observer, corrupt, check, check_model):
+def setup(cfg, ext, *, observer, corrupt, check, check_model, prepare=None, read_kwargs=None):
     """The process, the run folder (claimed: continue, refuse or start), the model and the data. `observer`: what
     the policy sees of a clip; `corrupt`: perturb.apply; `check`: the before/after check (Run.evaluate);
-    `check_model(cfg, model)`: raises a UserError when the loaded model is not the kind the script trains."""
+    `check_model(cfg, model)`: raises a UserError when the loaded model is not the kind the script trains;
+    `prepare(cfg, rank)`: the demo's model and data (default prepare_demo); `read_kwargs`: video.read_frames
+    arguments (a frame sampler). `ext`: the extension running the loop, kept on the Run."""
     rank, world, device = runtime.setup_distributed()
     out = runtime.out_dir(cfg.out, create=False)
     if not cfg.model:
         depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
-        (getattr(ext, "prepare_demo", None) or prepare_demo)(cfg, rank)
+        (prepare or prepare_demo)(cfg, rank)
     else:
         check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder
     out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +176,7 @@ def setup(cfg, ext, *, observer, corrupt, check, check_model):
     np.random.seed(cfg.seed * 1000 + rank)
     torch.manual_seed(cfg.seed * 1000 + rank)
     spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
-    samples, shard, clips = load_data(cfg, rank, world, corrupt, ext.read_kwargs(cfg) if ext else None)
+    samples, shard, clips = load_data(cfg, rank, world, corrupt, read_kwargs)
     depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
                         needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
     ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,

@@ -464,7 +464,8 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
         seen["k"] += len(out.texts)
         return out
     monkeypatch.setattr(policy, "rollout", counted)
-    run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples, clips=clips_mod.Clips(cfg, [], len(samples), perturb.apply),
+    run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples,
+                                clips=clips_mod.Clips(cfg, [], len(samples), perturb.apply),
                                 model=model, processor=processor, observer=train.Observer(cfg))
     labels = train.answerability_labels(run)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
