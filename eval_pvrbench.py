@@ -36,10 +36,8 @@ loses at most the batch in flight; the hash covers what changes a generation, no
 and per_task.png (Figs. 14-18). With no arguments: the train demo's runs/rova/final, or an untrained tiny model
 (OUT/tiny), on the synthetic benchmark (runs/rova/synthetic, as the train demo builds it) at its demo settings.
 
-Extensions plug in through `Extension` (docs/DESIGN.md, "Extensions"): an extension's entry point runs
-main(argv, ext) with every flag of this script and its own; this file imports none. Here:
-`python -m extensions.embodied_r.eval` (a text-only model through a perceiver, --debias, key frames) and
-`python -m extensions.robust_to.eval` (--model robust-to:PATH, --protocol robust-to).
+An extension (extensions/) writes its own main from these pieces: parser() with its flags added, resolve_model
+with its model schemes, load_benchmark, evaluate with its models, reports, frame sampler and tables.
 """
 from __future__ import annotations
 
@@ -51,9 +49,8 @@ import re
 import shutil
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -162,7 +159,7 @@ def accuracy_block(overall, subtypes):
     Avg. is the unweighted mean of the table's columns. For Table 2 those are the four category columns: every
     row of the paper's Table 2 is that mean (GPT-4o .54/.47/.50/.52 -> .51; VideoLLaMA2 .28/.25/.27/.29 -> .27,
     where the mean over the 12 subtypes, 4 lighting, 2 occlusion, 3 camera, 3 weather, would give .28). A
-    protocol with subtypes outside Table 8 (Robust-TO's) has one column per subtype, and its Avg. is their
+    protocol with subtypes outside Table 8 (an extension's) has one column per subtype, and its Avg. is their
     mean. `avg_subtypes`: the mean over the chosen subtypes, whatever the protocol."""
     cats = {c: mean([overall.get(s) for s in perturb.CATEGORIES[c] if s in subtypes]) for c in perturb.CATEGORIES}
     per_subtype = mean([overall.get(s) for s in subtypes])
@@ -405,15 +402,34 @@ def split_model(spec, models):
     return (scheme, path) if sep and scheme and scheme in models else ("", spec)
 
 
-def resolve_model(args, ext, models):
-    """(spec, display name). Default: the train demo's checkpoint, else an untrained tiny model."""
+@dataclass
+class Target:
+    """The model evaluated: --model as resolved, the results folder's name, its scheme ("": a checkpoint folder or
+    hub id) and path."""
+    spec: str
+    name: str
+    scheme: str
+    path: str
+
+
+def resolve_model(args, models=None, rename=lambda args, scheme, base: f"{scheme}-{base}") -> Target:
+    """--model (default: the train demo's checkpoint, else an untrained tiny model) -> a Target, checked
+    (check_sources). `models`: the schemes known (MODELS); `rename`: the name of a SCHEME:PATH model."""
+    models = MODELS if models is None else models
+    spec, name = _model_and_name(args, models, rename)
+    scheme, path = split_model(spec, models)
+    check_sources(args, scheme, path)
+    return Target(spec, re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model", scheme, path)
+
+
+def _model_and_name(args, models, rename):
     if args.model:
         scheme, path = split_model(args.model, models)
         if scheme == "openai":
             return args.model, args.model_name or path
         parts = Path(path.rstrip("/")).parts
         name = "-".join(parts[-2:]) if parts[-1] == "final" and len(parts) > 1 else parts[-1]  # train.py's OUT/final
-        name = ext.name(args, scheme, name) if scheme else name
+        name = rename(args, scheme, name) if scheme else name
         if args.adapter:
             name += "+" + Path(args.adapter.rstrip("/")).name
         return args.model, args.model_name or name
@@ -429,21 +445,20 @@ def resolve_model(args, ext, models):
     return str(tiny), args.model_name or "tiny-untrained"
 
 
-def check_sources(args, scheme, path, ext):
+def check_sources(args, scheme, path):
     """Every local model, adapter and judge the run will load exists: one line now, before any folder is
     made or any video is read (an API model is checked by its first request)."""
     unknown = re.fullmatch(r"([a-z][a-z0-9_-]*):.+", path)
     if not scheme and unknown and not Path(path).exists():
         raise runtime.UserError(f"--model {path}: no model scheme {unknown[1]}: here (a folder, a hub id or "
-                                "openai:NAME; an extension's entry point adds its own, e.g. python -m "
-                                "extensions.robust_to.eval --model robust-to:PATH)")
+                                "openai:NAME; an extension's entry point adds its own: python -m "
+                                "extensions.<name>.eval --model SCHEME:PATH)")
     if scheme != "openai":
         runtime.model_source(path)
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
         raise runtime.UserError(f"--adapter {args.adapter}: no adapter_config.json there (a peft LoRA adapter "
                                 "folder, e.g. train.py --lora-r's OUT/final)")
     runtime.check_hf_flags({"--judge": args.judge})
-    ext.check(args, scheme)
 
 
 def _fingerprint(path):
@@ -453,8 +468,9 @@ def _fingerprint(path):
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
 
 
-def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
-    """What the run hash covers: everything that changes a generation (not --limit or --judge)."""
+def run_config(args, spec, scheme, path, paths, roots, subtypes, run_key=None):
+    """What the run hash covers: everything that changes a generation (not --limit or --judge); `run_key`: an
+    extension's settings that do."""
     return dict(model=spec, model_fp=[] if scheme == "openai" else _fingerprint(path), adapter=args.adapter,
                 adapter_fp=_fingerprint(args.adapter) if args.adapter else None, base_url=args.base_url,
                 sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
@@ -462,7 +478,7 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
                 subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
                 eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=perturb.RENDER_VERSION,
                 **({"scoring": args.scoring} if args.scoring != answers.SCORINGS[0] else {}),
-                **ext.run_key(args, spec),
+                **(run_key or {}),
                 depth=depths.Depth(args.depth_model).key(),
                 **({"video_format": evaluation.video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
 
@@ -470,29 +486,10 @@ def run_config(args, spec, scheme, path, paths, roots, subtypes, ext):
 # ----------------------------------------------------------------------------- the resumable store and the run
 
 
-# ----------------------------------------------------------------------------- extensions and main
+# ----------------------------------------------------------------------------- the command line and main
 
-@dataclass
-class Extension:
-    """What an extension adds to this script; its entry point runs main(argv, ext) (docs/DESIGN.md,
-    "Extensions"). In the order of use: `add_arguments(parser)` adds its flags (a group of its own: only its
-    --help lists them); `check(args, scheme)` checks the models they name (one line, before any folder is
-    made) and resolves their defaults; `models` {scheme: factory(args, path) -> model with evaluation.HFModel's
-    generate()} adds --model SCHEME:PATH ("" replaces the checkpoint's model), named by `name(args, scheme,
-    base)`; `prepare(args, sources)` -> (sources, {results.json key: report}) sees the questions before the
-    plan; `read_kwargs(args)`: video.read_frames arguments (a frame sampler); `run_key(args, spec)` ->
-    {setting: value}, what else changes a generation (the run hash); `tables` {protocol: as TABLES}."""
-    add_arguments: Any = lambda parser: None
-    check: Any = lambda args, scheme: None
-    models: dict = field(default_factory=dict)
-    name: Any = lambda args, scheme, base: f"{scheme}-{base}"
-    prepare: Any = lambda args, sources: (sources, {})
-    read_kwargs: Any = lambda args: {}
-    run_key: Any = lambda args, spec: {}
-    tables: dict = field(default_factory=dict)
-
-
-def parse_args(argv=None, ext=None):
+def parser():
+    """The command line's parser (an extension adds its own argument group to it, then calls parse_args)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
                                  usage="%(prog)s [--model M] [--benchmark SRC=PATH,...] [--video-root ...] [options]")
     g = ap.add_argument_group("benchmark", "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
@@ -556,8 +553,14 @@ def parse_args(argv=None, ext=None):
       "latest of each model and configuration)")
     o("--stop-after", type=int, default=0, help="testing: stop (as if killed) after this many generated samples")
     runtime.add_debug_flag(out_group)
-    (ext or Extension()).add_arguments(ap)
+    return ap
+
+
+def parse_args(argv=None, ap=None):
+    """The command line (`ap`: parser(), or an extension's parser built on it) with its defaults resolved."""
+    ap = ap or parser()
     args = ap.parse_args(argv)
+    runtime.out_dir(args.out, create=False)  # (made when there are results to write)
     synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
     for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
         if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
@@ -593,30 +596,44 @@ def check_depth(args, paths):
     depths.check_source(args.depth_model, args.depth_cache, needs_model=any(n != "synthetic" for n in paths))
 
 
-def main(argv=None, ext=None):
-    ext = ext or Extension()
-    args = parse_args(argv, ext)
-    runtime.out_dir(args.out, create=False)  # (made when there are results to write)
-    if args.compare:
-        return compare(args.compare, Path(args.out))
-    t_start, models = time.perf_counter(), {**MODELS, **ext.models}
-    spec = name = scheme = path = None   # (--export: no model)
-    if not args.export:
-        spec, name = resolve_model(args, ext, models)
-        scheme, path = split_model(spec, models)
-        check_sources(args, scheme, path, ext)
+@dataclass
+class Benchmark:
+    """The questions evaluated: --benchmark's files, --video-root's folders, the subtypes, each source's samples."""
+    paths: dict
+    roots: dict
+    subtypes: list
+    sources: dict
+
+
+def load_benchmark(args) -> Benchmark:
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
     check_depth(args, paths)   # (also for --export)
     subtypes = parse_subtypes(args.subtypes, args.protocol)
-    sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
-    sources, reports = ext.prepare(args, sources)
-    groups, manifest = make_plan(sources, subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
+    return Benchmark(paths, roots, subtypes, {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit)
+                                              for n, p in paths.items()})
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.compare:
+        return compare(args.compare, Path(args.out))
+    target = None if args.export else resolve_model(args)
+    return evaluate(args, target, load_benchmark(args))
+
+
+def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, run_key=None, tables=None):
+    """Sec. 4's static protocol on `bench` with `target` (None: --export, the videos only); results.json,
+    the samples, the table. An extension passes its own `models` (MODELS and its schemes), `reports`
+    ({results.json key: report}), `read_kwargs` (video.read_frames arguments: a frame sampler), `run_key`
+    (its settings that change a generation) and `tables` ({protocol: (table, legend)}, TABLES and its own)."""
+    t_start, models, read_kwargs = time.perf_counter(), models or MODELS, read_kwargs or {}
+    groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
     if args.export:
-        return evaluation.export(groups, manifest, args, ext.read_kwargs(args), corrupt)
-    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", name).strip("_") or "model"
-    keyed = run_config(args, spec, scheme, path, paths, roots, subtypes, ext)
+        return evaluation.export(groups, manifest, args, read_kwargs, corrupt)
+    keyed = run_config(args, target.spec, target.scheme, target.path, bench.paths, bench.roots, bench.subtypes,
+                       run_key)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
-    model_dir = Path(args.out) / name
+    model_dir = Path(args.out) / target.name
     run_dir = model_dir / f"run_{run_hash}"
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps(keyed, indent=1))
@@ -624,44 +641,45 @@ def main(argv=None, ext=None):
     store = evaluation.Store(run_dir, re.sub(r"[^A-Za-z0-9.-]+", "-", args.judge))
     pending = sum(len(store.pending(g)) for g in groups)
     print(f"PVRBench: {len(groups)} videos, {sum(len(c) for g in groups for _, c in g.items)} (question, condition) "
-          f"samples, {pending} to generate; model {spec}; store {run_dir}", flush=True)
-    model = models[scheme](args, path) if pending else None
+          f"samples, {pending} to generate; model {target.spec}; store {run_dir}", flush=True)
+    model = models[target.scheme](args, target.path) if pending else None
     judge = make_judge(args, run_dir)
-    runner = evaluation.Runner(args, store, model, judge, manifest, ext.read_kwargs(args), pending, corrupt)
+    runner = evaluation.Runner(args, store, model, judge, manifest, read_kwargs, pending, corrupt)
     if not runner.run(groups):
         print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
         return None
     getattr(judge, "close", lambda: None)()
     flat = store.records(groups, args.style, args.scoring)
-    results = summarize(flat, subtypes, args.style)
-    results["diagnostics"] = diagnostics.collapse(flat, sources)   # did the model stop looking at the video?
-    table, legend = {**TABLES, **ext.tables}.get(args.protocol, TABLES["pvrbench"])
-    table = table(name, args.frames, results["pvrbench"])
+    results = summarize(flat, bench.subtypes, args.style)
+    results["diagnostics"] = diagnostics.collapse(flat, bench.sources)   # did the model stop looking at the video?
+    tables = tables or TABLES
+    table, legend = tables.get(args.protocol, TABLES["pvrbench"])
+    table = table(target.name, args.frames, results["pvrbench"])
     legend += diagnostics.warning_line(results["diagnostics"])
     previous = latest_results(model_dir, run_hash, args.judge)
     if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
         print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)
         return previous[1]
     ts = time.strftime("%Y%m%d_%H%M%S")
-    out = results_file(args, results, spec, name, subtypes, run_dir, run_hash, judge, manifest, sources, reports, ts)
+    out = results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports or {}, ts)
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
-    write_results(out, flat, model_dir, run_dir, ts, name, table + "\n" + legend)
+    write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
     print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
           flush=True)
     return out
 
 
-def results_file(args, results, spec, name, subtypes, run_dir, run_hash, judge, manifest, sources, reports, ts):
-    """<ts>_results.json's content (its "timing" added by main)."""
+def results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports, ts):
+    """<ts>_results.json's content (its "timing" added by evaluate)."""
     model_dir = run_dir.parent
-    return {"results": results, "table_row": table_row(name, args.frames, results["pvrbench"]).strip(),
-            "config": {**{k: v for k, v in vars(args).items() if k != "compare"}, "model": spec, "model_name": name,
-                       "subtypes": subtypes, "run_dir": str(run_dir), "run_hash": run_hash,
-                       "judge_stats": getattr(judge, "stats", None)},
+    return {"results": results, "table_row": table_row(target.name, args.frames, results["pvrbench"]).strip(),
+            "config": {**{k: v for k, v in vars(args).items() if k != "compare"}, "model": target.spec,
+                       "model_name": target.name, "subtypes": bench.subtypes, "run_dir": str(run_dir),
+                       "run_hash": run_hash, "judge_stats": getattr(judge, "stats", None)},
             "manifest": {"path": str(model_dir / f"{ts}_manifest.jsonl"), "sha256": hashlib.sha256(
                 (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
-            "raw_question_rows": raw_question_rows(sources),
+            "raw_question_rows": raw_question_rows(bench.sources),
             "scoring": scoring_block(args.style, args.scoring),
             **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
             "n_errors": results["n_errors"]}

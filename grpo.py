@@ -164,7 +164,7 @@ def total_reward(texts, answer: str, problem_type: str, reference_texts=None, ju
     r^A is the alignment reward of each pair; without them (plain GRPO) r^A = 0.
     Returns (rewards, components) where components holds the per-rollout lists "format",
     "accuracy", "alignment", "sim_r", "sim_a" and the counts "judge_missing", "judge_skipped"
-    (an extension's reward terms add theirs: train.RL.extra_rewards)."""
+    (an RL subclass adds its own terms: train.RL.reward)."""
     r_f = [format_reward(t) for t in texts]
     r_acc = [accuracy_reward(t, answer, problem_type, source) for t in texts]
     if reference_texts is not None and judge is not None:

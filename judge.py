@@ -18,7 +18,7 @@ order). A verdict that cannot be had (an unparsable reply, a failed request) is 
 ``stats["missing"]``, never an exception (grpo.py imputes it). The language-model backends keep every
 reply in a :class:`chat.ReplyCache`.
 
-Extensions that need a verdict of their own (Embodied-R's answer from reasoning) ask a language-model
+Extensions that need a verdict of their own (e.g. an answer read from reasoning) ask a language-model
 judge through :meth:`_PromptJudge.ask` (prompts in, cached and counted replies out) and record their
 counts with :meth:`_Judge.count`; the answer normalisers (answers.py: :func:`norm_text`, :func:`answer_option`,
 :func:`option_lines`; here :func:`clean_reply`) are public so that they read answers as the judges do.

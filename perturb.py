@@ -43,7 +43,7 @@ The effects registry: every subtype, Table 8's included, is one `register_effect
 A registered subtype is accepted wherever one of Table 8's is (PerturbSpec, static_spec with its seed by
 the same rule, sample_spec by name, apply, masks, the CLI); EFFECTS lists them, Table 8's first. A new
 category is not added to CATEGORIES (Table 8's four styles), so sample_spec's style draw never yields it.
-Extensions register on import (Robust-TO's motion_blur and noise: extensions/robust_to/corruptions.py).
+Extensions register theirs on import (register_effect, register_protocol).
 """
 from __future__ import annotations
 

@@ -21,9 +21,8 @@ Distributed (parallel.py): torchrun sets the process group up from the environme
 sharded with FSDP2 (fp32 master weights, bf16 compute), LoRA replicated with DDP; each rank has its own data
 shard and buffer; every rank runs the same number of micro-batches and the gradient is the mean over every
 rank's trained completions; each rank writes its own checkpoint shard (torch.distributed.checkpoint) and rank
-0 the logs. Extensions (Embodied-R, Robust-TO: extensions/) run this same loop through their own
-entry points with an `Extension` (below): their flags, what the policy sees of a clip, and the RL
-phases they change (docs/DESIGN.md, "Extensions").
+0 the logs. An extension (extensions/) writes its own main from these pieces: parse_args with its Config
+subclass, runs.setup with what its policy sees of a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
@@ -35,13 +34,12 @@ import textwrap
 import time
 from collections import defaultdict
 import dataclasses
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 import buffer as curriculum
 from machinery import answers, data
@@ -52,7 +50,6 @@ import perturb
 from machinery import policy
 from machinery import synthetic
 
-RESUME_HINT = "rerun the same command to continue from the last checkpoint"  # Ctrl-C's line; main() names OUT
 
 
 def _arg(default, help_, group=None):
@@ -208,20 +205,20 @@ DEMO = dict(frames=8, max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sf
 MODES = ("rova", "dual", "grpo", "grpo-aug")
 
 
-def parse_args(argv=None, ext=None, settings=None) -> Config:
-    """The command line -> a Config (ext.config: an extension's subclass, whose flags form its own group);
-    with neither --model nor --data the demo preset (DEMO) replaces the defaults. `settings`: values for
-    fields without a flag."""
-    ext = ext or Extension()
-    demo = {**DEMO, **ext.demo}
-    ap = runtime.config_parser(ext.config, {**GROUPS, **ext.groups}, description=__doc__.split("\n\n")[0],
+def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, check=None) -> Config:
+    """The command line -> a `config` (Config, or an extension's subclass whose own flags are in `groups`, added
+    to GROUPS); with neither --model nor --data the demo preset (DEMO, or `demo`) replaces the defaults.
+    `settings`: values for fields without a flag; `check(ap, cfg)`: a subclass's own validation."""
+    demo = DEMO if demo is None else demo
+    ap = runtime.config_parser(config, {**GROUPS, **(groups or {})}, description=__doc__.split("\n\n")[0],
                                usage="%(prog)s [--model M --data D.json --video-root DIR] [options]",
                                epilog=textwrap.fill("The demo (no --model, no --data) changes these defaults: "
                                                     + ", ".join(f"{k}={v}" for k, v in demo.items()) + ".", 100))
-    cfg, _ = runtime.parse_config(ap, ext.config, argv, settings,
+    cfg, _ = runtime.parse_config(ap, config, argv, settings,
                                   preset=lambda args: demo if not args["model"] and not args["data"] else {})
     _check_config(ap, cfg)
-    ext.check(ap, cfg)
+    if check:
+        check(ap, cfg)
     return cfg
 
 
@@ -259,8 +256,8 @@ def _check_config(ap, cfg):
 # ----------------------------------------------------------------------------- what the policy sees
 
 class Observer:
-    """What the policy is shown of a clip, clean or corrupted: here the frames themselves. (Embodied-R's
-    text policy is shown a perception model's text of them instead: extensions/embodied_r/train.py.)"""
+    """What the policy is shown of a clip, clean or corrupted: here the frames themselves (an extension's text
+    policy may be shown a perception model's text of them instead)."""
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -274,41 +271,6 @@ class Observer:
 
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
-
-def stand_in(cfg, processor, observer, sample):
-    """A one-row prompt for a zero-weight micro-batch (this rank has fewer rows than another, possibly none:
-    parallel.backward_micro_batches): `sample`'s question on a blank video of the run's frame size."""
-    side = max(56, int(math.sqrt(cfg.max_pixels)) // 28 * 28)
-    blank = np.zeros((cfg.frames, side, side, 3), dtype=np.uint8)
-    return observer.inputs(processor, [data.build_messages(sample)], [observer(sample, blank)])
-
-
-def sft_backward(cfg, model, processor, inputs, targets, blank):
-    """-log p(target + <|im_end|> | prompt) of each row of `inputs`, micro-batched, the gradient being the mean
-    over every target token of the step on every rank (as one big batch would give). `blank()`: a stand-in
-    prompt (stand_in) for a rank with no rows. Returns (this rank's mean NLL per token, its target tokens)."""
-    ids, mask = policy.target_ids(processor, targets)
-    tokens, nll_sum, base = int(mask.sum()), 0.0, parallel.unwrap(model)
-    model.train()
-
-    def batch(rows):
-        if rows is not None:
-            return policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
-        if targets:  # fewer micro-batches than another rank: its first row again, at weight 0
-            return policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1]
-        return (blank(), *policy.target_ids(processor, [""]))  # no rows at all: a blank video, at weight 0
-
-    def backward(rows, weight):
-        nonlocal nll_sum
-        x, i, m = batch(rows)
-        nll = -(policy.token_logprobs(model, x, i, m) * m.to(policy.model_device(model))).sum()
-        (nll * weight).backward()
-        nll_sum += nll.item() if rows is not None else 0.0
-
-    parallel.backward_micro_batches(len(targets), cfg.micro_batch_size, backward, policy.model_device(model),
-                                    denominator=tokens)
-    return (nll_sum / tokens if tokens else None), tokens
-
 
 def jitter(frames, strength: float, seed) -> np.ndarray:
     """Photometric jitter of one SFT clip: contrast about the clip's mean and brightness each scaled by a factor
@@ -330,8 +292,8 @@ def sft_step(cfg, model, processor, batch, clips, observer):
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None
-    return sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
-                        lambda: stand_in(cfg, processor, observer, batch[0]))
+    return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
+                        lambda: learner.stand_in(cfg, processor, observer, batch[0]))
 
 
 # ----------------------------------------------------------------------------- RL (Alg. 2)
@@ -395,6 +357,11 @@ class RL:
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.dual, self.corrupt = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
         self.timer = runtime.Timer()
+
+    @staticmethod
+    def needs_judge(cfg):
+        """The alignment reward's judge (App. C.1) is asked in the dual-branch modes."""
+        return cfg.mode in ("rova", "dual")
 
     def step(self, step, spec_rng):
         """One RL step: Alg. 2 in App. G's order."""
@@ -514,31 +481,30 @@ class RL:
                                       a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below)
 
     def weights(self):
-        """(w_format, w_acc, w_alignment) of Alg. 1 l.13 (App. D: 1, 1 and r^A at 1); an extension may
-        change them (Embodied-R's staged weights)."""
+        """(w_format, w_acc, w_alignment) of Alg. 1 l.13 (App. D: 1, 1 and r^A at 1); a subclass may
+        change them (e.g. weights staged by data epoch)."""
         return self.cfg.w_format, self.cfg.w_acc, 1.0
 
     def rewards(self, selected):
-        """Alg. 1 for each selected sample: R_j = w_F r^F + w_Acc r^Acc + r^A (+ an extension's terms,
-        + T-GRPO's bonus). Returns the number of verdicts the judge could not give."""
-        w_f, w_a, w_al = self.weights()
+        """Alg. 1 for each selected sample (`reward`), + T-GRPO's bonus. Returns the number of verdicts the judge
+        could not give."""
         missing = 0
         for it in selected:
-            s = it.sample
-            it.rewards, it.comp = grpo.total_reward(  # w_al r^A = (w_al alpha_r) Sim^r + (w_al alpha_a) Sim^a
-                it.texts, s.answer, s.problem_type, reference_texts=it.clean_texts if self.dual else None,
-                judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
-                alpha_a=w_al * self.cfg.alpha_a, source=s.source)
-            it.rewards = self.extra_rewards(it, it.rewards)
+            self.reward(it)
             if self.cfg.temporal_grpo:
                 it.comp["temporal"] = grpo.temporal_reward(it.acc, it.shuffled_acc)
                 it.rewards = [r + t for r, t in zip(it.rewards, it.comp["temporal"])]
             missing += it.comp["judge_missing"]
         return missing
 
-    def extra_rewards(self, it, rewards):
-        """An extension's reward terms added to R_j (recorded in it.comp); the core has none."""
-        return rewards
+    def reward(self, it):
+        """Alg. 1 l.13 for one sample's rollouts: R_j = w_F r^F + w_Acc r^Acc + r^A, and its components."""
+        w_f, w_a, w_al = self.weights()
+        s = it.sample
+        it.rewards, it.comp = grpo.total_reward(  # w_al r^A = (w_al alpha_r) Sim^r + (w_al alpha_a) Sim^a
+            it.texts, s.answer, s.problem_type, reference_texts=it.clean_texts if self.dual else None,
+            judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
+            alpha_a=w_al * self.cfg.alpha_a, source=s.source)
 
     def loss(self, logp, old, ref, adv, mask):
         """Eq. 7 on a micro-batch of the step's completions, as a sum (grpo.step_loss)."""
@@ -570,7 +536,7 @@ class RL:
         return grpo.component_advantages(comps, weights).view(-1)
 
     def stand_in(self):
-        return stand_in(self.cfg, self.processor, self.observer, self.shard[0])
+        return learner.stand_in(self.cfg, self.processor, self.observer, self.shard[0])
 
     def update(self, selected, rollout):
         """Eq. 7-8 on the perturbed branch of the selected samples (group advantages of their rewards), then
@@ -662,14 +628,11 @@ class RL:
         trained, other = ("acc_perturbed", "acc_clean") if self.corrupt else ("acc_clean", "acc_perturbed")
         out = {trained: _flat(it.acc for it in items), other: _flat(it.clean_acc for it in items),
                "r_total": _flat(it.rewards for it in selected)}
-        for key in ("format", "accuracy", "alignment", "temporal", *self.extra_reward_keys()):
+        for key in ("format", "accuracy", "alignment", "temporal"):
             out[f"r_{key}"] = _flat(it.comp.get(key) for it in selected)
         for key in ("sim_r", "sim_a"):
             out[key] = [v for v in _flat(it.comp.get(key) for it in selected) if v is not None]
         return out
-
-    def extra_reward_keys(self):
-        return ()
 
     def state(self):
         """This rank's RL state for a checkpoint (JSON): the data cursor, the buffer, the promotion queue."""
@@ -683,33 +646,13 @@ class RL:
 
 # ----------------------------------------------------------------------------- the before/after check
 
-def evaluate(cfg, model, processor, samples, observer, clips, batch_size=16):
-    """A quick check for the demo: greedy accuracy pooled over questions, on clean videos and under
-    PVRBench's static corruption (each question gets one of the 12 subtypes in turn). The benchmark's
-    own aggregation (per-task means, categories, reasoning quality) is eval_pvrbench.py's."""
-    samples = samples[:cfg.eval_limit]
-    scores = {"clean": [], "perturbed": []}
-    for start in range(0, len(samples), batch_size):
-        chunk, frames = [], []
-        for k, s in enumerate(samples[start:start + batch_size]):
-            try:
-                frames.append(clips.read(s.video))
-            except Exception as e:  # noqa: BLE001
-                runtime.log(f"evaluation: skipping {s.id}: {e}")
-                continue
-            chunk.append((s, perturb.SUBTYPES[(start + k) % len(perturb.SUBTYPES)]))
-        for cond in scores if chunk else ():
-            vids = frames if cond == "clean" else [  # Sec. 4 static protocol: one corruption per (video, subtype)
-                clips.corrupt(s, f, perturb.static_spec(data.video_identity(s), sub, eta=cfg.eta))
-                for f, (s, sub) in zip(frames, chunk)]
-            inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in chunk],
-                                     [observer(s, v) for v, (s, _) in zip(vids, chunk)])
-            out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
-            scores[cond] += [answers.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
-    return {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
+def evaluate(cfg, model, processor, samples, observer, clips):
+    """The demo's before/after check (runs.accuracy_check) under Sec. 4's static protocol: the k-th question
+    gets the k-th of the 12 subtypes in turn, one corruption per (video, subtype)."""
+    def spec(s, k):
+        return perturb.static_spec(data.video_identity(s), perturb.SUBTYPES[k % len(perturb.SUBTYPES)], eta=cfg.eta)
+    return runs.accuracy_check(cfg, model, processor, samples, observer, clips, spec)
 
-
-# ----------------------------------------------------------------------------- extensions
 
 def vlm_only(cfg, model):
     """The policy trained here watches videos: a text-only LM is refused (one line, before any data is read)."""
@@ -717,33 +660,14 @@ def vlm_only(cfg, model):
         raise runtime.UserError(f"--model {cfg.model} is a text-only LM; train.py trains a vision-language model")
 
 
-@dataclass
-class Extension:
-    """How an extension runs this loop (its entry point calls `main(argv, ext)`; docs/DESIGN.md,
-    "Extensions"): `config`, a Config subclass whose fields in `groups` are its flags; `check(ap, cfg)`
-    validates them; `demo` changes the demo preset; `prepare_demo(cfg, rank)` makes the demo's model
-    and data; `observer`, what the policy sees of a clip; `rl`, an RL subclass overriding phases;
-    `sft_step`; `read_kwargs(cfg)`, video.read_frames arguments (a frame sampler); `judge_needed(cfg)`."""
-    config: type = Config
-    groups: dict = field(default_factory=dict)
-    check: Any = lambda ap, cfg: None
-    demo: dict = field(default_factory=dict)
-    prepare_demo: Any = None
-    observer: Any = Observer
-    rl: type = RL
-    sft_step: Any = sft_step
-    read_kwargs: Any = lambda cfg: {}
-    judge_needed: Any = lambda cfg: cfg.mode in ("rova", "dual")
-    check_model: Any = vlm_only
-
-
 # ----------------------------------------------------------------------------- main
 
-def run_sft(run, state, ckpt, per_rank):
+def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     """Stage 1: the SFT warm-up on the chain-of-thought data (App. D: 1 epoch), then, with
     answerability_epochs, the answerability warm-up on its labels (one optimiser; the cosine schedule restarts
     for the answerability part, which at the tail of SFT's would train at almost no learning rate).
-    Returns False if killed."""
+    `sft_step(cfg, model, processor, batch, clips, observer) -> (NLL, tokens)`: one SFT step. Returns False if
+    killed."""
     cfg = run.cfg
     per_rank_n = len(run.samples) // run.world
     task, half = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size)), max(1, cfg.sft_batch_size // 2)
@@ -759,7 +683,7 @@ def run_sft(run, state, ckpt, per_rank):
         t0 = time.perf_counter()
         if state["step"] < task:
             batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
-            nll, n = run.ext.sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
+            nll, n = sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
         else:   # half answerability, half the task (replayed: alone, the model forgets it)
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
             nll, n = answerability_step(run, warm_up.batch(half), task_batch)
@@ -851,27 +775,26 @@ def answerability_step(run, batch, task_batch):
         if frames is not None:
             rows.append((data.build_messages(s), run.observer(s, frames), data.sft_target(s)))
     inputs = run.observer.inputs(run.processor, [m for m, _, _ in rows], [v for _, v, _ in rows]) if rows else None
-    return sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
-                        lambda: stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
+    return learner.sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
+                        lambda: learner.stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
 
 
-def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, ext=None, observer=None,
+def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, rl=RL, observer=None,
              train_model=None):
-    """This rank's RL stage: its shard, the alignment judge (App. C.1; verdicts cached on disk, so a resumed
-    run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
-    ext = ext or Extension()
+    """This rank's RL stage (`rl`: RL or a subclass): its shard, the alignment judge (App. C.1; verdicts cached
+    on disk, so a resumed run asks nothing twice), AdamW with the cosine schedule over rl_steps."""
     judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
-        if ext.judge_needed(cfg) else None
+        if rl.needs_judge(cfg) else None
     optim = learner.Optim.make(cfg, model, cfg.lr, cfg.rl_steps * cfg.updates_per_generation, device)
-    return ext.rl(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
-                  ref_model, judge, optim, observer or ext.observer(cfg), train_model=train_model)
+    return rl(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
+              ref_model, judge, optim, observer or Observer(cfg), train_model=train_model)
 
 
-def run_rl(run, state, ckpt, per_rank):
+def run_rl(run, state, ckpt, per_rank, rl=RL):
     """Stage 2: RL (Alg. 2). Returns the RL object, or None if killed."""
     cfg = run.cfg
     rl = build_rl(cfg, run.rank, run.world, run.device, run.samples, run.clips, run.model, run.processor,
-                  runs.reference_model(run), run.ext, run.observer, run.train_model)
+                  runs.reference_model(run), rl, run.observer, run.train_model)
     if ckpt and per_rank:
         run.resume(per_rank, rl.optim, ckpt)
         rl.load(per_rank[0]["rl"])
@@ -893,62 +816,34 @@ def run_rl(run, state, ckpt, per_rank):
     return rl
 
 
-def finish(run, rl):
-    """The final weights, summary.json and the before/after table."""
-    checksum = parallel.checksum(run.model, run.device)  # replicas (DDP): equal on every rank
-    mine = (checksum, run.clips.bad, len(rl.queue))   # (promoted samples still queued: never trained)
-    gathered = [mine] * run.world
-    if dist.is_initialized():
-        dist.all_gather_object(gathered, mine)
-    run.save_model(run.out / "final")
-    after = run.evaluate(None)  # every rank enters (FSDP2 gathers the weights), rank 0 evaluates
-    if run.rank == 0:
-        bad = {path: why for _, b, _ in gathered for path, why in b.items()}  # every rank's skipped videos
-        summary = {"config": asdict(run.cfg), "buffer": rl.buffer.stats(), "bad_videos": len(bad),
-                   "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _, _ in gathered],
-                   "promotions_untrained": sum(q for _, _, q in gathered)}
-        if run.eval_samples:
-            for key, name in (("before", "eval_before.json"), ("after_sft", "eval_after_sft.json")):
-                if (run.out / name).is_file():
-                    summary[key] = json.loads((run.out / name).read_text())
-            summary["after"] = after
-            print_table(summary, run.cfg.mode)
-        (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        runtime.log(f"final weights in {run.out / 'final'}")
-
-
-def print_table(summary, mode):
-    b, m, a = summary["before"], summary.get("after_sft"), summary["after"]
-    runtime.log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
-    runtime.log(f"             before{'   after SFT' if m else ''}   after {mode} RL")
-    for k in ("clean", "perturbed"):
-        runtime.log(f"  {k:<10} {b[k]:6.3f}" + (f"   {m[k]:9.3f}" if m else "") + f"   {a[k]:12.3f}")
-
-
-def main(argv=None, ext=None, **settings):
-    """Train (Alg. 2). `ext`: an extension's Extension; `settings`: values for Config fields without a flag."""
-    global RESUME_HINT
-    ext = ext or Extension()
-    cfg = parse_args(argv, ext, settings)
-    RESUME_HINT = f"rerun the same command to continue from the last checkpoint in {Path(cfg.out) / 'checkpoints'}"
-    run, ckpt = runs.setup(cfg, ext, observer=ext.observer(cfg), corrupt=perturb.apply, check=evaluate,
-                           check_model=ext.check_model, prepare=ext.prepare_demo, read_kwargs=ext.read_kwargs(cfg))
+def train(run, ckpt, rl=RL, sft_step=sft_step):
+    """Both stages in `run` (runs.setup), from its checkpoint `ckpt` if any: the before check, SFT, RL (`rl`: RL
+    or a subclass), the final weights and the after check."""
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = runtime.load_rank_state(ckpt, run.rank)
     if not (run.out / "eval_before.json").is_file():
         run.evaluate("eval_before.json")
     if state["stage"] == "sft":
-        if not run_sft(run, state, ckpt, per_rank):
+        if not run_sft(run, state, ckpt, per_rank, sft_step):
             return
         state, ckpt, per_rank = {"stage": "rl", "step": 0}, None, None
-    rl = run_rl(run, state, ckpt, per_rank)
-    if rl is None:
-        return
-    finish(run, rl)
-    runtime.barrier()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    rl = run_rl(run, state, ckpt, per_rank, rl)
+    if rl is not None:
+        runs.finish(run, rl.buffer.stats(), len(rl.queue))   # (promoted samples still queued: never trained)
+
+
+def resume_hint(cfg):
+    return f"rerun the same command to continue from the last checkpoint in {Path(cfg.out) / 'checkpoints'}"
+
+
+def main(argv=None, **settings):
+    """Train (Alg. 2). `settings`: values for Config fields without a flag."""
+    cfg = parse_args(argv, settings)
+    with runtime.interrupt_hint(resume_hint(cfg)):
+        run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=evaluate,
+                               check_model=vlm_only)
+        train(run, ckpt)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=lambda: RESUME_HINT)
+    runtime.run(main, interrupted="rerun the same command to continue from the last checkpoint")

@@ -1,7 +1,7 @@
 """An OpenAI-compatible chat-completions client and a persistent reply cache (support module).
 
 Everything in this project that asks a remote language model goes through here: the GPT-4o judge of
-Sec. 3.3 / App. C (``judge.OpenAIJudge``), Embodied-R's API perceiver and eval_pvrbench.py's API models.
+Sec. 3.3 / App. C (``judge.OpenAIJudge``), eval_pvrbench.py's API models and the extensions' API models.
 
 * :class:`ChatClient`: one user message (optional video frames as base64 JPEG image parts, then the
   text) to ``{base_url}/chat/completions`` of OpenAI or any compatible server (vLLM, SGLang); retries

@@ -580,7 +580,7 @@ def sft_target(sample: Sample) -> str:
 
 def question_text(sample: Sample) -> str:
     """The question with its options, one per line after "Options:" (what the answerability prompt, the
-    perception stage and Robust-TO's agent are given)."""
+    extensions' perception and agents are given)."""
     return sample.question + ("\nOptions:\n" + "\n".join(sample.options) if sample.options else "")
 
 

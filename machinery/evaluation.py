@@ -96,9 +96,9 @@ class HFModel:
         self.check_kind(path)
 
     def check_kind(self, path):
-        if self.text:   # (Embodied-R's reasoner reads a perceiver's text of the videos: its entry point)
-            raise runtime.UserError(f"{path} is a text-only LM: it cannot see the videos (a perceiver's text of them: "
-                                    "python -m extensions.embodied_r.eval --perceiver ...)")
+        if self.text:   # (a text-only reasoner reads a perceiver's text of the videos: an extension's entry point)
+            raise runtime.UserError(f"{path} is a text-only LM: it cannot see the videos (an extension's entry point "
+                                    "can give it a perceiver's text of them: python -m extensions.<name>.eval)")
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""

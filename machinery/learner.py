@@ -10,9 +10,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from machinery import parallel, policy, runtime
+from machinery import data, parallel, policy, runtime
+
 
 @dataclass
 class Optim:
@@ -114,3 +116,38 @@ class Learner:
         n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, share,
                                             denominator)
         return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
+
+
+def stand_in(cfg, processor, observer, sample):
+    """A one-row prompt for a zero-weight micro-batch (this rank has fewer rows than another, possibly none:
+    parallel.backward_micro_batches): `sample`'s question on a blank video of the run's frame size."""
+    side = max(56, int(math.sqrt(cfg.max_pixels)) // 28 * 28)
+    blank = np.zeros((cfg.frames, side, side, 3), dtype=np.uint8)
+    return observer.inputs(processor, [data.build_messages(sample)], [observer(sample, blank)])
+
+
+def sft_backward(cfg, model, processor, inputs, targets, blank):
+    """-log p(target + <|im_end|> | prompt) of each row of `inputs`, micro-batched, the gradient being the mean
+    over every target token of the step on every rank (as one big batch would give). `blank()`: a stand-in
+    prompt (stand_in) for a rank with no rows. Returns (this rank's mean NLL per token, its target tokens)."""
+    ids, mask = policy.target_ids(processor, targets)
+    tokens, nll_sum, base = int(mask.sum()), 0.0, parallel.unwrap(model)
+    model.train()
+
+    def batch(rows):
+        if rows is not None:
+            return policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
+        if targets:  # fewer micro-batches than another rank: its first row again, at weight 0
+            return policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1]
+        return (blank(), *policy.target_ids(processor, [""]))  # no rows at all: a blank video, at weight 0
+
+    def backward(rows, weight):
+        nonlocal nll_sum
+        x, i, m = batch(rows)
+        nll = -(policy.token_logprobs(model, x, i, m) * m.to(policy.model_device(model))).sum()
+        (nll * weight).backward()
+        nll_sum += nll.item() if rows is not None else 0.0
+
+    parallel.backward_micro_batches(len(targets), cfg.micro_batch_size, backward, policy.model_device(model),
+                                    denominator=tokens)
+    return (nll_sum / tokens if tokens else None), tokens

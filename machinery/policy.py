@@ -32,7 +32,7 @@ position code can raise StopIteration when a batch holds more videos than tokens
 :func:`token_logprobs` extends ``mm_token_type_ids`` with zeros over the completion, so the
 completion tokens get exactly the text positions generate() gave them.
 
-Text policies (Embodied-R's reasoner, ``train.py --policy text``): a checkpoint without a vision tower
+Text policies (an extension's text-only reasoner): a checkpoint without a vision tower
 (e.g. ``Qwen/Qwen2.5-3B-Instruct``) loads with AutoModelForCausalLM, and its "processor" is its
 AutoTokenizer; every function here takes either (:func:`tokenizer_of`, :func:`is_text_model`), and the
 prompts of a text policy are chat messages whose content is a string (no video).
@@ -57,7 +57,7 @@ DEFAULT_FPS = 2.0  # frames per second of the given frames when unknown: qwen-vl
 # LoRA on the language model's attention and MLP projections only, never on the vision tower (whose MLP
 # also has gate/up/down_proj in Qwen2.5-VL). peft full-matches this against each module's name.
 LM_LORA_TARGETS = r".*language_model\..*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
-# A text-only LM (Embodied-R's reasoner) has no vision tower: every attention / MLP projection.
+# A text-only LM (a text reasoner) has no vision tower: every attention / MLP projection.
 TEXT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Kept in the compute dtype under 4-bit: the vision tower, the projector and the (possibly tied) LM head.
 NO_QUANT_MODULES = ["lm_head", r".*visual", r".*vision_tower", r".*multi_modal_projector"]
@@ -208,7 +208,7 @@ def tokenizer_of(processor):
 
 
 def is_text_model(model) -> bool:
-    """True for a language model without a vision tower (a text policy: Embodied-R's reasoner)."""
+    """True for a language model without a vision tower (a text policy)."""
     return getattr(model.config, "vision_config", None) is None
 
 

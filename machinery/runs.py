@@ -14,15 +14,17 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from machinery import data, memory, parallel, policy, runtime, synthetic
+from machinery import answers, data, memory, parallel, policy, runtime, synthetic
 from machinery import depth as depths
 from machinery import tiny as tiny_model
 from machinery.clips import Clips
 
-# Config fields that change nothing a run computes: an unfinished run continues across a change of these.
+# Config fields that change nothing a run computes: an unfinished run continues across a change of these (and of a
+# Config subclass's `not_results`, a ClassVar).
 NOT_RESULT_KEYS = ("out", "resume", "overwrite", "stop_after", "save_every", "snapshot_every", "keep_checkpoints",
-                   "video_cache", "max_bad_fraction", "judge_cache", "perception_cache", "depth_cache")
+                   "video_cache", "max_bad_fraction", "judge_cache", "depth_cache")
 RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.json")
 RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
@@ -82,7 +84,6 @@ def load_data(cfg, rank, world, corrupt, read_kwargs=None):
 class Run:
     """What both stages share: the config, this process, the model, the data, the log."""
     cfg: Any                         # train.Config (or an extension's subclass)
-    ext: Any                         # the extension running the loop, if any
     rank: int
     world: int
     device: Any
@@ -158,12 +159,12 @@ def reference_model(run):
     return policy.frozen_copy(ref, deep=False)
 
 
-def setup(cfg, ext, *, observer, corrupt, check, check_model, prepare=None, read_kwargs=None):
+def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwargs=None):
     """The process, the run folder (claimed: continue, refuse or start), the model and the data. `observer`: what
     the policy sees of a clip; `corrupt`: perturb.apply; `check`: the before/after check (Run.evaluate);
     `check_model(cfg, model)`: raises a UserError when the loaded model is not the kind the script trains;
     `prepare(cfg, rank)`: the demo's model and data (default prepare_demo); `read_kwargs`: video.read_frames
-    arguments (a frame sampler). `ext`: the extension running the loop, kept on the Run."""
+    arguments (a frame sampler)."""
     rank, world, device = runtime.setup_distributed()
     out = runtime.out_dir(cfg.out, create=False)
     if not cfg.model:
@@ -180,8 +181,8 @@ def setup(cfg, ext, *, observer, corrupt, check, check_model, prepare=None, read
     depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
                         needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
     ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
-                                    ignore=NOT_RESULT_KEYS, files=RUN_FILES, folders=RUN_FOLDERS, log=runtime.log,
-                                    world=world)
+                                    ignore=NOT_RESULT_KEYS + getattr(cfg, "not_results", ()), files=RUN_FILES,
+                                    folders=RUN_FOLDERS, log=runtime.log, world=world)
     sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
     model, processor = load_model(cfg, sharding, world, device, ckpt)
     check_model(cfg, model)
@@ -189,7 +190,7 @@ def setup(cfg, ext, *, observer, corrupt, check, check_model, prepare=None, read
         runtime.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
     runtime.barrier()
     eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
-    run = Run(cfg, ext, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
+    run = Run(cfg, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
               runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean", "rho")}),
               eval_samples, sharding, parallel.replicate(model, device) if sharding == "ddp" else model, check=check)
     return run, ckpt
@@ -224,3 +225,65 @@ def load_model(cfg, sharding, world, device, ckpt):
     if sharding == "fsdp":
         parallel.shard(model, device)
     return model, processor
+
+
+# ----------------------------------------------------------------------------- the before/after check
+
+def accuracy_check(cfg, model, processor, samples, observer, clips, spec, batch_size=16):
+    """A quick check for the demo: greedy accuracy pooled over the first eval_limit questions, on clean videos and
+    each corrupted by `spec(sample, k)` (k: its index). The benchmark's own aggregation (per-task means,
+    categories, reasoning quality) is eval_pvrbench.py's."""
+    samples = samples[:cfg.eval_limit]
+    scores = {"clean": [], "perturbed": []}
+    for start in range(0, len(samples), batch_size):
+        chunk, frames = [], []
+        for k, s in enumerate(samples[start:start + batch_size]):
+            try:
+                frames.append(clips.read(s.video))
+            except Exception as e:  # noqa: BLE001
+                runtime.log(f"evaluation: skipping {s.id}: {e}")
+                continue
+            chunk.append((s, spec(s, start + k)))
+        for cond in scores if chunk else ():
+            vids = frames if cond == "clean" else [clips.corrupt(s, f, sp) for f, (s, sp) in zip(frames, chunk)]
+            inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in chunk],
+                                     [observer(s, v) for v, (s, _) in zip(vids, chunk)])
+            out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
+            scores[cond] += [answers.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
+    return {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
+
+
+def finish(run, buffer_stats, queued):
+    """The final weights, summary.json (every rank's skipped videos and weight checksum; `queued`: this rank's
+    promoted samples never trained) and the before/after table."""
+    checksum = parallel.checksum(run.model, run.device)  # replicas (DDP): equal on every rank
+    mine = (checksum, run.clips.bad, queued)
+    gathered = [mine] * run.world
+    if dist.is_initialized():
+        dist.all_gather_object(gathered, mine)
+    run.save_model(run.out / "final")
+    after = run.evaluate(None)  # every rank enters (FSDP2 gathers the weights), rank 0 evaluates
+    if run.rank == 0:
+        bad = {path: why for _, b, _ in gathered for path, why in b.items()}  # every rank's skipped videos
+        summary = {"config": asdict(run.cfg), "buffer": buffer_stats, "bad_videos": len(bad),
+                   "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _, _ in gathered],
+                   "promotions_untrained": sum(q for _, _, q in gathered)}
+        if run.eval_samples:
+            for key, name in (("before", "eval_before.json"), ("after_sft", "eval_after_sft.json")):
+                if (run.out / name).is_file():
+                    summary[key] = json.loads((run.out / name).read_text())
+            summary["after"] = after
+            print_table(summary, run.cfg.mode)
+        (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
+        runtime.log(f"final weights in {run.out / 'final'}")
+    runtime.barrier()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def print_table(summary, mode):
+    b, m, a = summary["before"], summary.get("after_sft"), summary["after"]
+    runtime.log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
+    runtime.log(f"             before{'   after SFT' if m else ''}   after {mode} RL")
+    for k in ("clean", "perturbed"):
+        runtime.log(f"  {k:<10} {b[k]:6.3f}" + (f"   {m[k]:9.3f}" if m else "") + f"   {a[k]:12.3f}")

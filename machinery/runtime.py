@@ -78,17 +78,28 @@ def _close_progress_bars():
         bar.close()
 
 
+@contextmanager
+def interrupt_hint(text):
+    """Ctrl-C inside the block: `run` says `text` (how to continue) instead of its `interrupted` line."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        e.hint = getattr(e, "hint", text)
+        raise
+
+
 def run(main, *, interrupted="", argv=None):
     """Run a script's main(): user errors as one line and exit 2; Ctrl-C as one line and exit 130, with
-    `interrupted` (a string, or a function giving one) saying how to continue; --debug / ROVA_DEBUG=1 lets
-    every exception through with its traceback. Under torchrun only rank 0 prints the Ctrl-C line."""
+    `interrupted` (a string, or a function giving one; an `interrupt_hint` block's text first) saying how to
+    continue; --debug / ROVA_DEBUG=1 lets every exception through with its traceback. Under torchrun only rank 0
+    prints the Ctrl-C line."""
     debug = debug_requested(argv)
     try:
         rc = main() if argv is None else main(argv)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if debug:
             raise
-        hint = interrupted() if callable(interrupted) else interrupted
+        hint = getattr(e, "hint", None) or (interrupted() if callable(interrupted) else interrupted)
         _close_progress_bars()
         if os.environ.get("RANK", "0") == "0":
             print(f"\ninterrupted{': ' + hint if hint else ''}", file=sys.stderr, flush=True)

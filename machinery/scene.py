@@ -18,7 +18,7 @@ from machinery import kernels
 # distance of the horizon), the ground at the bottom row at PROXY_NEAR; the sky alone is at 1. PROXY_FAR is
 # beyond the farthest rain / snow layer (0.75 + its fade), so that they fall in front of distant structure,
 # and below the sky rule's onset (sky_of_depth: 0.85), so that it is never taken for sky (at 0.72, heavy
-# rain hid no object of the synthetic scene from a colour-blob perceiver: extensions/embodied_r's tests).
+# rain hid no object of the synthetic scene from a colour-blob perceiver: an extension's tests).
 PROXY_FAR, PROXY_NEAR, PROXY_EYE_LEVEL = 0.84, 0.12, 0.45
 
 

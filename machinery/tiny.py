@@ -75,13 +75,13 @@ def _tiny_tokenizer(texts, vocab_size):
         chat_template=CHAT_TEMPLATE, model_max_length=32768)
 
 
-ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2")  # the last is a text-only LM (Embodied-R's reasoner)
+ARCHS = ("qwen2_5_vl", "qwen2_vl", "qwen3_vl", "qwen2")  # the last is a text-only LM (a text reasoner)
 
 
 def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, extra_texts=()):
     """Write a tiny random-weight video VLM (~2 MB) that reloads offline with the Auto classes.
     ``arch="qwen2"``: the same text model without a vision tower (a Qwen2ForCausalLM and its tokenizer):
-    Embodied-R's reasoner in miniature (its extension passes the perception vocabulary as ``extra_texts``).
+    a text reasoner in miniature (its extension passes its prompts' vocabulary as ``extra_texts``).
 
     Text model: 2 layers, 128 wide (4 query heads of 32, 2 key/value heads; mrope_section [4, 6, 6] sums to
     head_dim / 2): head_dim 32 is the smallest that vLLM's CPU attention serves (it rejects 16), so the same

@@ -173,8 +173,7 @@ def read_frames(path, num_frames: int = 16, max_pixels: int = 128 * 28 * 28,
     """Decode ``num_frames`` uniformly spaced RGB frames, resized by :func:`smart_resize`.
 
     ``sampler``: None for the uniform indices, else a callable ``sampler(path, num_frames)`` returning
-    the frame indices to read instead (e.g. Embodied-R's key frames,
-    ``extensions.embodied_r.keyframes.keyframe_sampler(eps)``; T may then vary per video).
+    the frame indices to read instead (e.g. an extension's key frames; T may then vary per video).
     Returns ``(frames, indices, fps)``: uint8 C-contiguous ``[T, H, W, 3]``, the
     int64 frame indices (repeated when the clip is shorter than ``num_frames``)
     and decord's average fps.  Raises :class:`VideoError` for unusable files.

@@ -237,11 +237,9 @@ def test_stored_records_are_scored_again_under_the_runs_style(tmp_path):
 
 
 def test_the_scoring_rule_is_part_of_the_run_hash_when_not_the_default(tmp_path):
-    ext = ev.Extension()
-
     def key(*flags):
-        args = ev.parse_args(["--benchmark", f"synthetic={tmp_path}", "--depth-model", "proxy", *flags], ext)
-        return ev.run_config(args, "m", None, str(tmp_path), {"synthetic": tmp_path}, {}, ["fog"], ext)
+        args = ev.parse_args(["--benchmark", f"synthetic={tmp_path}", "--depth-model", "proxy", *flags])
+        return ev.run_config(args, "m", None, str(tmp_path), {"synthetic": tmp_path}, {}, ["fog"])
     assert "scoring" not in key()   # the default: the hashes of earlier runs stay as they were
     assert key("--scoring", "lmms-eval-0.7.3")["scoring"] == "lmms-eval-0.7.3"
 
@@ -685,11 +683,12 @@ def test_charts_use_their_canvas(tmp_path):
 
 
 def test_the_core_knows_no_extension(assets, tmp_path):
-    """--help lists the core's flags only; an extension's model scheme is one line that names its entry point."""
+    """--help lists the core's flags only; an extension's model scheme is one line that says where schemes come from."""
     text = run_cli("--help").stdout
     assert "--model" in text and "--protocol" in text
     for flag in ("--perceiver", "--debias", "--frame-sampler", "--agent-k", "--agent-synthesis", "robust-to:"):
         assert flag not in text
     run = run_cli(*cli(assets, tmp_path / "ev"), "--model", f"robust-to:{assets[1]}")
-    assert run.returncode == 2 and "python -m extensions.robust_to.eval" in run.stderr, run.stderr
+    assert run.returncode == 2 and "no model scheme robust-to" in run.stderr, run.stderr
+    assert "python -m extensions.<name>.eval" in run.stderr, run.stderr
     assert len([ln for ln in run.stderr.splitlines() if ln.strip()]) == 1 and not (tmp_path / "ev").exists()

@@ -1,6 +1,6 @@
-"""The layout docs/DESIGN.md promises: the core never imports an extension, the machinery never imports a stage
-script, no import cycles, train.py's --help lists the core's flags only, and no comment points outside the
-repository."""
+"""The layout docs/DESIGN.md promises: the core never imports nor names an extension and hosts none, the machinery
+never imports a stage script, no import cycles, train.py's --help lists the core's flags only, and no comment
+points outside the repository."""
 import ast
 import re
 from pathlib import Path
@@ -60,6 +60,20 @@ def test_the_core_never_imports_an_extension():
     assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "buffer.py", "grpo.py", "train.py", "eval_pvrbench.py"}
     edges = [(p.name, m) for p in CORE for m in imported_modules(p) if m.split(".")[0] == "extensions"]
     assert edges == []
+
+
+EXTENSION_NAMES = re.compile(r"embodied[-_ ]?r\b|robust[-_ ]?to\b|perception_cache|(?-i:\bextensions\.[a-z])", re.I)
+
+
+def test_the_core_names_no_extension_and_hosts_none():
+    """Neither code nor prose of the core names an extension (a module, its flags' settings or its entry point),
+    and the core keeps no hook class for them: an extension writes its own main from the core's functions."""
+    named = [(p.name, n) for p in CORE for n, line in enumerate(p.read_text().splitlines(), 1)
+             if EXTENSION_NAMES.search(line) and "extensions.<name>" not in line]
+    assert named == []
+    hooks = [(p.name, node.name) for p in CORE for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.ClassDef) and "Extension" in node.name]
+    assert hooks == []
 
 
 def test_train_help_lists_the_core_flags_only():

@@ -10,12 +10,11 @@ A text-only LM (Embodied-R's reasoner, `python -m extensions.embodied_r.train`) 
 clean or corrupted, is first turned into text by `--perceiver` (perceive.py; Embodied-R Sec. 2.2), and that text
 replaces the video in the prompt. `--debias` is Embodied-R's semantic-bias filter (Sec. 3.1). `--frame-sampler
 keyframes` reads Embodied-R's key frames (keyframes.py, Sec. 2.1). Every eval_pvrbench.py flag works here too,
-with the same results; this adds to it through eval_pvrbench.Extension.
+with the same results; main() below is eval_pvrbench's with these added.
 """
 from __future__ import annotations
 
 from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
-import functools
 import json
 import re
 from pathlib import Path
@@ -159,13 +158,28 @@ def run_key(args, spec):
     return key
 
 
-EXTENSION = ev.Extension(
-    add_arguments=add_arguments, check=check, prepare=prepare, run_key=run_key,
-    models={"": lambda args, path: PerceiverModel(path, args.adapter or None, args.perceiver, args.perception_cache
-                                                  or str(Path(args.out) / "perception_cache.sqlite"), args.batch_size)},
-    read_kwargs=lambda args: ({"sampler": keyframes.keyframe_sampler(args.keyframe_eps)}
-                              if args.frame_sampler == "keyframes" else {}))
-main = functools.partial(ev.main, ext=EXTENSION)
+MODELS = {**ev.MODELS, "": lambda args, path: PerceiverModel(
+    path, args.adapter or None, args.perceiver,
+    args.perception_cache or str(Path(args.out) / "perception_cache.sqlite"), args.batch_size)}
+
+
+def main(argv=None):
+    """eval_pvrbench's main with a text-only model through --perceiver, --debias and key frames."""
+    ap = ev.parser()
+    add_arguments(ap)
+    args = ev.parse_args(argv, ap)
+    if args.compare:
+        return ev.compare(args.compare, Path(args.out))
+    target = None if args.export else ev.resolve_model(args, MODELS)
+    if target:
+        check(args, target.scheme)
+    bench = ev.load_benchmark(args)
+    bench.sources, reports = prepare(args, bench.sources)
+    keyed = args.frame_sampler == "keyframes"
+    read_kwargs = {"sampler": keyframes.keyframe_sampler(args.keyframe_eps)} if keyed else {}
+    return ev.evaluate(args, target, bench, MODELS, reports=reports, read_kwargs=read_kwargs,
+                       run_key=run_key(args, target.spec) if target else None)
+
 
 if __name__ == "__main__":
     runtime.run(main, interrupted=ev.INTERRUPTED)

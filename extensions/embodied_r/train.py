@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
 from dataclasses import dataclass
+from typing import ClassVar
 from pathlib import Path
 
 from machinery import data
 from machinery import policy
 from machinery import tiny as tiny_model
+import perturb
 import train
 from machinery import runs
 from extensions.embodied_r import perceive
@@ -35,6 +37,7 @@ TEXT_DEMO_OUT = "runs/rova-text"  # the text demo's OUT (it shares the VLM demo'
 
 @dataclass
 class Config(train.Config):
+    not_results: ClassVar[tuple] = ("perception_cache",)   # (changes nothing a run computes)
     policy: str = train._arg("text", "text: the model reads --perceiver's text of the video (clean and corrupted "
                                      "alike) | vlm: train.py's VLM, with the key frames and reward weights below",
                              "Embodied-R")
@@ -125,17 +128,24 @@ class EmbodiedRL(train.RL):
         w_f, w_a, _, w_al = self.staged()
         return w_f, w_a, w_al
 
-    def extra_rewards(self, it, rewards):
-        """+ w_C r^C_j, Embodied-R's logical-consistency reward (asks the judge; its missing answers count)."""
+    @staticmethod
+    def needs_judge(cfg):
+        """The judge also answers the logical-consistency reward's questions."""
+        return train.RL.needs_judge(cfg) or uses_consistency(cfg)
+
+    def reward(self, it):
+        """Alg. 1's R_j + w_C r^C_j, Embodied-R's logical-consistency reward (asks the judge; its missing
+        answers count)."""
+        super().reward(it)
         s = it.sample
-        rewards, it.comp["consistency"], missing = er_rewards.with_consistency(
-            rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, self.staged()[2],
+        it.rewards, it.comp["consistency"], missing = er_rewards.with_consistency(
+            it.rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, self.staged()[2],
             s.options or None, s.source)
         it.comp["judge_missing"] += missing
-        return rewards
 
-    def extra_reward_keys(self):
-        return ("consistency",)
+    def values(self, items, selected):
+        return super().values(items, selected) | {"r_consistency": train._flat(it.comp.get("consistency")
+                                                                               for it in selected)}
 
     def record(self, *args, **kwargs):
         s = super().record(*args, **kwargs)
@@ -174,17 +184,23 @@ def check_model(cfg, model):
                                 + (": use --policy text" if policy.is_text_model(model) else ": use --policy vlm"))
 
 
-EXTENSION = train.Extension(
-    config=Config, groups={"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"},
-    check=check, demo={"perceiver": "cv"},  # the demo perceives by classical vision: no model to download
-    prepare_demo=prepare_demo, observer=observer, rl=EmbodiedRL,
-    read_kwargs=lambda cfg: {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {},
-    judge_needed=lambda cfg: cfg.mode in ("rova", "dual") or uses_consistency(cfg), check_model=check_model)
+GROUPS = {"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"}
+DEMO = train.DEMO | {"perceiver": "cv"}   # the demo perceives by classical vision: no model to download
+
+
+def parse_args(argv=None, settings=None):
+    return train.parse_args(argv, settings, Config, GROUPS, DEMO, check)
 
 
 def main(argv=None, **settings):
-    return train.main(argv, EXTENSION, **settings)
+    """Train.py's two stages with Embodied-R's policy, frame sampler and rewards."""
+    cfg = parse_args(argv, settings)
+    read_kwargs = {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {}
+    with runtime.interrupt_hint(train.resume_hint(cfg)):
+        run, ckpt = runs.setup(cfg, observer=observer(cfg), corrupt=perturb.apply, check=train.evaluate,
+                               check_model=check_model, prepare=prepare_demo, read_kwargs=read_kwargs)
+        train.train(run, ckpt, rl=EmbodiedRL)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=lambda: train.RESUME_HINT)
+    runtime.run(main, interrupted="rerun the same command to continue from the last checkpoint")

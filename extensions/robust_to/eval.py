@@ -9,12 +9,12 @@
 reliable and relevant (reliability.select_frames), decomposition, tools, three-tier synthesis; the synthesis is
 the response scored. `--protocol robust-to` (corruptions.py: motion_blur, noise, overexposure = glare, static =
 occlusion, night = low light) is what --subtypes all means, with a per-corruption table. Every eval_pvrbench.py
-flag works here too, with the same results; this adds to it through eval_pvrbench.Extension.
+flag works here too, with the same results; main() below is eval_pvrbench's with these added.
 """
 from __future__ import annotations
 
 from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
-import functools
+from pathlib import Path
 
 import eval_pvrbench as ev
 from machinery import evaluation
@@ -86,13 +86,28 @@ def run_key(args, spec):
     return key
 
 
-EXTENSION = ev.Extension(
-    add_arguments=add_arguments, check=check, run_key=run_key,
-    models={SCHEME: lambda args, path: AgentModel(path, args.adapter or None, args.agent_k, args.agent_synthesis,
-                                                  args.synthesis_tokens)},
-    name=lambda args, scheme, base: f"robust-to-{base}" + ("-rules" if args.agent_synthesis == "rules" else ""),
-    tables={"robust-to": (robust_to_table, ROBUST_TO_LEGEND)})
-main = functools.partial(ev.main, ext=EXTENSION)
+MODELS = {**ev.MODELS, SCHEME: lambda args, path: AgentModel(path, args.adapter or None, args.agent_k,
+                                                              args.agent_synthesis, args.synthesis_tokens)}
+TABLES = {**ev.TABLES, "robust-to": (robust_to_table, ROBUST_TO_LEGEND)}
+
+
+def rename(args, scheme, base):
+    return f"robust-to-{base}" + ("-rules" if args.agent_synthesis == "rules" else "")
+
+
+def main(argv=None):
+    """eval_pvrbench's main with the agent's model scheme, flags and table."""
+    ap = ev.parser()
+    add_arguments(ap)
+    args = ev.parse_args(argv, ap)
+    if args.compare:
+        return ev.compare(args.compare, Path(args.out))
+    target = None if args.export else ev.resolve_model(args, MODELS, rename)
+    if target:
+        check(args, target.scheme)
+    return ev.evaluate(args, target, ev.load_benchmark(args), MODELS, tables=TABLES,
+                       run_key=run_key(args, target.spec) if target else None)
+
 
 if __name__ == "__main__":
     runtime.run(main, interrupted=ev.INTERRUPTED)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-from machinery import parallel
+from machinery import learner, parallel, runs
 import perturb
 from machinery import policy
 import train
@@ -63,9 +63,9 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
                                        max_subqueries=cfg.max_subqueries)
     items = [(s, clips.get(s)) for s in batch]
     items = [(s, f) for s, f in items if f is not None]
-    blank = lambda: train.stand_in(cfg, processor, train.Observer(cfg), batch[0])  # noqa: E731
+    blank = lambda: learner.stand_in(cfg, processor, train.Observer(cfg), batch[0])  # noqa: E731
     if not items:
-        return train.sft_backward(cfg, model, processor, None, [], blank)
+        return learner.sft_backward(cfg, model, processor, None, [], blank)
     samples = [s for s, _ in items]
     questions, sel, chosen = agent.prepare(samples, [f for _, f in items])
     plans = [[orchestrate.SubQuery(orchestrate.guess_type(q), q)] for q in questions]
@@ -77,7 +77,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
     targets += [orchestrate.warmup_target(s, ev) for s, ev in zip(samples, evidence)]
     prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
     inputs = policy.make_inputs(processor, prompts, chosen + chosen)
-    return train.sft_backward(cfg, model, processor, inputs, targets, blank)
+    return learner.sft_backward(cfg, model, processor, inputs, targets, blank)
 
 
 class AgentRL(train.RL):
@@ -169,13 +169,21 @@ class AgentRL(train.RL):
         return stats, 2 * len(adv), total
 
 
-EXTENSION = train.Extension(config=Config, groups={"Robust-TO": "Robust-TO's orchestrated agent and its reward"},
-                            check=check, rl=AgentRL, sft_step=agent_sft_step, judge_needed=lambda cfg: False)
+GROUPS = {"Robust-TO": "Robust-TO's orchestrated agent and its reward"}
+
+
+def parse_args(argv=None, settings=None):
+    return train.parse_args(argv, settings, Config, GROUPS, check=check)
 
 
 def main(argv=None, **settings):
-    return train.main(argv, EXTENSION, **settings)
+    """Train.py's two stages with the agent as the policy: its warm-up, then GRPO on it (AgentRL)."""
+    cfg = parse_args(argv, settings)
+    with runtime.interrupt_hint(train.resume_hint(cfg)):
+        run, ckpt = runs.setup(cfg, observer=train.Observer(cfg), corrupt=perturb.apply, check=train.evaluate,
+                               check_model=train.vlm_only)
+        train.train(run, ckpt, rl=AgentRL, sft_step=agent_sft_step)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=lambda: train.RESUME_HINT)
+    runtime.run(main, interrupted="rerun the same command to continue from the last checkpoint")

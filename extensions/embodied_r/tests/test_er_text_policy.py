@@ -140,4 +140,4 @@ def test_policy_and_model_kind_must_agree(assets, tmp_path, scripted):
         train.main(["--model", str(tiny), "--data", str(synth / "train.json"), "--out", str(tmp_path / "b"),
                     "--rl-steps", "0", "--sft-epochs", "0"])
     with pytest.raises(SystemExit):  # argparse: --policy text needs --perceiver
-        train.parse_args(["--model", str(tiny), "--data", "x.json", "--policy", "text"], er.EXTENSION)
+        er.parse_args(["--model", str(tiny), "--data", "x.json", "--policy", "text"])

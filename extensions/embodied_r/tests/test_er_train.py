@@ -44,7 +44,7 @@ def test_reward_weights_schedule_and_the_consistency_reward(assets, tmp_path):
     rec = records(out2)[0]
     assert rec["w_consistency"] == pytest.approx(0.2) and rec["r_consistency"] is not None  # judged (local judge)
     with pytest.raises(SystemExit):
-        train.parse_args(["--reward-weights", "7:x:0"], er.EXTENSION)
+        er.parse_args(["--reward-weights", "7:x:0"])
 
 
 
@@ -57,7 +57,7 @@ def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
                         (Path(out).mkdir(parents=True) or (Path(out) / "summary.json").write_text("{}")))
     monkeypatch.setattr(tiny_model, "build_tiny", lambda out, **kw: Path(out).mkdir(parents=True) or
                         (Path(out) / "config.json").write_text("{}"))
-    vlm, text = train.parse_args([]), train.parse_args([], er.EXTENSION)
+    vlm, text = train.parse_args([]), er.parse_args([])
     runs.prepare_demo(vlm, 0)
     er.prepare_demo(text, 0)
     assert made == [Path("runs/rova/synthetic")] and text.out == er.TEXT_DEMO_OUT and text.perceiver == "cv"

@@ -268,11 +268,11 @@ def test_agent_flags_are_checked():
     import train
     from extensions.robust_to import train as rt
     with pytest.raises(SystemExit):
-        train.parse_args(["--mode", "rova"], rt.EXTENSION)
+        rt.parse_args(["--mode", "rova"])
     with pytest.raises(SystemExit):  # the agent's flags exist only with the extension
         train.parse_args(["--agent-k", "4"])
     with pytest.raises(SystemExit):
-        train.parse_args(["--synthesis-tokens", "-1"], rt.EXTENSION)
+        rt.parse_args(["--synthesis-tokens", "-1"])
 
 
 def test_agent_warm_up_teaches_the_decomposition_format(tiny, tmp_path):
