@@ -128,24 +128,6 @@ def self_assess_verdict(p_yes, *, tau: float = 0.8, yes_at: float = 0.5) -> Asse
 ASSESS_RULES = ("accuracy", "verdict")   # train.py's `assess`: self_assess (the default) or self_assess_verdict
 
 
-YES_WORDS = ("YES", "Yes", "yes", " YES", " Yes", " yes")
-NO_WORDS = ("NO", "No", "no", " NO", " No", " no")
-
-
-def answerability_token_ids(tokenizer):
-    """Token ids that start a YES or a NO reply (the first token of each spelling)."""
-    def first_ids(words):
-        ids = set()
-        for w in words:
-            toks = tokenizer(w, add_special_tokens=False)["input_ids"]
-            if toks:
-                ids.add(int(toks[0]))
-        return sorted(ids)
-    yes, no = first_ids(YES_WORDS), first_ids(NO_WORDS)
-    overlap = set(yes) & set(no)
-    return [i for i in yes if i not in overlap], [i for i in no if i not in overlap]
-
-
 def answerability_confidence(next_token_logits, yes_ids, no_ids) -> float:
     """c of Eq. 3: P(YES) / (P(YES) + P(NO)) from the next-token logits after the answerability
     prompt (Fig. 10), summing the probabilities of every spelling's first token."""
@@ -167,16 +149,12 @@ def answerability_messages(questions) -> list:
 
 
 def answerability(model, inputs, tokenizer) -> list[float]:
-    """c of Eq. 3 for a batch: the policy's P(YES) on the answerability prompt, one forward pass without
+    """c of Eq. 3 for a batch: the policy's P(YES) on the answerability prompt, from one forward pass without
     gradient (`inputs`: the model's batch for `answerability_messages` with the perturbed videos)."""
-    import torch
+    from machinery import policy   # (the model's forward: torch and transformers load only when asked)
 
-    yes, no = answerability_token_ids(tokenizer)
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        logits = model(**{k: v.to(device) if hasattr(v, "to") else v for k, v in inputs.items()},
-                       use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu().numpy()
-    return [answerability_confidence(row, yes, no) for row in logits]
+    yes, no = policy.yes_no_token_ids(tokenizer)
+    return [answerability_confidence(row, yes, no) for row in policy.next_token_logits(model, inputs)]
 
 
 # ----------------------------------------------------------------------------- the memory buffer (Eq. 4-6)

@@ -46,7 +46,6 @@ import argparse
 import hashlib
 import json
 import re
-import shutil
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -61,7 +60,6 @@ from machinery import diagnostics
 import judge as judges
 import perturb
 from machinery import synthetic
-from machinery import video
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
@@ -252,52 +250,17 @@ def table_row(name, frames, pvr):
 TABLES = {"pvrbench": (lambda name, frames, pvr: TABLE_HEADER + table_row(name, frames, pvr), TABLE_LEGEND)}
 
 
-COLOURS = [((120, 170, 220), (30, 90, 160)), ((240, 170, 120), (200, 90, 20)), ((150, 210, 150), (40, 140, 60)),
-           ((200, 160, 210), (120, 60, 150)), ((200, 200, 200), (90, 90, 90))]
-
-
-def chart(path, results_list, labels):
-    """per_task.png / compare.png: per task, the clean and the perturbed (pooled) score of each result."""
-    tasks = list(dict.fromkeys((src, t) for res in results_list for src, b in res["results"]["sources"].items()
-                               for t in b["per_task"]["clean"] | b["per_task"]["perturbed"]))
-    series = []
-    for i, (res, label) in enumerate(zip(results_list, labels)):
-        light, dark = COLOURS[i % len(COLOURS)]
-        pt = res["results"]["sources"]
-        for kind, rgb in (("clean", light), ("perturbed", dark)):
-            series.append((f"{label} {kind}" if len(labels) > 1 else kind, rgb,
-                           [pt.get(s, {}).get("per_task", {}).get(kind, {}).get(t) for s, t in tasks]))
-    names = [f"{s}/{t}" if len({s for s, _ in tasks}) > 1 else t for s, t in tasks]
-    return video.bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
-
-
-def _latest_per_config(paths):
-    """{(model, run hash, judge): (path, results)} of the newest <timestamp>_results.json of each model and
-    configuration (what the same command run again shares)."""
-    latest = {}
-    for p in sorted(paths, key=lambda p: Path(p).name):  # timestamps first: oldest to newest
-        res = json.loads(Path(p).read_text())
-        latest[res["config"]["model_name"], res["config"].get("run_hash"), res["config"].get("judge")] = (p, res)
-    return latest
-
-
-def latest_results(model_dir, run_hash, judge):
-    """(path, results) of the newest results of this configuration in model_dir, or None."""
-    return next((v for (_, h, j), v in _latest_per_config(Path(model_dir).glob("*_results.json")).items()
-                 if (h, j) == (run_hash, judge)), None)
-
-
 def compare(paths, out):
     """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png).
     Of several results of one model and configuration (reruns of one command), the latest is shown."""
-    paths, results = zip(*_latest_per_config(paths).values())
+    paths, results = zip(*evaluation.latest_per_config(paths).values())
     labels = [r["config"]["model_name"] for r in results]
     labels = [f"{lb} ({Path(p).name[:15]})" if labels.count(lb) > 1 else lb for lb, p in zip(labels, paths)]
     table = TABLE_HEADER + "".join(table_row(lb, r["config"]["frames"], r["results"]["pvrbench"])
                                    for lb, r in zip(labels, results))
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table + "\n" + TABLE_LEGEND)
-    chart(out / "compare.png", results, labels)
+    evaluation.chart(out / "compare.png", results, labels)
     print(table + TABLE_LEGEND + f"written: {out / 'compare.md'}, {out / 'compare.png'}")
     return table
 
@@ -461,28 +424,6 @@ def check_sources(args, scheme, path):
     runtime.check_hf_flags({"--judge": args.judge})
 
 
-def _fingerprint(path):
-    """Names, sizes and mtimes of a file or a folder's files: a rebuilt checkpoint or data file is a new run."""
-    p = Path(path)
-    files = sorted(p.iterdir()) if p.is_dir() else [p] if p.exists() else []
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
-
-
-def run_config(args, spec, scheme, path, paths, roots, subtypes, run_key=None):
-    """What the run hash covers: everything that changes a generation (not --limit or --judge); `run_key`: an
-    extension's settings that do."""
-    return dict(model=spec, model_fp=[] if scheme == "openai" else _fingerprint(path), adapter=args.adapter,
-                adapter_fp=_fingerprint(args.adapter) if args.adapter else None, base_url=args.base_url,
-                sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
-                             roots.get(n, roots.get(None))] for n, p in paths.items()},
-                subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
-                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=perturb.RENDER_VERSION,
-                **({"scoring": args.scoring} if args.scoring != answers.SCORINGS[0] else {}),
-                **(run_key or {}),
-                depth=depths.Depth(args.depth_model).key(),
-                **({"video_format": evaluation.video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
-
-
 # ----------------------------------------------------------------------------- the resumable store and the run
 
 
@@ -630,8 +571,8 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
     if args.export:
         return evaluation.export(groups, manifest, args, read_kwargs, corrupt)
-    keyed = run_config(args, target.spec, target.scheme, target.path, bench.paths, bench.roots, bench.subtypes,
-                       run_key)
+    keyed = evaluation.run_config(args, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
+                                  run_key)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / target.name
     run_dir = model_dir / f"run_{run_hash}"
@@ -656,7 +597,7 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     table, legend = tables.get(args.protocol, TABLES["pvrbench"])
     table = table(target.name, args.frames, results["pvrbench"])
     legend += diagnostics.warning_line(results["diagnostics"])
-    previous = latest_results(model_dir, run_hash, args.judge)
+    previous = evaluation.latest_results(model_dir, run_hash, args.judge)
     if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
         print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)
         return previous[1]
@@ -664,7 +605,11 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     out = results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports or {}, ts)
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
-    write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
+    evaluation.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
+    for src, block in out["results"]["sources"].items():
+        acc = block["accuracy"]
+        print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
+              f"{block['n_samples']} samples, {block['n_errors']} errors")
     print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
           flush=True)
     return out
@@ -689,22 +634,6 @@ def raw_question_rows(sources):
     """Per source, the questions asked with their raw text because their options did not parse (UrbanVideo:
     data.load_urbanvideo(unparsable="raw"), scored by the letter as its eval.py does)."""
     return {src: sum(not s.meta.get("options_parsed", True) for s in samples) for src, samples in sources.items()}
-
-
-def write_results(out, flat, model_dir, run_dir, ts, name, table_md):
-    """<ts>_manifest.jsonl, <ts>_samples_pvrbench_<source>.jsonl (lmms-eval's layout), <ts>_results.json,
-    table.md and per_task.png; one line per source printed."""
-    shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")
-    for src, rs in flat.items():   # lmms-eval's: resps [[text]], filtered_resps [answer]
-        evaluation.write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
-                     [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
-    (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
-    (model_dir / "table.md").write_text(table_md)
-    chart(model_dir / "per_task.png", [out], [name])
-    for src, block in out["results"]["sources"].items():
-        acc = block["accuracy"]
-        print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
-              f"{block['n_samples']} samples, {block['n_errors']} errors")
 
 
 if __name__ == "__main__":

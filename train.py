@@ -17,7 +17,7 @@ GRPO on the clean videos (App. G Eq. 11), `--mode grpo-aug` single-branch GRPO o
 "generic data augmentation" of Sec. 1). Every mode draws the same corruption specs and data order for a
 given --seed.
 
-Distributed (parallel.py): torchrun sets the process group up from the environment; full fine-tuning is
+Distributed (machinery/parallel.py): torchrun sets the process group up from the environment; full fine-tuning is
 sharded with FSDP2 (fp32 master weights, bf16 compute), LoRA replicated with DDP; each rank has its own data
 shard and buffer; every rank runs the same number of micro-batches and the gradient is the mean over every
 rank's trained completions; each rank writes its own checkpoint shard (torch.distributed.checkpoint) and rank
@@ -45,17 +45,15 @@ import buffer as curriculum
 from machinery import answers, data
 import grpo
 import judge as judges
-from machinery import learner, parallel, runs
+from machinery import learner, records, runs, warmup
+from machinery.clips import Observer, jitter
 import perturb
 from machinery import policy
 from machinery import synthetic
 
 
 
-def _arg(default, help_, group=None):
-    """A Config field: a command-line flag in `group`, or (group None) a setting that only code changes
-    (the demo preset, an extension, a test)."""
-    return field(default=default, metadata={"help": help_, "group": group})
+_arg = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE)
 
 
 GROUPS = {  # --help shows the flags in these groups, in this order
@@ -71,8 +69,9 @@ GROUPS = {  # --help shows the flags in these groups, in this order
 
 
 @dataclass
-class Config:
-    """Every default is App. D's unless said otherwise; each field with a group is a command-line flag."""
+class Config(runs.RunConfig):
+    """Every default is App. D's unless said otherwise; each field with a group is a command-line flag (the
+    run's plumbing, its folder, process layout, demo and caches, is runs.RunConfig's)."""
     # model
     model: str = _arg("", "policy: any AutoModelForImageTextToText path or hub id (Qwen2.5-VL, Qwen2-VL, "
                           "Qwen3-VL); empty with --data empty: the demo's tiny model", "model")
@@ -92,15 +91,6 @@ class Config:
                                     "depth-anything/Depth-Anything-V2-Small-hf, computed once per clip and cached: "
                                     "depth.py), proxy (perturb.py's depth proxy, no model), or a transformers "
                                     "depth-estimation model's hub id or folder", "data")
-    # output
-    out: str = _arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/. A finished run in it is never "
-                                 "replaced without --overwrite; an unfinished one with the same config is "
-                                 "continued", "output")
-    resume: str = _arg("", "auto: continue from the last complete checkpoint in OUT even if the config differs; or "
-                           "a checkpoint folder", "output")
-    overwrite: bool = _arg(False, "replace whatever run OUT holds, finished or not (the demo's model and benchmark "
-                                  "are kept)", "output")
-    save_every: int = _arg(50, "checkpoint every this many steps (SFT and RL)", "output")
     # SFT
     sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
     sft_batch_size: int = _arg(8, "videos per SFT step per process", "SFT")
@@ -134,12 +124,7 @@ class Config:
     n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
                       "curriculum")
     reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
-    # distributed
-    sharding: str = _arg("auto", "auto | fsdp | ddp | none: auto is FSDP2 for full fine-tuning on GPUs or on more "
-                                 "than one process, DDP for LoRA / 4-bit on more than one, none for one CPU process",
-                         "distributed")
     # settings without a flag of their own (App. D's fixed values and plumbing): --set NAME=VALUE
-    max_bad_fraction: float = _arg(0.1, "stop when more than this share of videos is missing or unreadable")
     w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)")
     w_acc: float = _arg(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
     max_grad_norm: float = _arg(1.0, "gradient norm clip (App. D: 1.0)")
@@ -165,8 +150,6 @@ class Config:
     assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
                                      "before the self-assessment (l.6), which then only fills the buffer; default "
                                      "App. G's order (assessed first, only the selected trained)")
-    snapshot_every: int = _arg(0, "also save the full weights to OUT/snapshots/step_N every this many RL steps "
-                               "(0: never), to evaluate a run part-way")
     temporal_corruption: float = _arg(0.0, "share of the perturbed clips whose frames are also permuted before the "
                                       "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
     loss_norm: str = _arg("sequence", "Eq. 7's normalisation over a step's trained completions: sequence (each "
@@ -179,20 +162,6 @@ class Config:
                           "in its group, then added with its weight: App. H.1's multi-component reading)")
     updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
                                        "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
-    gradient_checkpointing: bool = _arg(True, "activation checkpointing (on GPUs only)")
-    eval_data: str = _arg("", "VSI-Bench-format file of the before/after check: clean and perturbed accuracy before "
-                          "and after training (the demo's: its held-out questions; PVRBench itself: eval_pvrbench.py)")
-    eval_video_root: str = _arg("", "video root of --eval-data (default: its folder)")
-    eval_limit: int = _arg(96, "questions of --eval-data in the before/after report")
-    demo_clips: int = _arg(480, "clips of the demo's synthetic benchmark")
-    demo_families: str = _arg("", "the demo benchmark's question families, a comma list of synthetic.SYNTH_FAMILIES "
-                              "(default all)")
-    video_cache: int = _arg(64, "decoded clips kept in memory per process")
-    depth_cache: str = _arg("", "folder of --depth-model's cached maps (default: depth.default_cache(), "
-                                "~/.cache/rova/depth)")
-    judge_cache: str = _arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
-    keep_checkpoints: int = _arg(2, "complete checkpoints kept (older ones are deleted)")
-    stop_after: int = _arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
 
 
 # The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. These replace the
@@ -210,11 +179,11 @@ def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, 
     to GROUPS); with neither --model nor --data the demo preset (DEMO, or `demo`) replaces the defaults.
     `settings`: values for fields without a flag; `check(ap, cfg)`: a subclass's own validation."""
     demo = DEMO if demo is None else demo
-    ap = runtime.config_parser(config, {**GROUPS, **(groups or {})}, description=__doc__.split("\n\n")[0],
+    ap = runs.config_parser(config, {**GROUPS, **(groups or {})}, description=__doc__.split("\n\n")[0],
                                usage="%(prog)s [--model M --data D.json --video-root DIR] [options]",
                                epilog=textwrap.fill("The demo (no --model, no --data) changes these defaults: "
                                                     + ", ".join(f"{k}={v}" for k, v in demo.items()) + ".", 100))
-    cfg, _ = runtime.parse_config(ap, config, argv, settings,
+    cfg, _ = runs.parse_config(ap, config, argv, settings,
                                   preset=lambda args: demo if not args["model"] and not args["data"] else {})
     _check_config(ap, cfg)
     if check:
@@ -253,35 +222,7 @@ def _check_config(ap, cfg):
         raise runtime.UserError("give both --model and --data (or neither, for the demo)")
 
 
-# ----------------------------------------------------------------------------- what the policy sees
-
-class Observer:
-    """What the policy is shown of a clip, clean or corrupted: here the frames themselves (an extension's text
-    policy may be shown a perception model's text of them instead)."""
-
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-
-    def __call__(self, sample, frames):
-        return frames
-
-    def inputs(self, processor, messages, views):
-        """The model's batch for chat messages (each with one video item) and what it is shown of each."""
-        return policy.make_inputs(processor, messages, views)
-
-
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
-
-def jitter(frames, strength: float, seed) -> np.ndarray:
-    """Photometric jitter of one SFT clip: contrast about the clip's mean and brightness each scaled by a factor
-    drawn from U(1 - strength, 1 + strength) (`seed`: the same draw for a clip on every epoch and on a resumed
-    run). The benchmark's corruptions are never used in SFT."""
-    rng = np.random.default_rng(seed)
-    contrast, gain = rng.uniform(1 - strength, 1 + strength, 2)
-    x = frames.astype(np.float32)
-    mean = x.mean()
-    return np.clip((x - mean) * contrast + mean * gain, 0, 255).astype(np.uint8)
-
 
 def sft_step(cfg, model, processor, batch, clips, observer):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
@@ -316,24 +257,6 @@ class Item:
     decision: str = "train"                          # Sec. 3.2: train | discard | defer
     rewards: list = field(default_factory=list)
     comp: dict = field(default_factory=dict)         # the reward's components (grpo.total_reward)
-
-
-def _flat(lists):
-    return [v for vals in lists for v in vals or []]
-
-
-def _decisions(items, selected):
-    """The curriculum's counts of a step, overall and per corruption category (Table 12's rates by category:
-    `cat_<category>_<samples | trained | deferred | discarded>`)."""
-    out = {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
-           selected), "deferred": sum(it.decision == "defer" for it in items)}
-    trained = {id(it) for it in selected}
-    for cat in perturb.CATEGORIES:  # every key on every rank (runtime.reduce_record sums them in order)
-        mine = [it for it in items if perturb.CATEGORY_OF.get(it.spec.subtype) == cat]
-        out |= {f"cat_{cat}_samples": len(mine), f"cat_{cat}_trained": sum(id(it) in trained for it in mine),
-                f"cat_{cat}_deferred": sum(it.decision == "defer" for it in mine),
-                f"cat_{cat}_discarded": sum(it.decision == "discard" for it in mine)}
-    return out
 
 
 def answers_of(texts, sample):
@@ -609,30 +532,17 @@ class RL:
         return self.cfg.reeval_rollouts or self.cfg.group_size
 
     def record(self, items, selected, loss_stats, n_rows, *, missing=0, promoted=0, evicted=0, extra=None):
-        """This rank's sums and counts (`key_sum`, `key_n`) of the step, reduced over ranks by
-        runtime.reduce_record; every key in every record (None where there is no data)."""
-        s = defaultdict(float, samples=len(items), selected=len(selected), judge_missing=missing, promoted=promoted,
-                        evicted=evicted, buffer_size=len(self.buffer), **_decisions(items, selected))
-        for key, vals in {**self.values(items, selected), **(extra or {})}.items():
-            s[f"{key}_sum"], s[f"{key}_n"] = sum(vals), len(vals)
-        for key in ("kl", "clip_fraction", "ratio", "loss"):  # means over the trained completions
-            s[f"{key}_sum"], s[f"{key}_n"] = (loss_stats[key] * n_rows, n_rows) if key in loss_stats else (0.0, 0)
-        s.update({f"sec_{k}": v for k, v in self.timer.seconds.items()})
+        """The step's log record (records.step_record; `extra`: more per-rollout values)."""
         w_f, w_a, w_al = self.weights()
-        s.update(w_format=w_f, w_acc=w_a, w_alignment=w_al if self.dual else 0.0)
-        return s
+        per_rollout = {**self.values(items, selected), **(extra or {})}
+        return records.step_record(items, selected, loss_stats, n_rows, per_rollout, buffer_size=len(self.buffer),
+                                   seconds=self.timer.seconds, weights=(w_f, w_a, w_al if self.dual else 0.0),
+                                   categories=perturb.CATEGORIES, category_of=perturb.CATEGORY_OF, missing=missing,
+                                   promoted=promoted, evicted=evicted)
 
     def values(self, items, selected):
-        """Per-rollout values of the step: each branch's accuracy (--mode grpo has the clean one only), the
-        selected samples' reward components and the judge's verdicts."""
-        trained, other = ("acc_perturbed", "acc_clean") if self.corrupt else ("acc_clean", "acc_perturbed")
-        out = {trained: _flat(it.acc for it in items), other: _flat(it.clean_acc for it in items),
-               "r_total": _flat(it.rewards for it in selected)}
-        for key in ("format", "accuracy", "alignment", "temporal"):
-            out[f"r_{key}"] = _flat(it.comp.get(key) for it in selected)
-        for key in ("sim_r", "sim_a"):
-            out[key] = [v for v in _flat(it.comp.get(key) for it in selected) if v is not None]
-        return out
+        """Per-rollout values of the step (records.values): accuracies, reward components, verdicts."""
+        return records.values(items, selected, self.corrupt)
 
     def state(self):
         """This rank's RL state for a checkpoint (JSON): the data cursor, the buffer, the promotion queue."""
@@ -674,7 +584,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
-    warm_up = AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
+    warm_up = answerability_warm_up(run, per_rank[0] if ckpt else {})
     if ckpt:
         run.resume(per_rank, optim, ckpt)
         cursor.load(per_rank[0]["cursor"])
@@ -686,7 +596,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
             nll, n = sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
         else:   # half answerability, half the task (replayed: alone, the model forgets it)
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
-            nll, n = answerability_step(run, warm_up.batch(half), task_batch)
+            nll, n = warm_up.step(half, task_batch)
         nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
@@ -704,79 +614,17 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     return True
 
 
-class AnswerabilityWarmUp:
-    """The answerability warm-up's examples (answerability_labels, made once after the task SFT; a resumed run
-    reads them back) and their cursor (`saved`: this rank's checkpoint state, which may hold it)."""
+def answerability_warm_up(run, saved):
+    """The answerability warm-up (machinery/warmup.py) with this run's corruptions (one spec per clip, seeded by
+    (seed, rank, index): the same on a rerun) and Fig. 10's prompt."""
+    cfg = run.cfg
 
-    def __init__(self, run, saved):
-        self.run, self.saved, self.labels, self.cursor = run, saved, None, None
-        self.by_id = {s.id: s for s in run.shard}
+    def draw(i):
+        return perturb.sample_spec(np.random.default_rng([cfg.seed, run.rank, 0xA5, i]), eta=cfg.eta).to_dict()
 
-    def batch(self, n):
-        """The next n (sample, example) pairs."""
-        if self.labels is None:
-            self.labels = answerability_labels(self.run)
-            self.cursor = runtime.Cursor(len(self.labels), self.run.cfg.seed * 1000 + 2 * self.run.rank + 7)
-            if "answerability_cursor" in self.saved:
-                self.cursor.load(self.saved["answerability_cursor"])
-        return [(self.by_id[x["id"]], x) for x in (self.labels[i] for i in self.cursor.take(n))]
-
-    def state(self):
-        return {"answerability_cursor": self.cursor.state()} if self.cursor is not None else {}
-
-
-def answerability_labels(run):
-    """The answerability warm-up's examples of this rank's shard: each clip clean and under one corruption
-    (spec seeded by (seed, rank, index): the same on a rerun), the target YES where the SFT model's greedy
-    answer on it is right, NO otherwise (the rule is fixed before anything is measured, on training data
-    only). Written to OUT/answerability_labels_rank<r>.json and read back by a resumed run."""
-    path = run.out / f"answerability_labels_rank{run.rank}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    cfg, todo = run.cfg, []
-    for i, s in enumerate(run.shard):
-        frames = run.clips.get(s)
-        if frames is None:
-            continue
-        spec = perturb.sample_spec(np.random.default_rng([cfg.seed, run.rank, 0xA5, i]), eta=cfg.eta)
-        todo += [(s, None, frames), (s, spec.to_dict(), run.clips.corrupt(s, frames, spec))]
-    labels = []
-    with parallel.gathered(run.model):
-        for k in range(0, len(todo), cfg.sft_batch_size):
-            part = todo[k:k + cfg.sft_batch_size]
-            inputs = run.observer.inputs(run.processor, [data.build_messages(s) for s, _, _ in part],
-                                         [run.observer(s, v) for s, _, v in part])
-            texts = policy.rollout(run.model, run.processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens,
-                                   do_sample=False).texts
-            labels += [{"id": s.id, "spec": spec, "target": "YES" if answers.score_sample(t, s) >= 0.5 else "NO"}
-                       for (s, spec, _), t in zip(part, texts)]
-    tmp = path.with_suffix(".tmp")   # (written whole or not at all: a kill never leaves half a file to read back)
-    tmp.write_text(json.dumps(labels))
-    tmp.replace(path)
-    yes = sum(x["target"] == "YES" for x in labels)
-    runtime.log(f"answerability warm-up: {len(labels)} examples on rank {run.rank}, {yes} YES / {len(labels) - yes} NO")
-    return labels
-
-
-def answerability_step(run, batch, task_batch):
-    """One step of the answerability warm-up: -log p(YES or NO | Fig. 10's prompt, the clip) on `batch`
-    ((sample, answerability example) pairs) and -log p(process + solution | prompt, video) on `task_batch` (SFT samples, so
-    that the task is not forgotten: trained alone on YES / NO, the tiny model answers nothing else after it)."""
-    rows = []
-    for s, x in batch:
-        frames = run.clips.get(s)
-        if frames is not None:
-            view = frames if x["spec"] is None else run.clips.corrupt(s, frames,
-                                                                      perturb.PerturbSpec.from_dict(x["spec"]))
-            rows.append((curriculum.answerability_messages([data.question_text(s)])[0], run.observer(s, view),
-                         x["target"]))
-    for s in task_batch:
-        frames = run.clips.get(s)
-        if frames is not None:
-            rows.append((data.build_messages(s), run.observer(s, frames), data.sft_target(s)))
-    inputs = run.observer.inputs(run.processor, [m for m, _, _ in rows], [v for _, v, _ in rows]) if rows else None
-    return learner.sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
-                        lambda: learner.stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
+    def corrupt(s, frames, spec):
+        return run.clips.corrupt(s, frames, perturb.PerturbSpec.from_dict(spec))
+    return warmup.AnswerabilityWarmUp(run, saved, draw, corrupt, curriculum.answerability_messages)
 
 
 def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, rl=RL, observer=None,

@@ -109,7 +109,7 @@ def main(argv=None):
     print(f"rl_step_audit_lines={sum(len(s.splitlines()) for s in audit.values())} "
           f"rl_step_audit_files={len({a.split(':')[0] for a in audit})} rl_step_distribution_refs={dist} "
           f"rl_step_lines={len(inspect.getsource(train.RL.step).splitlines())}")
-    ap_train = train.runtime.config_parser(train.Config, train.GROUPS)
+    ap_train = train.runs.config_parser(train.Config, train.GROUPS)
     flags = len([a for a in ap_train._actions if a.option_strings])
     words = len((ROOT / "README.md").read_text().split())
     print(f"readme_words={words} train_help_options={flags} core_to_extension_edges={len(import_edges(core_files()))}")

@@ -1,10 +1,13 @@
 """The training clips: decoded once (an LRU cache of --video-cache clips), a missing or unreadable video skipped
-and remembered, each clip corrupted with its own depth (Sec. 3.1's depth-conditioned perturbations)."""
+and remembered, each clip corrupted with its own depth (Sec. 3.1's depth-conditioned perturbations); what the
+policy is shown of a clip (`Observer`); SFT's photometric jitter."""
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from machinery import data, runtime, video
+import numpy as np
+
+from machinery import data, policy, runtime, video
 from machinery import depth as depths
 
 
@@ -54,3 +57,29 @@ class Clips:
         if len(self.cache) > self.cfg.video_cache:
             self.cache.popitem(last=False)
         return frames
+
+
+class Observer:
+    """What the policy is shown of a clip, clean or corrupted: here the frames themselves (an extension's text
+    policy may be shown a perception model's text of them instead)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def __call__(self, sample, frames):
+        return frames
+
+    def inputs(self, processor, messages, views):
+        """The model's batch for chat messages (each with one video item) and what it is shown of each."""
+        return policy.make_inputs(processor, messages, views)
+
+
+def jitter(frames, strength: float, seed) -> np.ndarray:
+    """Photometric jitter of one SFT clip: contrast about the clip's mean and brightness each scaled by a factor
+    drawn from U(1 - strength, 1 + strength) (`seed`: the same draw for a clip on every epoch and on a resumed
+    run). The benchmark's corruptions are never used in SFT."""
+    rng = np.random.default_rng(seed)
+    contrast, gain = rng.uniform(1 - strength, 1 + strength, 2)
+    x = frames.astype(np.float32)
+    mean = x.mean()
+    return np.clip((x - mean) * contrast + mean * gain, 0, 255).astype(np.uint8)

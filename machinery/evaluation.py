@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import threading
 import time
 from collections import defaultdict
@@ -499,3 +500,74 @@ class Runner:
             return None
         frames = self.clip(g, cond, clips)[0]
         return chat.jpegs(list(frames[np.linspace(0, len(frames) - 1, self.args.judge_frames).round().astype(int)]))
+
+
+# ----------------------------------------------------------------------------- the run hash and the results files
+
+def _fingerprint(path):
+    """Names, sizes and mtimes of a file or a folder's files: a rebuilt checkpoint or data file is a new run."""
+    p = Path(path)
+    files = sorted(p.iterdir()) if p.is_dir() else [p] if p.exists() else []
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
+
+
+def run_config(args, target, paths, roots, subtypes, render, run_key=None):
+    """What the run hash covers: everything that changes a generation (not --limit or --judge) of `target`
+    (eval_pvrbench.Target); `render`: the corruption engine's version; `run_key`: an extension's settings."""
+    spec, scheme, path = target.spec, target.scheme, target.path
+    return dict(model=spec, model_fp=[] if scheme == "openai" else _fingerprint(path), adapter=args.adapter,
+                adapter_fp=_fingerprint(args.adapter) if args.adapter else None, base_url=args.base_url,
+                sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
+                             roots.get(n, roots.get(None))] for n, p in paths.items()},
+                subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
+                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=render,
+                **({"scoring": args.scoring} if args.scoring != answers.SCORINGS[0] else {}),
+                **(run_key or {}), depth=depths.Depth(args.depth_model).key(),
+                **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
+
+
+def latest_per_config(paths):
+    """{(model, run hash, judge): (path, results)} of the newest <timestamp>_results.json of each model and
+    configuration (what the same command run again shares)."""
+    latest = {}
+    for p in sorted(paths, key=lambda p: Path(p).name):  # timestamps first: oldest to newest
+        res = json.loads(Path(p).read_text())
+        latest[res["config"]["model_name"], res["config"].get("run_hash"), res["config"].get("judge")] = (p, res)
+    return latest
+
+
+def latest_results(model_dir, run_hash, judge):
+    """(path, results) of the newest results of this configuration in model_dir, or None."""
+    return next((v for (_, h, j), v in latest_per_config(Path(model_dir).glob("*_results.json")).items()
+                 if (h, j) == (run_hash, judge)), None)
+
+
+def write_results(out, flat, model_dir, run_dir, ts, name, table_md):
+    """<ts>_manifest.jsonl, <ts>_samples_pvrbench_<source>.jsonl (lmms-eval's layout), <ts>_results.json,
+    table.md and per_task.png."""
+    shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")
+    for src, rs in flat.items():   # lmms-eval's: resps [[text]], filtered_resps [answer]
+        write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
+                    [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
+    (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
+    (model_dir / "table.md").write_text(table_md)
+    chart(model_dir / "per_task.png", [out], [name])
+
+
+COLOURS = [((120, 170, 220), (30, 90, 160)), ((240, 170, 120), (200, 90, 20)), ((150, 210, 150), (40, 140, 60)),
+           ((200, 160, 210), (120, 60, 150)), ((200, 200, 200), (90, 90, 90))]
+
+
+def chart(path, results_list, labels):
+    """per_task.png / compare.png: per task, the clean and the perturbed (pooled) score of each result."""
+    tasks = list(dict.fromkeys((src, t) for res in results_list for src, b in res["results"]["sources"].items()
+                               for t in b["per_task"]["clean"] | b["per_task"]["perturbed"]))
+    series = []
+    for i, (res, label) in enumerate(zip(results_list, labels)):
+        light, dark = COLOURS[i % len(COLOURS)]
+        pt = res["results"]["sources"]
+        for kind, rgb in (("clean", light), ("perturbed", dark)):
+            series.append((f"{label} {kind}" if len(labels) > 1 else kind, rgb,
+                           [pt.get(s, {}).get("per_task", {}).get(kind, {}).get(t) for s, t in tasks]))
+    names = [f"{s}/{t}" if len({s for s, _ in tasks}) > 1 else t for s, t in tasks]
+    return video.bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")

@@ -591,6 +591,26 @@ def answer_same_video(model, processor, prompts, video, fps=None, max_new_tokens
     return texts
 
 
+# ----------------------------------------------------------------------------- a YES / NO answer's first token
+YES_WORDS = ("YES", "Yes", "yes", " YES", " Yes", " yes")
+NO_WORDS = ("NO", "No", "no", " NO", " No", " no")
+
+
+def yes_no_token_ids(tokenizer):
+    """Token ids that start a YES or a NO reply (the first token of each spelling; one that starts both: none)."""
+    def first_ids(words):
+        return sorted({int(t[0]) for t in (tokenizer(w, add_special_tokens=False)["input_ids"] for w in words) if t})
+    yes, no = first_ids(YES_WORDS), first_ids(NO_WORDS)
+    return [i for i in yes if i not in no], [i for i in no if i not in yes]
+
+
+def next_token_logits(model, inputs):
+    """The next-token logits after each prompt of `inputs` (float32 numpy rows), one forward without gradient."""
+    with torch.no_grad():
+        return model(**_to(inputs, model_device(model)), use_cache=False,
+                     logits_to_keep=1).logits[:, -1].float().cpu().numpy()
+
+
 # ----------------------------------------------------------------------------- log-probs
 def completion_logits(model, inputs, completion_ids, completion_mask):
     """The model's logits (its dtype) predicting each completion token, [B*n, L, V]: one forward over

@@ -1,14 +1,17 @@
-"""A training run's plumbing (train.py's stages run inside it): the demo's model and data, the training data and
+"""A training run's plumbing (train.py's stages run inside it): its config's plumbing fields (`RunConfig`) and a
+config dataclass as the command line (nanoGPT/CleanRL style), the demo's model and data, the training data and
 its clip reader, the process (torchrun's rank and device), the run folder (claimed: continued, refused or
 started), the policy loaded as it is trained (FSDP2-sharded, DDP-replicated, LoRA, 4-bit; the memory plan
 checked first), the frozen reference, and the `Run` both stages share: checkpoints (torch.distributed.checkpoint,
-every rank's RNGs and data cursor), the final weights, the step log.
+every rank's RNGs and data cursor), the final weights, the step log; the demo's before/after check and the
+run's end (summary.json).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,112 @@ from machinery import answers, data, memory, parallel, policy, runtime, syntheti
 from machinery import depth as depths
 from machinery import tiny as tiny_model
 from machinery.clips import Clips
+
+
+def arg(default, help_, group=None):
+    """A config field: a command-line flag in `group`, or (group None) a setting that only code changes
+    (the demo preset, an extension, a test) or --set NAME=VALUE."""
+    return field(default=default, metadata={"help": help_, "group": group})
+
+
+@dataclass
+class RunConfig:
+    """A training run's plumbing, beneath train.Config (whose fields are the paper's): the run folder, the
+    process layout, the demo and its before/after check, caches. Each field with a group is a command-line flag."""
+    # output
+    out: str = arg("runs/rova", "output folder: log.jsonl, checkpoints/, final/. A finished run in it is never "
+                                "replaced without --overwrite; an unfinished one with the same config is "
+                                "continued", "output")
+    resume: str = arg("", "auto: continue from the last complete checkpoint in OUT even if the config differs; or "
+                          "a checkpoint folder", "output")
+    overwrite: bool = arg(False, "replace whatever run OUT holds, finished or not (the demo's model and benchmark "
+                                 "are kept)", "output")
+    save_every: int = arg(50, "checkpoint every this many steps (SFT and RL)", "output")
+    # distributed
+    sharding: str = arg("auto", "auto | fsdp | ddp | none: auto is FSDP2 for full fine-tuning on GPUs or on more "
+                                "than one process, DDP for LoRA / 4-bit on more than one, none for one CPU process",
+                        "distributed")
+    # settings without a flag of their own: --set NAME=VALUE
+    max_bad_fraction: float = arg(0.1, "stop when more than this share of videos is missing or unreadable")
+    snapshot_every: int = arg(0, "also save the full weights to OUT/snapshots/step_N every this many RL steps "
+                              "(0: never), to evaluate a run part-way")
+    gradient_checkpointing: bool = arg(True, "activation checkpointing (on GPUs only)")
+    eval_data: str = arg("", "VSI-Bench-format file of the before/after check: clean and perturbed accuracy before "
+                         "and after training (the demo's: its held-out questions; PVRBench itself: eval_pvrbench.py)")
+    eval_video_root: str = arg("", "video root of --eval-data (default: its folder)")
+    eval_limit: int = arg(96, "questions of --eval-data in the before/after report")
+    demo_clips: int = arg(480, "clips of the demo's synthetic benchmark")
+    demo_families: str = arg("", "the demo benchmark's question families, a comma list of synthetic.SYNTH_FAMILIES "
+                             "(default all)")
+    video_cache: int = arg(64, "decoded clips kept in memory per process")
+    depth_cache: str = arg("", "folder of --depth-model's cached maps (default: depth.default_cache(), "
+                               "~/.cache/rova/depth)")
+    judge_cache: str = arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
+    keep_checkpoints: int = arg(2, "complete checkpoints kept (older ones are deleted)")
+    stop_after: int = arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
+
+
+# ----------------------------------------------------------------------------- a dataclass as the command line
+
+def config_parser(config, groups, *, plumbing="output", **kwargs):
+    """An argparse parser for the dataclass `config` (nanoGPT/CleanRL style: the dataclass holds the
+    defaults and the help): a field whose metadata names one of `groups` is the flag --field-name (typed,
+    booleans as --x/--no-x), in that group; every other field is a setting for --set NAME=VALUE. --debug
+    and --set go into the group `plumbing`."""
+    from dataclasses import fields
+
+    ap = argparse.ArgumentParser(formatter_class=runtime.HelpFormatter, **kwargs)
+    parts = {name: ap.add_argument_group(name, text) for name, text in groups.items()}
+    for f in fields(config):
+        if f.metadata.get("group") is None:
+            continue
+        flag, group, help_ = "--" + f.name.replace("_", "-"), parts[f.metadata["group"]], f.metadata["help"]
+        if str(f.type) == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
+        else:
+            group.add_argument(flag, type=_KINDS.get(str(f.type), str), default=f.default, help=help_)
+    runtime.add_debug_flag(parts[plumbing])
+    names = [f.name for f in fields(config) if f.metadata.get("group") is None]
+    parts[plumbing].add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                                 help=f"a setting without a flag of its own ({', '.join(names[:4])}, ...; "
+                                      "docs/DESIGN.md); repeatable")
+    return ap
+
+
+_KINDS = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes", "on")}
+
+
+def parse_config(ap, config, argv=None, settings=None, preset=None):
+    """(config, preset used): `ap` (config_parser) applied to `argv`. `preset(args) -> dict`: defaults that
+    replace the dataclass's for this command line (flags given explicitly still win; fields without a
+    flag are set unless --set or `settings` names them). `settings`: values for fields without a flag."""
+    from dataclasses import fields
+
+    args = vars(ap.parse_args(argv))
+    chosen = preset(args) if preset else {}
+    if chosen:
+        ap.set_defaults(**{k: v for k, v in chosen.items() if k in args})
+        args = vars(ap.parse_args(argv))
+    args.pop("debug")  # read by runtime.run
+    kinds = {f.name: str(f.type) for f in fields(config) if f.metadata.get("group") is None}
+    given = {**_settings(ap, kinds, args.pop("set")), **(settings or {})}
+    unset = {k: v for k, v in chosen.items() if k in kinds and k not in given}
+    return config(**{**args, **unset, **given}), bool(chosen)
+
+
+def _settings(ap, kinds, items):
+    """--set NAME=VALUE pairs -> {name: typed value}."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or name not in kinds:
+            ap.error(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}")
+        try:
+            out[name] = _KINDS.get(kinds[name], str)(value)
+        except ValueError:
+            ap.error(f"--set {item!r}: {value!r} is not a {kinds[name]}")
+    return out
+
 
 # Config fields that change nothing a run computes: an unfinished run continues across a change of these (and of a
 # Config subclass's `not_results`, a ClassVar).

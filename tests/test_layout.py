@@ -1,13 +1,18 @@
 """The layout docs/DESIGN.md promises: the core never imports nor names an extension and hosts none, the machinery
-never imports a stage script, no import cycles, train.py's --help lists the core's flags only, and no comment
-points outside the repository."""
+never imports a stage script, no import cycles, no Python file over 700 lines and the six stage scripts within
+3,000, one RL step auditable in at most 800 lines of 3 files without distribution code, train.py's --help lists
+the core's flags only, and no comment points outside the repository. (The figures themselves:
+benchmarks/layout_targets.py.)"""
 import ast
 import re
+import sys
 from pathlib import Path
 
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import layout_targets  # noqa: E402
 CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").glob("*.py"))
 
 
@@ -77,7 +82,7 @@ def test_the_core_names_no_extension_and_hosts_none():
 
 
 def test_train_help_lists_the_core_flags_only():
-    ap = train.runtime.config_parser(train.Config, train.GROUPS)
+    ap = train.runs.config_parser(train.Config, train.GROUPS)
     options = [a for a in ap._actions if a.option_strings]  # -h included
     assert len(options) <= 40   # -h, --debug and --set included
     flags = {s for a in ap._actions for s in a.option_strings}
@@ -89,3 +94,17 @@ def test_no_comment_cites_a_file_outside_the_repository():
     bad = [(p.name, n) for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
            if re.search(r"(?<!docs/)DESIGN\.md|\.\./shared", line)]
     assert bad == []
+
+
+def test_no_file_over_700_lines_and_the_stage_scripts_within_3000():
+    files = layout_targets.project_files()
+    assert len(files) > 50 and not [(p.name, n) for p in files if (n := layout_targets.lines(p)) > 700]
+    stages = [layout_targets.lines(ROOT / s) for s in layout_targets.STAGES]
+    assert sum(stages) <= 3000
+
+
+def test_one_rl_step_is_auditable_in_800_lines_of_3_files_without_distribution_code():
+    audit = layout_targets.audit_sources()
+    assert sum(len(src.splitlines()) for src in audit.values()) <= 800
+    assert len({a.split(":")[0] for a in audit}) <= 3
+    assert not [m for src in audit.values() for m in layout_targets.DISTRIBUTION.findall(layout_targets.code_only(src))]

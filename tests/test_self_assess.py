@@ -74,7 +74,7 @@ def test_answerability_token_ids_on_the_tiny_tokenizer(tmp_path):
     from machinery import policy
     from machinery import tiny as tiny_model
     _, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / "tiny"))
-    yes, no = buffer.answerability_token_ids(processor.tokenizer)
+    yes, no = policy.yes_no_token_ids(processor.tokenizer)
     assert yes and no and not set(yes) & set(no)
     decode = processor.tokenizer.decode
     assert all(decode([i]).strip().upper().startswith("Y") for i in yes)

@@ -467,7 +467,8 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
     run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples,
                                 clips=clips_mod.Clips(cfg, [], len(samples), perturb.apply),
                                 model=model, processor=processor, observer=train.Observer(cfg))
-    labels = train.answerability_labels(run)
+    warm_up = train.answerability_warm_up(run, {})
+    labels = train.warmup.labels(run, warm_up.draw, warm_up.corrupt)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
     assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
 

@@ -48,7 +48,7 @@ def _answers_from_reasoning(judge, items) -> list:
     """a'_i for (question, reasoning, options) items: from a core judge through `judging`, or from a
     judge of your own that answers them itself (``answer_from_reasoning(question, reasoning, options)``,
     optionally ``answer_from_reasoning_batch(items)``). Batched when possible; a failure becomes None
-    (a missing verdict), never a crash (as grpo's _judge_many)."""
+    (a missing verdict), never a crash (as judge.ask_pairs)."""
     if not items:
         return []
     if hasattr(judge, "answer_from_reasoning"):

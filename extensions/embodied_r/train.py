@@ -27,7 +27,8 @@ from machinery import policy
 from machinery import tiny as tiny_model
 import perturb
 import train
-from machinery import runs
+from machinery.clips import Observer
+from machinery import records, runs
 from extensions.embodied_r import perceive
 from extensions.embodied_r import rewards as er_rewards
 from extensions.embodied_r.keyframes import keyframe_sampler
@@ -76,7 +77,7 @@ def check(ap, cfg):
     runtime.check_hf_flags({"--perceiver": cfg.perceiver})
 
 
-class TextObserver(train.Observer):
+class TextObserver(Observer):
     """--policy text: the policy is shown Embodied-R's perception text of a clip (Embodied-R Sec. 2.2,
     Eq. 1: perceive.py with --perceiver), which replaces the video in every prompt (perceive.text_messages).
     Texts are cached on disk by frame content, question and perceiver, so the clean video of a sample is
@@ -96,7 +97,7 @@ class TextObserver(train.Observer):
 
 
 def observer(cfg):
-    return TextObserver(cfg) if cfg.policy == "text" else train.Observer(cfg)
+    return TextObserver(cfg) if cfg.policy == "text" else Observer(cfg)
 
 
 class EmbodiedRL(train.RL):
@@ -144,7 +145,7 @@ class EmbodiedRL(train.RL):
         it.comp["judge_missing"] += missing
 
     def values(self, items, selected):
-        return super().values(items, selected) | {"r_consistency": train._flat(it.comp.get("consistency")
+        return super().values(items, selected) | {"r_consistency": records.flat(it.comp.get("consistency")
                                                                                for it in selected)}
 
     def record(self, *args, **kwargs):

@@ -14,8 +14,8 @@ The paper prints its prompts only in fragments and no formulas; what is the pape
    :func:`register_tool`) by its type and words.
 4. **Tools** return one :class:`Evidence` record each, Robust-TO's unified interface: the tool, a
    prediction, the frames it rests on, a confidence in [0, 1], and (added here) the mean disturbance of
-   those frames. Offline tools here: :func:`ego_motion_tool` (OpenCV optical flow, perceive.ego_motion),
-   :func:`counter_tool` (colour blobs, perceive.colour_blobs) and the policy VLM itself answering a
+   those frames. Offline tools here: :func:`ego_motion_tool` (OpenCV optical flow, perceive_cv.ego_motion),
+   :func:`counter_tool` (colour blobs, perceive_cv.colour_blobs) and the policy VLM itself answering a
    sub-query on the selected frames with its token probabilities as confidence (``vlm``, registered by
    :class:`Agent`). A user tool is one function ``fn(query, frames, frame_ids, ctx) -> Evidence | None``.
 5. **Three-tier synthesis** (:func:`tier`, :data:`SYNTHESIS_PROMPT`, Robust-TO): HIGH = confidence >= 0.7
@@ -277,17 +277,17 @@ _TURNS = {"rotate left": "turn left", "rotate right": "turn right", "move forwar
 
 @register_tool("ego_motion", types=("action", "temporal", "spatial"))
 def ego_motion_tool(query, frames, frame_ids, ctx):
-    """The camera's motion over the selected frames (perceive.ego_motion on each consecutive pair):
+    """The camera's motion over the selected frames (perceive_cv.ego_motion on each consecutive pair):
     the action with the largest summed confidence; confidence = its share of the summed confidence x
     the mean confidence of the pairs that voted for it (a clip whose pairs disagree, or whose flow is
     weak, is not trusted). Fewer than two frames -> None."""
-    from extensions.embodied_r import perceive
+    from extensions.embodied_r import perceive_cv
 
     if len(frames) < 2:
         return None
     votes, confs = {}, {}
     for a, b in zip(frames[:-1], frames[1:]):
-        action, c = perceive.ego_motion(a, b)
+        action, c = perceive_cv.ego_motion(a, b)
         votes[action] = votes.get(action, 0.0) + c
         confs.setdefault(action, []).append(c)
     total = sum(votes.values())
@@ -300,18 +300,18 @@ def ego_motion_tool(query, frames, frame_ids, ctx):
 
 @register_tool("counter", types=("attribute", "spatial"))
 def counter_tool(query, frames, frame_ids, ctx):
-    """Objects of the colour the sub-query (else the question) names, from perceive.colour_blobs: the
+    """Objects of the colour the sub-query (else the question) names, from perceive_cv.colour_blobs: the
     count is the largest number seen in one selected frame (objects met one after another are
     undercounted: documented); confidence = the share of frames that see that many, halved when no
     colour is named (then every saturated blob counts). No frames -> None."""
-    from extensions.embodied_r import perceive
+    from extensions.embodied_r import perceive_cv
 
     if len(frames) == 0:
         return None
     text = f"{query} {ctx.question}".lower()
-    colour = next((c for c in perceive.CV_COLOURS if re.search(rf"\b{c}\b", query.lower())), None) \
-        or next((c for c in perceive.CV_COLOURS if re.search(rf"\b{c}\b", text)), None)
-    counts = [sum(1 for b in perceive.colour_blobs(f) if colour is None or b["colour"] == colour) for f in frames]
+    colour = next((c for c in perceive_cv.CV_COLOURS if re.search(rf"\b{c}\b", query.lower())), None) \
+        or next((c for c in perceive_cv.CV_COLOURS if re.search(rf"\b{c}\b", text)), None)
+    counts = [sum(1 for b in perceive_cv.colour_blobs(f) if colour is None or b["colour"] == colour) for f in frames]
     n = max(counts)
     confidence = sum(c == n for c in counts) / len(counts) * (1.0 if colour else 0.5)
     what = f"{colour} objects" if colour else "coloured objects"

@@ -396,18 +396,18 @@ def reliability(frames) -> np.ndarray:
 
 def _question_terms(question: str) -> tuple[set, set]:
     """The basic colours and shape classes a question names (perceive's vocabulary)."""
-    from extensions.embodied_r import perceive
+    from extensions.embodied_r import perceive_cv
 
     words = set(re.findall(r"[a-z]+", str(question).lower()))
-    colours = {c for c in perceive.CV_COLOURS if c in words}
-    shapes = {s for s, nouns in perceive._CV_SHAPE_NOUNS.items() if words & set(nouns)}
+    colours = {c for c in perceive_cv.CV_COLOURS if c in words}
+    shapes = {s for s, nouns in perceive_cv._CV_SHAPE_NOUNS.items() if words & set(nouns)}
     return colours, shapes
 
 
 def _proxy_relevance(frames: np.ndarray, question: str) -> np.ndarray:
     """The classical fallback (a proxy, ours): how much of the question's named colours / shape words a
-    frame shows, from perceive.colour_blobs."""
-    from extensions.embodied_r import perceive
+    frame shows, from perceive_cv.colour_blobs."""
+    from extensions.embodied_r import perceive_cv
 
     T = len(frames)
     colours, shapes = _question_terms(question)
@@ -415,7 +415,7 @@ def _proxy_relevance(frames: np.ndarray, question: str) -> np.ndarray:
         return np.full(T, 0.5)
     evidence = np.zeros(T)
     for t in range(T):
-        for b in perceive.colour_blobs(frames[t]):
+        for b in perceive_cv.colour_blobs(frames[t]):
             if colours and b["colour"] not in colours:
                 continue
             if not colours and b["shape"] not in shapes:
@@ -442,7 +442,7 @@ def relevance(frames, question: str, scorer=None, *, min_scale: float = 0.02) ->
     Without a scorer, a CLASSICAL PROXY (ours, not the paper's, which leaves its relevance model
     unspecified): a frame that shows more of the colours the question names (red, orange, yellow,
     green, blue, purple) and of its shape words (pillar, cube, block, slab, ... in perceive's
-    vocabulary), as found by :func:`perceive.colour_blobs`, scores higher: 0.25 for a frame showing
+    vocabulary), as found by :func:`perceive_cv.colour_blobs`, scores higher: 0.25 for a frame showing
     none of them up to 1.0 for the frame showing the most. When the question names none, or no frame
     shows any, every frame gets 0.5 (uniform: no information). It knows nothing about other objects,
     actions or text, and under heavy corruption it sees fewer colours."""

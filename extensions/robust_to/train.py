@@ -28,6 +28,7 @@ from machinery import learner, parallel, runs
 import perturb
 from machinery import policy
 import train
+from machinery.clips import Observer
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise and the robust-to protocol
 from extensions.robust_to import orchestrate
 from extensions.robust_to.rewards import confidence_cost_reward
@@ -63,7 +64,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
                                        max_subqueries=cfg.max_subqueries)
     items = [(s, clips.get(s)) for s in batch]
     items = [(s, f) for s, f in items if f is not None]
-    blank = lambda: learner.stand_in(cfg, processor, train.Observer(cfg), batch[0])  # noqa: E731
+    blank = lambda: learner.stand_in(cfg, processor, Observer(cfg), batch[0])  # noqa: E731
     if not items:
         return learner.sft_backward(cfg, model, processor, None, [], blank)
     samples = [s for s, _ in items]
@@ -180,7 +181,7 @@ def main(argv=None, **settings):
     """Train.py's two stages with the agent as the policy: its warm-up, then GRPO on it (AgentRL)."""
     cfg = parse_args(argv, settings)
     with runtime.interrupt_hint(train.resume_hint(cfg)):
-        run, ckpt = runs.setup(cfg, observer=train.Observer(cfg), corrupt=perturb.apply, check=train.evaluate,
+        run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=train.evaluate,
                                check_model=train.vlm_only)
         train.train(run, ckpt, rl=AgentRL, sft_step=agent_sft_step)
 

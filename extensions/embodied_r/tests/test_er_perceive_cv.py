@@ -1,4 +1,4 @@
-"""perceive.py's classical-vision backend (CVPerceiver, the CPU stand-in for Embodied-R's VLM, Sec. 2.2):
+"""perceive_cv.py, the classical-vision backend (CVPerceiver, the CPU stand-in for Embodied-R's VLM, Sec. 2.2):
 colour blobs, ego-motion sign conventions on rendered clips with known motion, the PAIR_PROMPT format and
 its round trip through the parsers, the vocabulary, and degradation under PVRBench corruptions."""
 import functools
@@ -13,15 +13,8 @@ import pytest
 from machinery import synthetic
 from extensions.embodied_r import perceive
 import perturb
-from extensions.embodied_r.perceive import (
-    ACTIONS,
-    CVPerceiver,
-    colour_blobs,
-    cv_corpus,
-    ego_motion,
-    make_perceiver,
-    parse_pair,
-)
+from extensions.embodied_r.perceive import ACTIONS, make_perceiver, parse_pair
+from extensions.embodied_r.perceive_cv import CVPerceiver, colour_blobs, cv_corpus, ego_motion
 
 # A fixed scene: objects ahead at 5-13 m, left and right of the path, plus some off to the sides that a
 # turn brings into view. Positions (x right, z forward) in metres; the camera starts at the origin.

@@ -1,0 +1,53 @@
+"""The RL step's log record: this rank's sums and counts (`key_sum`, `key_n`), reduced over ranks by
+runtime.reduce_record into the means log.jsonl shows. Every key is in every record, on every rank (None where
+there is no data), so that the reduction sums them in the same order."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+
+def flat(lists):
+    return [v for vals in lists for v in vals or []]
+
+
+def decisions(items, selected, categories, category_of):
+    """The curriculum's counts of a step, overall and per corruption category (Table 12's rates by category:
+    `cat_<category>_<samples | trained | deferred | discarded>`)."""
+    out = {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
+           selected), "deferred": sum(it.decision == "defer" for it in items)}
+    trained = {id(it) for it in selected}
+    for cat in categories:  # every key on every rank (runtime.reduce_record sums them in order)
+        mine = [it for it in items if category_of.get(it.spec.subtype) == cat]
+        out |= {f"cat_{cat}_samples": len(mine), f"cat_{cat}_trained": sum(id(it) in trained for it in mine),
+                f"cat_{cat}_deferred": sum(it.decision == "defer" for it in mine),
+                f"cat_{cat}_discarded": sum(it.decision == "discard" for it in mine)}
+    return out
+
+
+def values(items, selected, corrupt):
+    """Per-rollout values of the step: each branch's accuracy (`corrupt` False, --mode grpo: the clean one only),
+    the selected samples' reward components and the judge's verdicts."""
+    trained, other = ("acc_perturbed", "acc_clean") if corrupt else ("acc_clean", "acc_perturbed")
+    out = {trained: flat(it.acc for it in items), other: flat(it.clean_acc for it in items),
+           "r_total": flat(it.rewards for it in selected)}
+    for key in ("format", "accuracy", "alignment", "temporal"):
+        out[f"r_{key}"] = flat(it.comp.get(key) for it in selected)
+    for key in ("sim_r", "sim_a"):
+        out[key] = [v for v in flat(it.comp.get(key) for it in selected) if v is not None]
+    return out
+
+
+def step_record(items, selected, loss_stats, n_rows, per_rollout, *, buffer_size, seconds, weights, categories,
+                category_of, missing=0, promoted=0, evicted=0):
+    """This rank's record of one step: counts, the curriculum's decisions, the sums of `per_rollout` values
+    ({key: list}), the loss statistics' means over the `n_rows` trained completions, each phase's `seconds`, and
+    the reward `weights` (w_format, w_acc, w_alignment)."""
+    s = defaultdict(float, samples=len(items), selected=len(selected), judge_missing=missing, promoted=promoted,
+                    evicted=evicted, buffer_size=buffer_size, **decisions(items, selected, categories, category_of))
+    for key, vals in per_rollout.items():
+        s[f"{key}_sum"], s[f"{key}_n"] = sum(vals), len(vals)
+    for key in ("kl", "clip_fraction", "ratio", "loss"):  # means over the trained completions
+        s[f"{key}_sum"], s[f"{key}_n"] = (loss_stats[key] * n_rows, n_rows) if key in loss_stats else (0.0, 0)
+    s.update({f"sec_{k}": v for k, v in seconds.items()})
+    s.update(w_format=weights[0], w_acc=weights[1], w_alignment=weights[2])
+    return s
