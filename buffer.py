@@ -23,7 +23,7 @@
     difficult   -> kept with k + 1; evicted once k > N_max        (l.18-19, Eq. 6)
 
    App. D gives N_max = 3 replay attempts over at most |M|_max = 1000 entries, re-evaluated every 50
-   steps; it also writes K_max = 537, which conflicts with N_max = 3 (README): `n_max` is a parameter.
+   steps; it also writes K_max = 537, which conflicts with it: `n_max` is a parameter.
    Adding to a full buffer (the paper is silent): the entry with the most re-evaluations (the oldest
    among equals) is evicted to make room (counted as evicted for "capacity"), so new difficult samples
    are never refused and no entry is kept past its chances; `due()` is then true, so the next check

@@ -10,13 +10,16 @@
   dependency, e.g. `python -m venv /tmp/radon && /tmp/radon/bin/pip install radon`, then `--radon
   /tmp/radon/bin/radon`).
 
-    python benchmarks/layout_targets.py [--radon PATH]
+    python benchmarks/layout_targets.py [--radon PATH]      # the targets (and, with radon, the complexity)
+    python benchmarks/layout_targets.py --lines             # the core's files and their lines
+    python benchmarks/layout_targets.py --complexity        # the complexity line alone
 """
 from __future__ import annotations
 
 import argparse
 import ast
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -91,12 +94,35 @@ def complexity(radon, files):
     return max(blocks)[0] if blocks else 0, sorted(b for b in blocks if b[0] > 15)
 
 
+def lines_table():
+    """The core's files as a markdown table: folder, file, lines (docs/DESIGN.md shows it)."""
+    rows = ["| folder | file | lines |", "| --- | --- | ---: |"]
+    for p in sorted(core_files(), key=lambda p: (p.parent != ROOT, p.relative_to(ROOT).as_posix())):
+        folder = "." if p.parent == ROOT else p.parent.relative_to(ROOT).as_posix() + "/"
+        rows.append(f"| `{folder}` | `{p.name}` | {lines(p):,} |")
+    stages = sum(lines(ROOT / s) for s in STAGES)
+    rows.append(f"| | the six stage scripts | {stages:,} |")
+    rows.append(f"| | the core | {sum(lines(p) for p in core_files()):,} |")
+    return "\n".join(rows)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--radon", default=shutil.which("radon") or "", help="the radon executable (default: on PATH)")
+    ap.add_argument("--radon", default="", help="the radon executable: also print the largest cyclomatic "
+                    "complexity in the stage scripts")
+    ap.add_argument("--lines", action="store_true", help="print the core's files and their lines as a table, only")
+    ap.add_argument("--complexity", action="store_true", help="print the complexity line only (radon from --radon, "
+                    "$RADON or PATH)")
     args = ap.parse_args(argv)
+    if args.lines:
+        print(lines_table())
+        return
+    radon = args.radon or os.environ.get("RADON") or shutil.which("radon") or ""
+    if args.complexity:
+        if not radon:
+            ap.error("--complexity needs radon: --radon PATH, $RADON or radon on PATH")
+        return print_complexity(radon)
     import train  # noqa: E402 - after sys.path
-
     stages = {s: lines(ROOT / s) for s in STAGES}
     for s, n in stages.items():
         print(f"lines {s:<20} {n:5d}")
@@ -114,10 +140,12 @@ def main(argv=None):
     words = len((ROOT / "README.md").read_text().split())
     print(f"readme_words={words} train_help_options={flags} core_to_extension_edges={len(import_edges(core_files()))}")
     if args.radon:
-        worst, above = complexity(args.radon, [ROOT / s for s in STAGES])
-        print(f"stage_max_cc={worst} stage_blocks_above_15={len(above)}" + "".join(f"\n  {n} {c}" for c, n in above))
-    else:
-        print("stage_max_cc=unmeasured (radon not found: give --radon PATH)")
+        print_complexity(args.radon)
+
+
+def print_complexity(radon):
+    worst, above = complexity(radon, [ROOT / s for s in STAGES])
+    print(f"stage_max_cc={worst} stage_blocks_above_15={len(above)}" + "".join(f"\n  {n} {c}" for c, n in above))
 
 
 if __name__ == "__main__":
