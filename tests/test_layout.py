@@ -1,8 +1,8 @@
 """The layout docs/DESIGN.md promises: the core never imports nor names an extension and hosts none, the machinery
 never imports a stage script, no import cycles, no Python file over 700 lines and the six stage scripts within
 3,000, one RL step auditable in at most 800 lines of 3 files without distribution code, a README within 2,000
-words, train.py's --help lists the core's flags only, and no comment points outside the repository. (The figures themselves:
-benchmarks/layout_targets.py.)"""
+words, train.py's --help lists the core's flags only, and no comment points outside the repository. (The
+figures themselves: benchmarks/layout_targets.py.)"""
 import ast
 import re
 import sys
