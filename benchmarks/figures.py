@@ -43,6 +43,10 @@ BLOCKS = {
     "layout-targets": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py",), True),
     "layout-lines": Block("docs/DESIGN.md", ("benchmarks/layout_targets.py", "--lines"), True),
     "memory-plan": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--all"), True),
+    "memory-plan-7b": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--model", "qwen2.5-vl-7b", "--mode",
+                                                 "fsdp", "--gpus", "4"), True),
+    "memory-validate": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--validate"), False),
+    "calibrate-judge": Block("docs/MEASURED.md", ("benchmarks/calibrate_judge.py",), False),
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
 }
 
