@@ -270,11 +270,9 @@ class RL:
     def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, optim, observer,
                  train_model=None):
         self.cfg, self.rank, self.device, self.shard, self.by_id, self.clips = cfg, rank, device, shard, by_id, clips
-        self.model, self.processor, self.ref_model, self.judge = model, processor, ref_model, judge
-        self.train_model = train_model or model  # the DDP wrapper (LoRA on several processes), else the model
-        self.optim, self.observer = optim, observer
+        self.model, self.processor, self.judge, self.optim, self.observer = model, processor, judge, optim, observer
         self.learner = learner.Learner(model, processor, device, cfg.micro_batch_size, cfg.temperature, cfg.beta,
-                                       self.train_model, ref_model, stand_in=self.stand_in)
+                                       train_model, ref_model, stand_in=self.stand_in)  # (train_model: DDP's wrapper)
         self.cursor = runtime.Cursor(len(shard), cfg.seed * 1000 + 2 * rank + 1)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)

@@ -96,7 +96,7 @@ class AgentRL(train.RL):
         with self.timer("perturbation"):
             items = self.corrupt_videos(self.next_samples(), spec_rng)
         extra, dec, syn = {}, None, None
-        with parallel.gathered(self.model, self.ref_model):  # FSDP2: the weights gathered once to generate
+        with self.learner.generating(self.learner.ref_model):  # FSDP2: the weights gathered once to generate
             if items:
                 with self.timer("estimator"):
                     self.budget(items)
@@ -129,11 +129,11 @@ class AgentRL(train.RL):
         if not todo:
             return
         args = ([it.sample for it in todo], [it.pert for it in todo])
-        if self.ref_model is None and hasattr(self.model, "disable_adapter"):
+        if self.learner.ref_model is None and hasattr(self.model, "disable_adapter"):
             with self.model.disable_adapter():
                 counts = self.agent.expected_subqueries(*args)
         else:
-            counts = self.agent.expected_subqueries(*args, model=self.ref_model)
+            counts = self.agent.expected_subqueries(*args, model=self.learner.ref_model)
         for it, n in zip(todo, counts):
             self.expected[it.sample.id] = n
 
