@@ -24,6 +24,7 @@ import argparse
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ BLOCKS = {
     "memory-plan-7b": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--model", "qwen2.5-vl-7b", "--mode",
                                                  "fsdp", "--gpus", "4"), True),
     "memory-validate": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--validate"), False),
+    "synthetic-400": Block("docs/MEASURED.md", ("-m", "machinery.synthetic", "--out", "{tmp}/synthetic", "--n",
+                                                "400", "--seed", "0"), False),
     "calibrate-judge": Block("docs/MEASURED.md", ("benchmarks/calibrate_judge.py",), False),
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
 }
@@ -65,9 +68,10 @@ def shown(name):
 
 
 def run(name):
-    """The block's command's output (stdout), run from the repository root."""
-    out = subprocess.run([sys.executable, *BLOCKS[name].command], cwd=ROOT, capture_output=True, text=True,
-                         check=True).stdout
+    """The block's command's output (stdout), run from the repository root ({tmp} in it: a fresh folder)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [a.replace("{tmp}", tmp) for a in BLOCKS[name].command]
+        out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return out if out.endswith("\n") else out + "\n"
 
 

@@ -669,6 +669,11 @@ def main(argv=None):
                              eval_fraction=args.eval_fraction)
     print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
     print("answer balance:", json.dumps(summary["answer_balance"], sort_keys=True))
+    out = Path(args.out)
+    blind = text_only_baseline(data.load_video_r1(out / "train.json")[0],
+                               data.load_vsibench(out / "eval.jsonl", out / "videos")[0])
+    print("text-only baseline on eval (score, chance or best constant):",
+          json.dumps({k: [round(a, 3), round(c, 3)] for k, (a, c) in sorted(blind.items())}))
     return 0
 
 
