@@ -38,6 +38,8 @@ class Block:
     page: str          # the docs/ page that shows it
     command: tuple     # argv after `python`, from the repository root
     live: bool         # checked by running the command again (cheap, machine-independent)
+    keep: str = ""     # a regex: only the output's lines that match it (default: all)
+    drop: str = ""     # a regex: removed from the lines kept (what varies from run to run, e.g. a duration)
 
 
 BLOCKS = {
@@ -49,6 +51,9 @@ BLOCKS = {
     "memory-validate": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--validate"), False),
     "synthetic-400": Block("docs/MEASURED.md", ("-m", "machinery.synthetic", "--out", "{tmp}/synthetic", "--n",
                                                 "400", "--seed", "0"), False),
+    "test-count": Block("docs/MEASURED.md", ("-m", "pytest", "--collect-only", "-q"), True,
+                        keep=r"tests collected", drop=r" in [0-9.]+s"),
+    "demo": Block("docs/MEASURED.md", ("benchmarks/demo_figures.py", "--out", "{tmp}"), False),
     "calibrate-judge": Block("docs/MEASURED.md", ("benchmarks/calibrate_judge.py",), False),
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
 }
@@ -72,6 +77,10 @@ def run(name):
     with tempfile.TemporaryDirectory() as tmp:
         argv = [a.replace("{tmp}", tmp) for a in BLOCKS[name].command]
         out = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    block = BLOCKS[name]
+    if block.keep:
+        out = "".join(re.sub(block.drop, "", line) if block.drop else line for line in out.splitlines(True)
+                      if re.search(block.keep, line))
     return out if out.endswith("\n") else out + "\n"
 
 

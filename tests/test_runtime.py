@@ -33,6 +33,16 @@ def test_run_turns_ctrl_c_into_one_line_with_the_hint():
     assert out.returncode == 130 and out.stderr.strip() == "interrupted: rerun the same command"
 
 
+def test_an_interrupt_hint_block_names_how_to_continue_and_the_innermost_wins():
+    out = run_py("from machinery import runtime\ndef main():\n    with runtime.interrupt_hint('outer'):\n"
+                 "        with runtime.interrupt_hint('continue in OUT'):\n            raise KeyboardInterrupt\n"
+                 "runtime.run(main, interrupted='the default')")
+    assert out.returncode == 130 and out.stderr.strip() == "interrupted: continue in OUT"
+    out = run_py("from machinery import runtime\ndef main():\n    with runtime.interrupt_hint('in OUT'):\n"
+                 "        pass\n    raise KeyboardInterrupt\nruntime.run(main, interrupted='the default')")
+    assert out.stderr.strip() == "interrupted: the default"
+
+
 def test_out_dir_and_out_file(tmp_path):
     (tmp_path / "f").write_text("x")
     with pytest.raises(runtime.UserError, match="is a file"):
