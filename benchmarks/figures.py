@@ -54,6 +54,8 @@ BLOCKS = {
     "test-count": Block("docs/MEASURED.md", ("-m", "pytest", "--collect-only", "-q"), True,
                         keep=r"tests collected", drop=r" in [0-9.]+s"),
     "demo": Block("docs/MEASURED.md", ("benchmarks/demo_figures.py", "--out", "{tmp}"), False),
+    "bench-perturb": Block("docs/MEASURED.md", ("benchmarks/bench_perturb.py",), False),
+    "bench-rollout": Block("docs/MEASURED.md", ("benchmarks/bench_rollout.py",), False),
     "calibrate-judge": Block("docs/MEASURED.md", ("benchmarks/calibrate_judge.py",), False),
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
 }
