@@ -205,7 +205,8 @@ def api_part(bench, out, latency, judge_frames=4):
     base = ["--benchmark", f"vsibench={bench / 'eval.jsonl'}", "--video-root", str(bench / "videos"),
             "--model", "openai:bench-vlm", "--base-url", url, "--judge", "openai:bench-judge",
             "--judge-base-url", url, "--judge-frames", str(judge_frames), "--frames", "32",
-            "--max-pixels", str(224 * 224), "--fps", "2", "--batch-size", "8"]
+            "--max-pixels", str(224 * 224), "--fps", "2", "--batch-size", "8",
+            "--depth-model", "proxy"]   # (the scenes are read as VSI-Bench: auto would want the depth model)
     os.environ.setdefault("OPENAI_API_KEY", "bench-no-key")
     report, runs = {}, {}
     try:
@@ -237,7 +238,7 @@ def hf_part(bench, out, tiny, style, max_new_tokens):
     base = ["--benchmark", f"vsibench={bench / 'eval.jsonl'}", "--video-root", str(bench / "videos"),
             "--model", str(tiny), "--judge", "none", "--frames", "32", "--max-pixels", str(224 * 224), "--fps", "2",
             "--assign", "all", "--subtypes", "fog", "--style", style, "--max-new-tokens", str(max_new_tokens),
-            "--batch-size", "8"]
+            "--batch-size", "8", "--depth-model", "proxy"]
     runs = {name: run_eval(base + ["--out", str(out / f"{style}_{name}")], before)
             for name, before in (("before", True), ("after", False))}
     qps = {name: r[0]["n_samples"] / r[1] for name, r in runs.items()}

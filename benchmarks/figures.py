@@ -56,6 +56,9 @@ BLOCKS = {
     "demo": Block("docs/MEASURED.md", ("benchmarks/demo_figures.py", "--out", "{tmp}"), False),
     "bench-perturb": Block("docs/MEASURED.md", ("benchmarks/bench_perturb.py",), False),
     "bench-rollout": Block("docs/MEASURED.md", ("benchmarks/bench_rollout.py",), False),
+    "bench-depth": Block("docs/MEASURED.md", ("benchmarks/bench_depth.py",), False),
+    "bench-load": Block("docs/MEASURED.md", ("benchmarks/bench_load.py",), False),
+    "bench-eval": Block("docs/MEASURED.md", ("benchmarks/bench_eval.py", "--reason"), False),
     "calibrate-judge": Block("docs/MEASURED.md", ("benchmarks/calibrate_judge.py",), False),
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
 }
