@@ -234,7 +234,7 @@ def sft_step(cfg, model, processor, batch, clips, observer):
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None
     return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
-                        lambda: learner.stand_in(cfg, processor, observer, batch[0]))
+                                lambda: learner.stand_in(cfg, processor, observer, batch[0]))
 
 
 # ----------------------------------------------------------------------------- RL (Alg. 2)
@@ -678,8 +678,11 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
         runs.finish(run, rl.buffer.stats(), len(rl.queue))   # (promoted samples still queued: never trained)
 
 
+RESUME = "rerun the same command to continue from the last checkpoint"   # Ctrl-C's line (before OUT is known)
+
+
 def resume_hint(cfg):
-    return f"rerun the same command to continue from the last checkpoint in {Path(cfg.out) / 'checkpoints'}"
+    return f"{RESUME} in {Path(cfg.out) / 'checkpoints'}"
 
 
 def main(argv=None, **settings):
@@ -692,4 +695,4 @@ def main(argv=None, **settings):
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted="rerun the same command to continue from the last checkpoint")
+    runtime.run(main, interrupted=RESUME)

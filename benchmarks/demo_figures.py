@@ -22,7 +22,7 @@ def main(argv=None):
     train = subprocess.run([sys.executable, "train.py", "--out", str(run)], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout
     print("python train.py:")
-    print("".join(line for line in train.splitlines(True) if line.startswith(("accuracy on", "  ", "      "))))
+    print("".join(line for line in train.splitlines(True) if line.startswith(("accuracy on", "  "))))
     ev = subprocess.run([sys.executable, "eval_pvrbench.py", "--model", str(run / "final"), "--benchmark",
                          f"synthetic={run / 'synthetic'}", "--out", str(Path(args.out) / "eval")], cwd=ROOT,
                         capture_output=True, text=True, check=True).stdout

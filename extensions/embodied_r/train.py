@@ -204,4 +204,4 @@ def main(argv=None, **settings):
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted="rerun the same command to continue from the last checkpoint")
+    runtime.run(main, interrupted=train.RESUME)
