@@ -13,7 +13,11 @@ the memory plan's arithmetic): `--check` runs its command again and fails if the
 those figures cannot go stale. A "recorded" block varies by machine or takes long (speed, training runs):
 `--update NAME` runs its command once and writes the output into the page and into docs/figures/NAME.txt
 (with the commit and the date), and `--check` fails if the page's block differs from that file, so it always
-shows what the script printed, never a hand edit.
+shows what the script printed, never a hand edit. A section a script writes into the page itself
+(docs/RESULTS.md's, from docs/results/v4.json) is a live block between that script's marks, unfenced. A figure written outside the blocks (a duration, a size, a rate,
+a ratio such as 1.3x, a percentage) is a record of one day's measurement: `--check` also fails where one stands
+without its date (`undated`), in its own paragraph, in the paragraph that leads its list or table, or in its
+section's heading.
 
     python benchmarks/figures.py --check            # tests/test_figures.py runs this
     python benchmarks/figures.py --update layout-targets memory-plan
@@ -40,6 +44,8 @@ class Block:
     live: bool         # checked by running the command again (cheap, machine-independent)
     keep: str = ""     # a regex: only the output's lines that match it (default: all)
     drop: str = ""     # a regex: removed from the lines kept (what varies from run to run, e.g. a duration)
+    marks: tuple = ()  # the block's begin and end lines, when a script writes the page itself (default: NAME's)
+    fence: bool = True  # the output shown in a ```text fence (False: as markdown)
 
 
 BLOCKS = {
@@ -61,11 +67,19 @@ BLOCKS = {
     "bench-eval": Block("docs/MEASURED.md", ("benchmarks/bench_eval.py", "--reason"), False),
     "calibrate-judge": Block("docs/MEASURED.md", ("benchmarks/calibrate_judge.py",), False),
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
+    "results-v4": Block("docs/RESULTS.md", ("benchmarks/reproduce.py", "--render", "--print"), True,
+                        marks=("<!-- reproduce:begin -->", "<!-- reproduce:end -->"), fence=False),
+    "vllm-check": Block("docs/MEASURED.md", ("benchmarks/vllm_check.py", "--out", "{tmp}/vllm_check"), False),
 }
 
 
 def marks(name):
-    return f"<!-- figures:{name} -->\n", f"<!-- /figures:{name} -->"
+    begin, end = BLOCKS[name].marks or (f"<!-- figures:{name} -->", f"<!-- /figures:{name} -->")
+    return begin + "\n", end
+
+
+def fenced(name, output):
+    return f"```text\n{output}```\n" if BLOCKS[name].fence else output
 
 
 def shown(name):
@@ -73,7 +87,8 @@ def shown(name):
     block = BLOCKS[name]
     text = (ROOT / block.page).read_text()
     begin, end = marks(name)
-    m = re.search(re.escape(begin) + r"```text\n(.*?)```\n" + re.escape(end), text, re.S)
+    inside = r"```text\n(.*?)```\n" if block.fence else r"(.*?)"
+    m = re.search(re.escape(begin) + inside + re.escape(end), text, re.S)
     return m.group(1) if m else None
 
 
@@ -101,13 +116,61 @@ def write(name, output):
     block = BLOCKS[name]
     page = ROOT / block.page
     text, (begin, end) = page.read_text(), marks(name)
-    new = f"{begin}```text\n{output}```\n{end}"
+    new = f"{begin}{fenced(name, output)}{end}"
     pattern = re.escape(begin) + r".*?" + re.escape(end)
     page.write_text(re.sub(pattern, lambda _: new, text, flags=re.S) if re.search(pattern, text, re.S)
                     else text.rstrip("\n") + "\n\n" + new + "\n")
     if not block.live:
         SAVED.mkdir(parents=True, exist_ok=True)
         (SAVED / f"{name}.txt").write_text(output)
+
+
+PAGES = ("README.md", "docs/*.md")
+# a measured figure: a number with a unit of time, size, rate or ratio, or a percentage ("A100-80GB" is a name)
+FIGURE = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?\s?(?:ms|s|min|minutes?|h|hours?|GiB|GB|MB|req/s|GB/s|x|%)(?![\w/])")
+DATE = re.compile(r"20\d\d-\d\d-\d\d")
+NOT_MEASURED = (r"```.*?```", r"`[^`\n]*`",                                                     # code
+                r"\([^()]*\b(?:Table|App\.|Sec\.|Eq\.|Fig\.|the paper)[^()]*\)", r'"[^"]{0,300}"')  # the paper's own
+
+
+def blanked(text):
+    """The page with what is not a measurement of ours blanked out, line numbers kept."""
+    checked = [re.escape(marks(n)[0]) + ".*?" + re.escape(marks(n)[1]) for n in BLOCKS]
+    for pattern in checked + list(NOT_MEASURED):
+        text = re.sub(pattern, lambda m: re.sub(r"[^\n]", " ", m.group(0)), text, flags=re.S)
+    return text
+
+
+def begins_unit(line, item):
+    """Whether a line ends the unit `item` (a blank line, a heading) or begins another (a list item, a table)."""
+    table_begins = line.startswith("|") and not (item and item[-1].startswith("|"))
+    return not line.strip() or line.startswith("#") or bool(re.match(r"\s*([-*]|\d+\.) ", line)) or table_begins
+
+
+def units(text):
+    """The page's paragraphs, list items and tables: (line number of the first line, its lines, the text that
+    covers it besides itself: the headings above it and, for a list item or a table, the paragraph before)."""
+    headings, lead, item, start = {}, "", [], 0
+    for n, line in enumerate(text.split("\n") + [""]):
+        if not begins_unit(line, item):
+            start, item = (start if item else n + 1), item + [line]
+            continue
+        if item:
+            listed = bool(re.match(r"\s*([-*|]|\d+\.)", item[0]))
+            yield start, item, " ".join(headings.values()) + (lead if listed else "")
+            lead = lead if listed else "\n".join(item)
+        item, start = ([line] if line.strip() and not line.startswith("#") else []), n + 1
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            headings, lead = {k: v for k, v in headings.items() if k < level} | {level: line}, ""
+
+
+def undated(text):
+    """(line, figure) for each measured figure of a page that no date covers: its paragraph's, list item's or
+    table's own, that of the paragraph leading its list or table, or that of a heading above it."""
+    return [(start + i, figure) for start, lines, cover in units(blanked(text))
+            if not DATE.search("\n".join(lines) + cover)
+            for i, line in enumerate(lines) for figure in FIGURE.findall(line)]
 
 
 def problems():
@@ -119,9 +182,15 @@ def problems():
         if text is None:
             out.append(f"{block.page}: no block {name} (python benchmarks/figures.py --update {name})")
             continue
-        want = run(name) if block.live else (SAVED / f"{name}.txt").read_text()
-        if text != want:
+        saved = SAVED / f"{name}.txt"
+        if not block.live and not saved.is_file():
+            out.append(f"{saved.relative_to(ROOT)}: missing (python benchmarks/figures.py --update {name})")
+            continue
+        if text != (run(name) if block.live else saved.read_text()):
             out.append(f"{block.page}: block {name} is stale (python benchmarks/figures.py --update {name})")
+    for page in sorted({p for pattern in PAGES for p in ROOT.glob(pattern)}):
+        out += [f"{page.relative_to(ROOT)}:{line}: {figure!r} without the date it was measured (put it in a block, or "
+                f"say when)" for line, figure in undated(page.read_text())]
     return out
 
 

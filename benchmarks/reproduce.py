@@ -123,6 +123,8 @@ def parse_args(argv=None):
     a("--perceiver", default="cv", help="--policy text: the perception model (hf:PATH | openai:MODEL | cv)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing (no gate)")
     a("--render", action="store_true", help="run nothing: the claims and the results page again from --summary")
+    a("--print", action="store_true", help="with --render: print the page's section instead of writing the files "
+      "(benchmarks/figures.py checks docs/RESULTS.md against it)")
     args = ap.parse_args(argv)
     args.command = " ".join(["python benchmarks/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
     args.sft_epochs = VLM["sft_epochs"] if args.sft_epochs is None else args.sft_epochs
@@ -461,6 +463,7 @@ class Reproduction:
         """The summary, its claims and the results page, as they stand."""
         self.summary["timings"], self.summary["commands"] = self.st.timings, self.st.commands
         self.summary["wall_s"] = sum(self.st.timings.values())
+        self.summary["date"] = time.strftime("%Y-%m-%d")   # the page shows it: rendering again keeps it
         if self.text:
             write_json(self.out / "summary.json", self.summary)
         else:
@@ -477,6 +480,9 @@ def main(argv=None):
     if args.render:
         summary = json.loads(Path(args.summary).read_text())
         summary["claims"] = claims(summary)
+        if args.print:
+            print(render(summary), end="")
+            return
         write_json(args.summary, summary)
         write_marked(Path(args.results), render(summary))
         print(f"{args.results} rendered from {args.summary}")

@@ -149,7 +149,8 @@ def render(summary):
 
 def header(summary):
     st, lr = summary["settings"], (summary.get("lr") or {}).get("value")
-    L = [f"Measured by `{summary['command']}` ({time.strftime('%Y-%m-%d')}); summary: docs/results/v4.json. "
+    L = [f"Measured by `{summary['command']}` ({summary.get('date') or time.strftime('%Y-%m-%d')}); summary: "
+         f"docs/results/v4.json. "
          f"Rows: main seeds {', '.join(map(str, st['seeds']))}, ablation seeds "
          f"{', '.join(map(str, st['ablation_seeds'])) or 'none'}; {st['rl']['rl_steps']} RL steps per run at lr "
          f"{'(not chosen yet)' if lr is None else format(lr, 'g')}; toy: families {st['families']}, SFT jitter "

@@ -27,3 +27,52 @@ def test_a_hand_edit_of_a_block_is_caught(tmp_path, monkeypatch):
     page.write_text(page.read_text().replace("figure 42", "figure 41"))
     assert figures.problems() == ["page.md: block hello is stale (python benchmarks/figures.py --update hello)"]
     assert subprocess.run([sys.executable, "benchmarks/figures.py", "--check"], cwd=ROOT).returncode == 0
+
+
+def test_a_figure_outside_the_blocks_needs_its_date():
+    """A measured figure (time, size, rate, ratio, percentage) written by hand is a record of one day: it is
+    reported unless a date covers it (its paragraph, the paragraph leading its list or table, a heading);
+    settings in code, the paper's own figures and the blocks' output are not measurements of ours."""
+    page = "\n".join([
+        "# Page",                                                       # 1
+        "",
+        "The demo took 9 min on 2 cores.",                              # 3: undated
+        "",
+        "The step took 1.5 s (2026-12-01).",                            # 5: dated itself
+        "",
+        "Measured on 2026-11-30:",                                      # 7: leads the list and the table
+        "- rollouts 2.01x faster",
+        "",
+        "| run | speed |",
+        "| --- | --- |",
+        "| a | 12% |",
+        "",
+        "A later paragraph at 30%.",                                    # 14: a paragraph does not inherit
+        "",
+        "Settings: `latency=0.2 s`, the paper's drop (Table 2: 45%), a quote \"~10% of its split\", A100-80GB.",
+        "",
+        "## Older runs (2026-11-29)",
+        "",
+        "It ran 53 min.",                                               # 20: its heading's date
+        "",
+        "## Newer",
+        "",
+        "It ran 40 min.",                                               # 24: the dated heading's section ended
+        "",
+        "<!-- figures:x -->", "```text", "took 7 s", "```", "<!-- /figures:x -->",
+    ])
+    assert figures.undated(page) == [(3, "9 min"), (14, "30%"), (24, "40 min")]
+
+
+def test_a_block_a_script_writes_as_markdown(tmp_path, monkeypatch):
+    """A section a script writes into the page itself (reproduce.py's results, between its own marks, not
+    fenced) is checked the same way against what the script prints."""
+    page = tmp_path / "page.md"
+    monkeypatch.setattr(figures, "ROOT", tmp_path)
+    monkeypatch.setattr(figures, "BLOCKS", {"results": figures.Block(
+        "page.md", ("-c", "print('| a | 0.5 |')"), True, marks=("<!-- r:begin -->", "<!-- r:end -->"), fence=False)})
+    page.write_text("# Results\n\n<!-- r:begin -->\n| a | 0.4 |\n<!-- r:end -->\n\nAfter.\n")
+    assert figures.problems() == ["page.md: block results is stale (python benchmarks/figures.py --update results)"]
+    figures.main(["--update", "results"])
+    assert page.read_text() == "# Results\n\n<!-- r:begin -->\n| a | 0.5 |\n<!-- r:end -->\n\nAfter.\n"
+    assert figures.problems() == []
