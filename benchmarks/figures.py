@@ -14,10 +14,11 @@ those figures cannot go stale. A "recorded" block varies by machine or takes lon
 `--update NAME` runs its command once and writes the output into the page and into docs/figures/NAME.txt
 (with the commit and the date), and `--check` fails if the page's block differs from that file, so it always
 shows what the script printed, never a hand edit. A section a script writes into the page itself
-(docs/RESULTS.md's, from docs/results/v4.json) is a live block between that script's marks, unfenced. A figure written outside the blocks (a duration, a size, a rate,
-a ratio such as 1.3x, a percentage) is a record of one day's measurement: `--check` also fails where one stands
-without its date (`undated`), in its own paragraph, in the paragraph that leads its list or table, or in its
-section's heading.
+(docs/RESULTS.md's, from docs/results/v4.json) is a live block between that script's marks, unfenced.
+
+A figure written outside the blocks (a duration, a size, a rate, a ratio such as 1.3x, a percentage) is a
+record of one day's measurement: `--check` also fails where one stands without its date (`undated`), in its
+own paragraph, in the paragraph that leads its list or table, or in its section's heading.
 
     python benchmarks/figures.py --check            # tests/test_figures.py runs this
     python benchmarks/figures.py --update layout-targets memory-plan
@@ -129,6 +130,7 @@ PAGES = ("README.md", "docs/*.md")
 # a measured figure: a number with a unit of time, size, rate or ratio, or a percentage ("A100-80GB" is a name)
 FIGURE = re.compile(r"(?<![\w.-])\d[\d,]*(?:\.\d+)?\s?(?:ms|s|min|minutes?|h|hours?|GiB|GB|MB|req/s|GB/s|x|%)(?![\w/])")
 DATE = re.compile(r"20\d\d-\d\d-\d\d")
+LIST_ITEM = re.compile(r"\s*([-*]|\d+\.) ")
 NOT_MEASURED = (r"```.*?```", r"`[^`\n]*`",                                                     # code
                 r"\([^()]*\b(?:Table|App\.|Sec\.|Eq\.|Fig\.|the paper)[^()]*\)", r'"[^"]{0,300}"')  # the paper's own
 
@@ -144,7 +146,7 @@ def blanked(text):
 def begins_unit(line, item):
     """Whether a line ends the unit `item` (a blank line, a heading) or begins another (a list item, a table)."""
     table_begins = line.startswith("|") and not (item and item[-1].startswith("|"))
-    return not line.strip() or line.startswith("#") or bool(re.match(r"\s*([-*]|\d+\.) ", line)) or table_begins
+    return not line.strip() or line.startswith("#") or bool(LIST_ITEM.match(line)) or table_begins
 
 
 def units(text):
@@ -156,7 +158,7 @@ def units(text):
             start, item = (start if item else n + 1), item + [line]
             continue
         if item:
-            listed = bool(re.match(r"\s*([-*|]|\d+\.)", item[0]))
+            listed = item[0].startswith("|") or bool(LIST_ITEM.match(item[0]))
             yield start, item, " ".join(headings.values()) + (lead if listed else "")
             lead = lead if listed else "\n".join(item)
         item, start = ([line] if line.strip() and not line.startswith("#") else []), n + 1
