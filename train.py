@@ -45,7 +45,7 @@ import buffer as curriculum
 from machinery import answers, data
 import grpo
 import judge as judges
-from machinery import learner, records, runs, warmup
+from machinery import checkpoints, learner, records, runs, warmup
 from machinery.clips import Observer, jitter
 import perturb
 from machinery import policy
@@ -666,7 +666,7 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     """Both stages in `run` (runs.setup), from its checkpoint `ckpt` if any: the before check, SFT, RL (`rl`: RL
     or a subclass), the final weights and the after check."""
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
-    per_rank = runtime.load_rank_state(ckpt, run.rank)
+    per_rank = checkpoints.load_rank_state(ckpt, run.rank)
     if not (run.out / "eval_before.json").is_file():
         run.evaluate("eval_before.json")
     if state["stage"] == "sft":

@@ -75,6 +75,8 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     tok = policy.tokenizer_of(proc)
     config = memory.preset_config(shape) if shape != "tiny" else policy.load_policy(vlm_dir)[0].config
     config.text_config.num_hidden_layers = layers
+    if getattr(config.text_config, "layer_types", None):   # transformers >= 5.2x validates one type per layer
+        config.text_config.layer_types = config.text_config.layer_types[:layers]
     for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
         setattr(config, name, tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}_pad|>")
                 if name in ("image_token_id", "video_token_id") else

@@ -214,9 +214,9 @@ def checksum(model, device) -> float:
 
 # ----------------------------------------------------------------------------- checkpoints (torch.distributed.checkpoint)
 
-def _options():
+def _options(strict=True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
-    return StateDictOptions(ignore_frozen_params=True)  # LoRA: the adapters; full fine-tuning: every weight
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)  # LoRA: the adapters; full FT: every weight
 
 
 @contextmanager
@@ -248,8 +248,12 @@ def load_state(folder, model, optimizer):
     state = {"model": weights, "optimizer": optim}
     with _one_process_is_fine():
         dcp.load(state, checkpoint_id=str(folder))
-    set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
-                   options=_options())
+    keys = set_state_dict(unwrap(model), optimizer, model_state_dict=state["model"],
+                          optim_state_dict=state["optimizer"], options=_options(strict=False))
+    trainable = {n for n, p in unwrap(model).named_parameters() if p.requires_grad}
+    lost = [k for k in keys.missing_keys if k in trainable] + list(keys.unexpected_keys)
+    if lost:  # (the frozen weights are not in the checkpoint: they come from the model as loaded)
+        raise RuntimeError(f"{folder}: the checkpoint does not match the model's trainable weights ({lost[:3]})")
 
 
 def memory_available_gib(device):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from machinery import answers, data, memory, parallel, policy, runtime, synthetic
+from machinery import answers, checkpoints, data, memory, parallel, policy, runtime, synthetic
 from machinery import depth as depths
 from machinery import tiny as tiny_model
 from machinery.clips import Clips
@@ -213,9 +213,9 @@ class Run:
 
     def checkpoint(self, state, optim, plain):
         """Weights and optimiser state with torch.distributed.checkpoint (each rank its shard), every rank's
-        RNGs, data cursor and schedule: parallel.save_state, runtime.save_checkpoint."""
+        RNGs, data cursor and schedule: parallel.save_state, checkpoints.save_checkpoint."""
         rng_plain, rng_tensors = runtime.rng_state(self.spec_rng)
-        runtime.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), (
+        checkpoints.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), (
             {**plain, "rng": rng_plain, "scheduler": optim.sched.state_dict()}, rng_tensors),
             lambda folder: parallel.save_state(folder / "state", self.model, optim.opt),
             keep=self.cfg.keep_checkpoints, world=self.world)
@@ -237,6 +237,7 @@ class Run:
         self.steps_this_run += 1
         if self.cfg.stop_after and self.steps_this_run >= self.cfg.stop_after:
             runtime.log(f"stop_after {self.cfg.stop_after}: exiting as if killed")
+            checkpoints.release(self.out)
             return True
         return False
 
@@ -289,14 +290,14 @@ def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwar
     samples, shard, clips = load_data(cfg, rank, world, corrupt, read_kwargs)
     depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
                         needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
-    ckpt = runtime.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
-                                    ignore=NOT_RESULT_KEYS + getattr(cfg, "not_results", ()), files=RUN_FILES,
-                                    folders=RUN_FOLDERS, log=runtime.log, world=world)
+    ckpt = checkpoints.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
+                                        ignore=NOT_RESULT_KEYS + getattr(cfg, "not_results", ()), files=RUN_FILES,
+                                        folders=RUN_FOLDERS, log=runtime.log, world=world)
     sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
     model, processor = load_model(cfg, sharding, world, device, ckpt)
     check_model(cfg, model)
     if ckpt and rank == 0:
-        runtime.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
+        checkpoints.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
     runtime.barrier()
     eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
     run = Run(cfg, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
@@ -386,6 +387,7 @@ def finish(run, buffer_stats, queued):
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
         runtime.log(f"final weights in {run.out / 'final'}")
     runtime.barrier()
+    checkpoints.release(run.out)
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -6,8 +6,8 @@ output that is not an error stays quiet, and torch's OpenMP threads spin briefly
 process on the machine costs a share of the cores, not a collapse.
 
 The second half is train.py's plumbing, kept out of the training loop so that the loop reads as the
-paper's algorithm: torchrun's process group, gradients averaged over ranks, every RNG's state, atomic
-checkpoints, what a run folder holds (finished, unfinished, resumable) and the step log.
+paper's algorithm: torchrun's process group, gradients averaged over ranks, every RNG's state and the step log
+(checkpoints and run folders: machinery/checkpoints.py).
 
 Standard library only at import (torch, huggingface_hub and transformers are imported where they are used),
 so every module can import it.
@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import sys
 import time
 from collections import defaultdict
@@ -290,6 +289,7 @@ def setup_distributed():
     import torch.distributed as dist
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
+        _die_with_the_launcher()
         cuda = torch.cuda.is_available()
         dist.init_process_group("nccl" if cuda else "gloo", timeout=collective_timeout())
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -298,6 +298,21 @@ def setup_distributed():
             torch.cuda.set_device(device)
         return rank, world, device
     return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _die_with_the_launcher():
+    """torchrun starts each worker in a session of its own, so a torchrun killed with kill -9 leaves its workers
+    running, still writing checkpoints into the run folder. On Linux, have the kernel kill a worker when its
+    launcher dies (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    launcher = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != launcher:   # the launcher died before the request: follow it now
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def log(*args, **kwargs):
@@ -430,177 +445,7 @@ def set_rng_state(plain, tensors, spec_rng):
         torch.cuda.set_rng_state_all(list(tensors["cuda"]))
 
 
-# ----------------------------------------------------------------------------- checkpoints and run folders
-
-STAGE_ORDER = {"sft": 0, "rl": 1}
-
-
-def checkpoint_name(state):
-    return f"{state['stage']}-{state['step']:07d}"
-
-
-def complete_checkpoints(root):
-    """Complete checkpoints (a COMPLETE marker), oldest first (SFT before RL, then by step)."""
-    done = [p for p in Path(root).glob("*-*") if (p / "COMPLETE").is_file()]
-    return sorted(done, key=lambda p: (STAGE_ORDER.get(p.name.split("-")[0], 2), p.name))
-
-
-@contextmanager
-def interrupt_after():
-    """Ctrl-C while a checkpoint is written stops the run once it is written (a second Ctrl-C at once):
-    torch.distributed.checkpoint would report the interrupt as a failed write, not as an interrupt."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    asked = []
-
-    def later(signum, frame):
-        if asked:
-            raise KeyboardInterrupt
-        asked.append(signum)
-        print("interrupt: finishing the checkpoint first (Ctrl-C again to stop now)", file=sys.stderr, flush=True)
-
-    previous = signal.signal(signal.SIGINT, later)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if asked:
-        raise KeyboardInterrupt
-
-
-def save_checkpoint(out, rank, state, config, per_rank, save_all, keep=2, world=1):
-    """Atomic: every rank writes its own state (JSON, and torch RNG tensors: both safe to load) and what
-    `save_all(folder)` writes (a collective: each rank's shard of the weights and optimiser, with
-    torch.distributed.checkpoint) into a temporary folder; rank 0 adds state.json (with the number of
-    processes), marks it COMPLETE and renames it; only the last `keep` complete checkpoints stay."""
-    with interrupt_after():
-        _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world)
-
-
-def _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world):
-    import torch
-
-    root = Path(out) / "checkpoints"
-    tmp = root / f".tmp-{checkpoint_name(state)}"
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    plain, tensors = per_rank
-    (tmp / f"rank{rank}.json").write_text(json.dumps(plain))
-    torch.save(tensors, tmp / f"rank{rank}_rng.pt")
-    save_all(tmp)
-    if rank == 0:
-        (tmp / "state.json").write_text(json.dumps({"state": state, "config": config, "world": world}, indent=1))
-    barrier()
-    if rank == 0:
-        (tmp / "COMPLETE").write_text("ok\n")
-        final = root / checkpoint_name(state)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in complete_checkpoints(root)[:-max(1, keep)]:
-            shutil.rmtree(old, ignore_errors=True)
-    barrier()
-
-
-def load_rank_state(ckpt, rank):
-    """This rank's (JSON state, torch RNG tensors) from a checkpoint, or None without one."""
-    import torch
-
-    if ckpt is None:
-        return None
-    return json.loads((ckpt / f"rank{rank}.json").read_text()), torch.load(ckpt / f"rank{rank}_rng.pt",
-                                                                            weights_only=True)
-
-
-def config_changes(saved: dict, now: dict, ignore=()) -> list[str]:
-    """'--flag old -> new' for every field (not in `ignore`) in which `now` differs from a saved config."""
-    return [f"--{k.replace('_', '-')} {saved[k]!r} -> {now[k]!r}" for k in now
-            if k in saved and k not in ignore and saved[k] != now[k]]
-
-
-def claim_run_folder(out, config, rank, *, resume="", overwrite=False, ignore=(), files=(), folders=(), log=print,
-                     world=1):
-    """What the run folder `out` holds decides what this run does; nothing finished is deleted implicitly.
-    A finished run (final/ or summary.json) is refused unless `overwrite`; an unfinished one (complete
-    checkpoints) is continued from its last checkpoint when `config` matches its saved one (fields in
-    `ignore` aside) or `resume` is given, refused otherwise; the `files` and `folders` of a run stopped
-    before its first checkpoint are replaced. `resume` may also name a checkpoint folder. A checkpoint
-    written by another number of processes (`world`) is refused. Returns the checkpoint to resume from, or
-    None for a fresh run."""
-    out = Path(out)
-    if resume and resume != "auto":
-        ckpt = Path(resume)
-        if not (ckpt / "COMPLETE").is_file():
-            raise UserError(f"--resume {ckpt}: not a complete checkpoint (no COMPLETE marker)")
-        log(f"resuming from {ckpt}")
-        return _same_world(ckpt, world)
-    done = complete_checkpoints(out / "checkpoints")
-    finished = (out / "final").is_dir() or (out / "summary.json").is_file()
-    if overwrite:
-        if rank == 0 and (done or finished):
-            log(f"--overwrite: replacing the run in {out}")
-        _clear_run(out, rank, files, folders)
-        return None
-    if finished:
-        raise UserError(f"{out} holds a finished run (final weights in {out / 'final'}): give --out NEW for "
-                        "another run, or --overwrite to replace it")
-    if not done:
-        _clear_run(out, rank, files, folders)  # nothing finished: a run stopped before its first checkpoint
-        return None
-    saved = json.loads((done[-1] / "state.json").read_text())
-    changes = config_changes(saved["config"], config, ignore)
-    if changes and not resume:
-        raise UserError(f"{out} holds an unfinished run (last checkpoint {done[-1].name}) with another "
-                        f"config ({'; '.join(changes[:4])}): rerun with its flags to continue it, "
-                        "--resume auto to continue it with these, --out NEW, or --overwrite")
-    log(f"continuing the unfinished run in {out} from {done[-1].name} ({saved['state']['stage']} step "
-        f"{saved['state']['step']}" + (f"; changed flags: {'; '.join(changes)})" if changes
-                                      else "; same config, --overwrite starts over)"))
-    return _same_world(done[-1], world)
-
-
-def _same_world(ckpt, world):
-    """The weights and optimiser would reshard (torch.distributed.checkpoint does), but each process's data
-    shard, memory buffer and RNG streams cannot be split or merged: a checkpoint resumes on as many processes
-    as wrote it."""
-    saved = json.loads((ckpt / "state.json").read_text())
-    if not (ckpt / "state").is_dir():
-        raise UserError(f"{ckpt} has no state/ folder (a checkpoint of an older version of train.py): "
-                        "--overwrite to start over, or --out NEW")
-    if saved.get("world", 1) != world:
-        raise UserError(f"{ckpt} was written by {saved.get('world', 1)} processes and this run has {world}: each "
-                        f"process's data shard, memory buffer and RNG streams are in it; rerun with torchrun "
-                        f"--nproc_per_node={saved.get('world', 1)} (or --out NEW)")
-    return ckpt
-
-
-def _clear_run(out, rank, files, folders):
-    barrier()  # every rank has decided before rank 0 removes anything
-    if rank == 0:
-        for name in files:
-            (out / name).unlink(missing_ok=True)
-        for name in folders:
-            shutil.rmtree(out / name, ignore_errors=True)
-    barrier()
-
-
 # ----------------------------------------------------------------------------- the step log
-
-def truncate_log(path, state):
-    """On resume, drop the log lines of steps after the checkpoint (they are redone)."""
-    path = Path(path)
-    if not path.is_file():
-        return
-    at = (STAGE_ORDER[state["stage"]], state["step"])
-    keep = [ln for ln in path.read_text().splitlines()
-            if ln.strip() and (STAGE_ORDER[json.loads(ln)["stage"]], json.loads(ln)["step"]) <= at]
-    path.write_text("".join(ln + "\n" for ln in keep))
-
 
 class StepLog:
     """Rank 0's record of every step: log.jsonl, TensorBoard scalars (when installed) and a tqdm bar with
