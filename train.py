@@ -6,23 +6,19 @@ self-reflective, difficulty-aware curriculum and the temporal memory buffer.
         --data data/Video-R1-COT-outdoor.json --video-root data/Video-R1-data --out runs/rova --judge openai:gpt-4o
     python train.py --model ... --lora-r 64 --load-in-4bit   # one smaller GPU
 
-One RL step (`RL.step`) follows App. G's order, the one that saves cost: sample a corruption spec per
-video (dynamic protocol, Sec. 4) and corrupt it (Sec. 3.1); roll out G on the clean and G on the
-perturbed video (Alg. 2 l.3); self-assess every sample (Eq. 3, Alg. 2 l.6); discard confident easy ones,
-defer difficult ones to the buffer (l.7-10); compute rewards (Alg. 1) and the GRPO update (Eq. 7-8) for
-the selected ones only; every `reeval_period` steps re-evaluate the buffer on regenerated videos (Eq. 5-6,
-l.12-21), whose promoted samples are trained first in the next steps. The baselines: `--mode dual` is the
-naive dual-branch (alignment reward, no curriculum; App. G Eq. 12), `--mode grpo` standard single-branch
-GRPO on the clean videos (App. G Eq. 11), `--mode grpo-aug` single-branch GRPO on corrupted videos (the
-"generic data augmentation" of Sec. 1). Every mode draws the same corruption specs and data order for a
-given --seed.
+One RL step (`RL.step`) follows App. G's order, the one that saves cost: corrupt each video by a spec drawn for
+it (dynamic protocol, Sec. 3.1); roll out G on the clean and G on the perturbed video (Alg. 2 l.3); self-assess
+every sample (Eq. 3, l.6), discard confident easy ones, defer difficult ones to the buffer (l.7-10), and draw more
+from the stream until batch_size are selected; rewards (Alg. 1) and the GRPO update (Eq. 7-8) for the selected
+only; every `reeval_period` steps re-evaluate the buffer on regenerated videos (Eq. 5-6, l.12-21). Baselines:
+`--mode dual` naive dual-branch (no curriculum; App. G Eq. 12), `--mode grpo` standard GRPO on clean videos (Eq.
+11), `--mode grpo-aug` GRPO on corrupted videos (Sec. 1's "generic data augmentation"); for a --seed every mode
+draws the same corruption specs and data order.
 
-Distributed (machinery/parallel.py): torchrun sets the process group up from the environment; full fine-tuning is
-sharded with FSDP2 (fp32 master weights, bf16 compute), LoRA replicated with DDP; each rank has its own data
-shard and buffer; every rank runs the same number of micro-batches and the gradient is the mean over every
-rank's trained completions; each rank writes its own checkpoint shard (torch.distributed.checkpoint) and rank
-0 the logs. An extension (extensions/) writes its own main from these pieces: parse_args with its Config
-subclass, runs.setup with what its policy sees of a clip, and train() with its RL subclass's phases.
+Distributed (machinery/parallel.py): FSDP2 for full fine-tuning, DDP for LoRA; each rank has its own data shard
+and buffer, and the gradient is the mean over every rank's trained completions. An extension (extensions/)
+writes its own main from these pieces: parse_args with its Config subclass, runs.setup with what its policy
+sees of a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
@@ -32,7 +28,7 @@ import json
 import math
 import textwrap
 import time
-from collections import defaultdict
+from collections import defaultdict, namedtuple
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,11 +82,9 @@ class Config(runs.RunConfig):
     frames: int = _arg(16, "frames per video (App. D: 16 in training)", "data")
     max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
     seed: int = _arg(0, "seed of data order, corruption specs and sampling", "data")
-    depth_model: str = _arg("auto", "depth of the depth-graded corruptions (fog, rain, snow, shadow, occluders): auto "
-                                    "(a clip's own depth, the synthetic benchmark's; else "
-                                    "depth-anything/Depth-Anything-V2-Small-hf, computed once per clip and cached: "
-                                    "depth.py), proxy (perturb.py's depth proxy, no model), or a transformers "
-                                    "depth-estimation model's hub id or folder", "data")
+    depth_model: str = _arg("auto", "depth of the depth-graded corruptions: auto (a clip's own, the synthetic "
+                                    "benchmark's; else Depth-Anything-V2-Small-hf, cached per clip: depth.py), proxy "
+                                    "(perturb.py's, no model), or a depth-estimation model's hub id or folder", "data")
     # SFT
     sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
     sft_batch_size: int = _arg(8, "videos per SFT step per process", "SFT")
@@ -142,11 +136,9 @@ class Config(runs.RunConfig):
                        "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                        "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
                        "defer, YES with c > tau -> discard, else train)")
-    reassess: str = _arg("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video (--mode rova): "
-                         "rule (by `assess`: the accuracy rule's reeval_rollouts rollouts, or the verdict) or verdict "
-                         "(App. G's cost, one answerability forward per entry: YES with c' <= tau promotes, NO keeps, "
-                         "YES with c' > tau evicts; the default: App. G prices re-evaluation at one forward per entry, "
-                         "1.5% of a step, Table 14)")
+    reassess: str = _arg("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
+                         "`assess`) or verdict (one answerability forward per entry, App. G's cost, 1.5% of a step in "
+                         "Table 14: YES with c' <= tau promotes, NO keeps, YES with c' > tau evicts)")
     assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
                                      "before the self-assessment (l.6), which then only fills the buffer; default "
                                      "App. G's order (assessed first, only the selected trained)")
@@ -160,6 +152,8 @@ class Config(runs.RunConfig):
     advantage: str = _arg("summed", "Eq. 8 on R_j, the components added first (summed: App. H.1's 'single combined "
                           "reward') or per_component (format, accuracy, alignment and any other term each normalised "
                           "in its group, then added with its weight: App. H.1's multi-component reading)")
+    fill_rounds: int = _arg(4, "--mode rova: draws from the stream after a step's first while its selection is short "
+                            "of batch_size (samples arrive sequentially; 0: a step trains what its one draw selects)")
     updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
                                        "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
 
@@ -259,6 +253,9 @@ class Item:
     comp: dict = field(default_factory=dict)         # the reward's components (grpo.total_reward)
 
 
+Draw = namedtuple("Draw", "items selected rollout")   # samples of a step assessed together, and their rollouts
+
+
 def answers_of(texts, sample):
     return [answers.extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
 
@@ -285,19 +282,25 @@ class RL:
         return cfg.mode in ("rova", "dual")
 
     def step(self, step, spec_rng):
-        """One RL step: Alg. 2 in App. G's order."""
+        """One RL step: Alg. 2 in App. G's order, in draws from the stream until batch_size samples are selected
+        (next_samples; the extra assessments count in the step's cost)."""
         self.timer = runtime.Timer()
-        with self.timer("perturbation"):
-            items = self.corrupt_videos(self.next_samples(), spec_rng)   # Sec. 3.1, Eq. 1-2 (l.2)
         literal = self.cfg.assess_after_update                           # Alg. 2's order: l.5 before l.6
+        draws, todo = [], self.next_samples()
         with self.learner.generating():                                   # (FSDP2: the weights gathered once)
-            rollout = self.dual_rollouts(items)                           # l.3
-            with self.timer("self_assessment"):
-                selected = items if literal else self.select(items, step)  # Eq. 3, l.6-10
+            while todo:
+                with self.timer("perturbation"):
+                    items = self.corrupt_videos(todo, spec_rng)           # Sec. 3.1, Eq. 1-2 (l.2)
+                rollout = self.dual_rollouts(items)                       # l.3
+                with self.timer("self_assessment"):
+                    selected = items if literal else self.select(items, step)  # Eq. 3, l.6-10
+                draws.append(Draw(items, selected, rollout))
+                todo = self.next_samples(draws)
+        items, selected = [it for d in draws for it in d.items], [it for d in draws for it in d.selected]
         with self.timer("alignment_reward"):
             missing = self.rewards(selected)                              # Alg. 1 (selected only: App. G)
         with self.timer("backward"):
-            loss_stats, n_rows = self.update(selected, rollout)           # Eq. 7-8
+            loss_stats, n_rows = self.update(draws)                       # Eq. 7-8
         if literal:
             with self.learner.generating(), self.timer("self_assessment"):
                 self.select(items, step)                                  # l.6-10 by the updated policy
@@ -305,19 +308,21 @@ class RL:
             promoted, evicted = self.reevaluate(step)                     # Eq. 5-6, l.12-21
         return self.record(items, selected, loss_stats, n_rows, missing=missing, promoted=promoted, evicted=evicted)
 
-    def next_samples(self):
-        """The buffer's promoted samples first (with their stored spec), then the shard in order."""
-        todo = []
-        while self.queue and len(todo) < self.cfg.batch_size:
+    def next_samples(self, draws=()):
+        """The buffer's promoted samples first (with their stored spec), then the shard in order; after a draw, more
+        while a ROVA step selected fewer than batch_size (fill_rounds draws at most; Alg. 2's literal order none)."""
+        todo, short = [], self.cfg.batch_size - sum(len(d.selected) for d in draws)
+        if draws and (self.cfg.mode != "rova" or self.cfg.assess_after_update or len(draws) > self.cfg.fill_rounds):
+            return []
+        while self.queue and not draws and len(todo) < self.cfg.batch_size:
             sid, spec = self.queue.pop(0)
             todo.append((self.by_id[sid], perturb.PerturbSpec.from_dict(spec), True))
-        return todo + [(self.shard[i], None, False) for i in self.cursor.take(self.cfg.batch_size - len(todo))]
+        return todo + [(self.shard[i], None, False) for i in self.cursor.take(max(0, short - len(todo)))]
 
     def corrupt_videos(self, todo, spec_rng):
-        """Sec. 3.1, Eq. 2: the dynamic protocol samples a spec per video (in every mode, so that all modes
-        see the same spec stream for a given seed), a share `temporal_corruption` of them with Eq. 1's frame
-        permutation before the masks (decided from the spec's own seed: the stream is the same at any
-        share); Eq. 1's shuffle alone for T-GRPO's group."""
+        """Sec. 3.1, Eq. 2: a spec per video (in every mode: one spec stream per seed), a share
+        `temporal_corruption` of them with Eq. 1's permutation first (by the spec's own seed); Eq. 1 alone for
+        T-GRPO's group."""
         items = []
         for s, spec, promoted in todo:
             frames = self.clips.get(s)
@@ -346,9 +351,8 @@ class RL:
                               temperature=self.cfg.temperature, top_p=self.cfg.top_p)
 
     def dual_rollouts(self, items):
-        """Alg. 2 l.3: G rollouts on the clean video (the anchor, no gradient; dual-branch modes) and G on
-        the perturbed one (+ G~ on the shuffled one), with each rollout's accuracy (Eq. 10). One generation
-        call for every branch: each video is encoded and its prompt prefilled once (policy.rollout)."""
+        """Alg. 2 l.3: G rollouts on the clean video (the anchor, no gradient; dual-branch modes) and G on the
+        perturbed one (+ G~ on the shuffled one), with each one's accuracy (Eq. 10), in one generation call."""
         if not items:
             return None
         G, k, B = self.cfg.group_size, self.cfg.temporal_grpo, len(items)
@@ -431,19 +435,19 @@ class RL:
         """Eq. 7 on a micro-batch of the step's completions, as a sum (grpo.step_loss)."""
         return grpo.step_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm)
 
-    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None):
-        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`): the step's sum over
-        every rank divided by grpo.loss_denominator's count (loss_norm), times `share`; `kept`: the old and
-        reference log-probs of several updates per generation. Returns (this rank's mean loss and stats,
+    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, denominator=None):
+        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`): the sum over every rank over
+        the ranks' summed `denominator` (default: grpo.loss_denominator's for these rows), times `share`; `kept`:
+        old and reference log-probs of several updates per generation. Returns (this rank's mean loss and stats,
         the rows of all ranks)."""
-        masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
-        den = grpo.loss_denominator(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.backward(self.loss, rollout, rows, adv, den, share, kept)
+        if denominator is None:
+            masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
+            denominator = grpo.loss_denominator(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.backward(self.loss, rollout, rows, adv, denominator, share, kept)
 
     def advantages(self, selected):
-        """Eq. 8 for the selected samples' groups, one per completion: of R_j (advantage=summed), or each
-        reward component's, weighted and added (per_component, App. H.1; "other": an extension's or T-GRPO's
-        terms, R_j less the three)."""
+        """Eq. 8 for the selected samples' groups, per completion: of R_j (summed), or of each component, weighted
+        and added (per_component, App. H.1; "other": an extension's or T-GRPO's terms, R_j less the three)."""
         if not selected:
             return torch.zeros(0)
         if self.cfg.advantage == "summed":
@@ -459,22 +463,18 @@ class RL:
     def stand_in(self):
         return learner.stand_in(self.cfg, self.processor, self.observer, self.shard[0])
 
-    def update(self, selected, rollout):
-        """Eq. 7-8 on the perturbed branch of the selected samples (group advantages of their rewards), then
-        mu = updates_per_generation optimiser steps on these rollouts (TRL's num_iterations): F_theta_old of
-        Eq. 7 is the policy that generated them, so the ratio moves from 1 and the clip binds from the
-        second step on. Returns (loss stats, the mean over the mu steps; trained completions of this rank).
-        Every rank runs it, also one that selected nothing (its micro-batches then have zero weight)."""
-        rows = [r for it in selected for r in range(it.rows.start, it.rows.stop)]
-        adv = self.advantages(selected)
-        mu = self.cfg.updates_per_generation
-        kept, sums = ({} if mu > 1 else None), defaultdict(float)
-        for _ in range(mu):
-            stats, total = self.grpo_backward(rollout, rows, adv, kept=kept)
-            self.optim.step(total > 0)
-            for key, v in stats.items():
-                sums[key] += v / mu
-        return dict(sums), len(rows)
+    def update(self, draws):
+        """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one
+        sum over every draw divided once (grpo.loss_denominator); mu = updates_per_generation optimiser steps on
+        these rollouts (TRL's num_iterations: F_theta_old of Eq. 7 generated them, so the clip binds from the
+        second). Returns (loss stats, the mean over the mu steps; trained completions of this rank)."""
+        parts = [(d.rollout, [r for it in d.selected for r in range(it.rows.start, it.rows.stop)],
+                  self.advantages(d.selected)) for d in draws]
+        tokens = [ro.completion_mask[torch.as_tensor(rows)].sum(1) for ro, rows, _ in parts if rows]
+        den = grpo.loss_denominator(self.cfg.loss_norm, torch.cat(tokens) if tokens else None,
+                                    self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.update(self.grpo_backward, parts, den, self.optim, self.cfg.updates_per_generation,
+                                   draws=1 + self.cfg.fill_rounds)
 
     def reevaluate(self, step):
         """Eq. 5-6, Alg. 2 l.12-21 (--mode rova, when due): re-assess the buffer, queue what it promotes.
@@ -562,12 +562,6 @@ def evaluate(cfg, model, processor, samples, observer, clips):
     return runs.accuracy_check(cfg, model, processor, samples, observer, clips, spec)
 
 
-def vlm_only(cfg, model):
-    """The policy trained here watches videos: a text-only LM is refused (one line, before any data is read)."""
-    if policy.is_text_model(model):
-        raise runtime.UserError(f"--model {cfg.model} is a text-only LM; train.py trains a vision-language model")
-
-
 # ----------------------------------------------------------------------------- main
 
 def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
@@ -649,9 +643,10 @@ def run_rl(run, state, ckpt, per_rank, rl=RL):
         t0 = time.perf_counter()
         s = rl.step(state["step"], run.spec_rng)
         state["step"] += 1
-        run.log({"stage": "rl", "step": state["step"], "lr": rl.optim.sched.get_last_lr()[0]}
-                | runtime.reduce_record(s, run.device, run.world) | {"bad_videos": len(run.clips.bad),
-                                                              "sec_step": time.perf_counter() - t0})
+        run.log({"stage": "rl", "step": state["step"], "lr": rl.optim.sched.get_last_lr()[0],
+                 "updates": rl.optim.updates}
+                | runtime.reduce_record(s, run.device, run.world)
+                | {"bad_videos": len(run.clips.bad), "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
             run.checkpoint(state, rl.optim, {"rl": rl.state()})
         if cfg.snapshot_every and state["step"] % cfg.snapshot_every == 0 and state["step"] < cfg.rl_steps:
@@ -690,7 +685,7 @@ def main(argv=None, **settings):
     cfg = parse_args(argv, settings)
     with runtime.interrupt_hint(resume_hint(cfg)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=evaluate,
-                               check_model=vlm_only)
+                               check_model=runs.vlm_only)
         train(run, ckpt)
 
 

@@ -38,15 +38,20 @@ class Optim:
 
     def step(self, trained: bool):
         """One optimiser step on the accumulated gradients (already the mean over every rank's trained rows:
-        parallel.backward_micro_batches), clipped; skipped when no rank trained anything (all deferred), while
-        the schedule advances."""
+        parallel.backward_micro_batches), clipped; skipped when no rank trained anything, and then the schedule
+        does not advance either (it counts updates, not steps)."""
         if trained:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             self.opt.step()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-            self.sched.step()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+                self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+
+    @property
+    def updates(self) -> int:
+        """Optimiser updates so far in this stage (the schedule's position; saved with it)."""
+        return self.sched.last_epoch
 
 
 class Learner:
@@ -116,6 +121,26 @@ class Learner:
         n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, share,
                                             denominator)
         return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
+
+
+    def update(self, backward, parts, denominator, optim, mu, draws):
+        """`mu` optimiser steps, each on one gradient of the step's `parts` [(rollout, rows, advantages)]:
+        `backward(rollout, rows, adv, kept=, denominator=)` per part, all with the step's `denominator` (None: this
+        rank's rows), so the parts sum to one loss divided once. Padded to `draws` parts, so every rank runs as
+        many backward passes. Returns (the stats' means over the rows and the mu steps, this rank's rows)."""
+        parts = list(parts) + [(None, [], torch.zeros(0))] * (draws - len(parts))
+        n_rows = sum(len(rows) for _, rows, _ in parts)
+        denominator = float(n_rows) if denominator is None else denominator
+        kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
+        for _ in range(mu):
+            total = 0
+            for (rollout, rows, adv), keep in zip(parts, kept):
+                stats, n = backward(rollout, rows, adv, kept=keep, denominator=denominator)
+                total += n
+                for key, v in stats.items():
+                    sums[key] += v * len(rows) / n_rows / mu
+            optim.step(total > 0)
+        return dict(sums), n_rows
 
 
 def stand_in(cfg, processor, observer, sample):

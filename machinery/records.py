@@ -12,9 +12,11 @@ def flat(lists):
 
 def decisions(items, selected, categories, category_of):
     """The curriculum's counts of a step, overall and per corruption category (Table 12's rates by category:
-    `cat_<category>_<samples | trained | deferred | discarded>`)."""
+    `cat_<category>_<samples | trained | deferred | discarded>`), and the trained groups whose rewards are all
+    equal (`flat_groups`: zero advantage, no gradient but the KL's)."""
     out = {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
-           selected), "deferred": sum(it.decision == "defer" for it in items)}
+           selected), "deferred": sum(it.decision == "defer" for it in items),
+           "flat_groups": sum(bool(it.rewards) and max(it.rewards) - min(it.rewards) < 1e-9 for it in selected)}
     trained = {id(it) for it in selected}
     for cat in categories:  # every key on every rank (runtime.reduce_record sums them in order)
         mine = [it for it in items if category_of.get(it.spec.subtype) == cat]

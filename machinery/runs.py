@@ -306,6 +306,12 @@ def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwar
     return run, ckpt
 
 
+def vlm_only(cfg, model):
+    """The policy trained here watches videos: a text-only LM is refused (one line, before any data is read)."""
+    if policy.is_text_model(model):
+        raise runtime.UserError(f"--model {cfg.model} is a text-only LM; train.py trains a vision-language model")
+
+
 def check_memory(cfg, sharding, world, device):
     """Fail fast when memory.plan's per-GPU peak for this run exceeds the GPU (before anything is loaded)."""
     from transformers import AutoConfig

@@ -5,6 +5,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -279,7 +280,7 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
             seen.append(policy.token_logprobs(model, x, ids, mask))
     monkeypatch.setattr(rl.optim, "step", after_step)
     monkeypatch.setattr(policy, "reference_logprobs", lambda *a, **k: ref_calls.append(1) or real_ref(*a, **k))
-    stats, n = rl.update(selected, rollout)
+    stats, n = rl.update([train.Draw(selected, selected, rollout)])
 
     def eq7(logp):   # written out independently of grpo.grpo_loss
         a1, a2 = 0.5 / (0.5 ** 0.5 + 1e-4), 1 / (2 ** 0.5 + 1e-4)   # Eq. 8 by hand: rewards (1, 0) and (0, 2)
@@ -314,13 +315,39 @@ def test_promotions_leave_the_fresh_draws_and_their_specs_aligned_across_modes(a
         fresh.clear()
         out = tmp_path / mode
         train.main(args(assets, out, "--mode", mode, "--rl-steps", "3", "--reeval-period", "1", "--a-min", "1.5"),
-                   assess="accuracy")
+                   assess="accuracy", fill_rounds=0)   # (a step that selects too few draws more: the next test)
         draws[mode] = list(fresh)
         if mode == "rova":
             recs = records(out)
             assert [r["promoted"] for r in recs] == [2, 0, 0] and [r["promoted_trained"] for r in recs] == [0, 2, 0]
             assert json.loads((out / "summary.json").read_text())["promotions_untrained"] == 0
     assert len(draws["rova"]) < len(draws["dual"]) and draws["rova"] == draws["dual"][:len(draws["rova"])]
+
+
+def test_a_rova_step_draws_until_its_batch_is_selected_and_the_schedule_counts_updates(assets, tmp_path,
+                                                                                      monkeypatch):
+    """Samples arrive sequentially: a ROVA step whose selection is short of batch_size draws more from the stream
+    (fill_rounds), so every step trains a full batch and makes an update; the cosine schedule advances only with an
+    update (a step that trains nothing anywhere leaves it where it was)."""
+    decisions = iter(["discard", "train", "train", "defer", "train"] * 20)
+
+    def assess(self, c, *a, **k):
+        return SimpleNamespace(decision=next(decisions), difficulty="informative")
+    monkeypatch.setattr(train.RL, "assess", assess)
+    out = tmp_path / "fill"
+    train.main(args(assets, out, "--mode", "rova", "--rl-steps", "3", "--lr", "1e-3"), assess="accuracy")
+    recs = records(out)
+    assert [r["selected"] for r in recs] == [2, 2, 2] and [r["updates"] for r in recs] == [1, 2, 3]
+    # the draws: [discard train] [train] | [defer train] [discard] [train] | [train defer] [train]
+    assert [r["samples"] for r in recs] == [3, 4, 3] and [r["discarded"] + r["deferred"] for r in recs] == [1, 2, 1]
+    lrs = [r["lr"] for r in recs]
+    assert lrs[0] > lrs[1] > lrs[2] == 0.0
+    # Every sample deferred and nothing to fill with (fill_rounds 0): no update, and the schedule stands still.
+    monkeypatch.undo()
+    out = tmp_path / "none"
+    train.main(args(assets, out, "--mode", "rova", "--rl-steps", "2", "--a-min", "1.5", "--lr", "1e-3"),
+               assess="accuracy", fill_rounds=0)
+    assert [(r["selected"], r["updates"], r["lr"]) for r in records(out)] == [(0, 0, 1e-3), (0, 0, 1e-3)]
 
 
 def test_the_accuracy_rule_re_assesses_with_g_rollouts(assets, tmp_path, monkeypatch):
@@ -331,7 +358,7 @@ def test_the_accuracy_rule_re_assesses_with_g_rollouts(assets, tmp_path, monkeyp
                                                                                                    views, n))
     out = tmp_path / "out"
     train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--a-min", "1.5", "--group-size", "3"),
-               assess="accuracy", reassess="rule")
+               assess="accuracy", reassess="rule", fill_rounds=0)
     # step 1: both branches of 2 videos; its re-evaluation, 3 each; step 2 (the last: no re-evaluation)
     assert ns == [[3] * 4, 3, [3] * 4]
 
@@ -345,7 +372,7 @@ def test_reassess_verdict_re_assesses_with_one_forward_per_entry(assets, tmp_pat
     monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: confs.append(len(samples))
                         or [0.2] * len(samples))   # NO
     out = tmp_path / "out"
-    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--group-size", "3"))
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1", "--group-size", "3"), fill_rounds=0)
     assert train.Config().reassess == "verdict"   # the default (App. G's cost)
     assert ns == [[3] * 4, [3] * 4]   # the two steps' branches; nothing at the re-evaluation
     assert confs == [2, 2, 2] and records(out)[-1]["buffer_size"] == 4   # step 1, its re-evaluation, step 2
@@ -415,7 +442,7 @@ def test_the_verdict_rule_selects_from_the_answerability_confidence_alone(assets
     monkeypatch.setattr(train.RL, "confidences", lambda self, views, samples: [c] * len(samples))
     monkeypatch.setattr(train.RL, "_rollout", lambda self, *a: calls.append(1) or real(self, *a))
     out = tmp_path / "out"
-    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1"), assess="verdict")
+    train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1"), assess="verdict", fill_rounds=0)
     recs = records(out)
     assert [(r["rho"], r["defer_rate"], r["discard_rate"]) for r in recs] == [rates, rates]
     assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)   # one rollout call per step, none to re-assess

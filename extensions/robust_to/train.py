@@ -182,7 +182,7 @@ def main(argv=None, **settings):
     cfg = parse_args(argv, settings)
     with runtime.interrupt_hint(train.resume_hint(cfg)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=train.evaluate,
-                               check_model=train.vlm_only)
+                               check_model=runs.vlm_only)
         train.train(run, ckpt, rl=AgentRL, sft_step=agent_sft_step)
 
 
