@@ -22,12 +22,9 @@
     easy        -> evicted                                        (l.18-19)
     difficult   -> kept with k + 1; evicted once k > N_max        (l.18-19, Eq. 6)
 
-   App. D gives N_max = 3 replay attempts over at most |M|_max = 1000 entries, re-evaluated every 50
-   steps; it also writes K_max = 537, which conflicts with it: `n_max` is a parameter.
-   Adding to a full buffer (the paper is silent): the entry with the most re-evaluations (the oldest
-   among equals) is evicted to make room (counted as evicted for "capacity"), so new difficult samples
-   are never refused and no entry is kept past its chances; `due()` is then true, so the next check
-   re-evaluates the whole buffer. The buffer's state is JSON, for checkpoints.
+   App. D: N_max = 3 over at most |M|_max = 1000 entries, every 50 steps (its K_max = 537 conflicts: `n_max`
+   is a parameter). A full buffer (the paper is silent) evicts the entry with the most re-evaluations (the
+   oldest among equals) to make room, and is then due. The state is JSON, for checkpoints.
 """
 from __future__ import annotations
 
@@ -125,7 +122,14 @@ def self_assess_verdict(p_yes, *, tau: float = 0.8, yes_at: float = 0.5) -> Asse
     return Assessment(d, c, decision, None, None)
 
 
-ASSESS_RULES = ("accuracy", "verdict")   # train.py's `assess`: self_assess (the default) or self_assess_verdict
+def self_assess_random(key, keep: float) -> Assessment:
+    """Fig. 4c's control, not ROVA: train a sample with probability `keep` (ROVA's measured rho), else discard it,
+    whatever its difficulty; `key` (an integer, e.g. its spec's seed) makes the draw reproducible."""
+    trained = np.random.default_rng([int(key), 0xF14C]).random() < keep
+    return Assessment("informative" if trained else "easy", None, "train" if trained else "discard", None, None)
+
+
+ASSESS_RULES = ("accuracy", "verdict", "random")   # train.py's `assess`: self_assess (default), _verdict, _random
 
 
 def answerability_confidence(next_token_logits, yes_ids, no_ids) -> float:

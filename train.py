@@ -136,6 +136,8 @@ class Config(runs.RunConfig):
                        "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                        "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
                        "defer, YES with c > tau -> discard, else train)")
+    random_keep: float = _arg(0.87, "assess=random (Fig. 4c's control): the share trained, the rest discarded at "
+                              "random (set it to a ROVA run's measured rho)")
     reassess: str = _arg("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
                          "`assess`) or verdict (one answerability forward per entry, App. G's cost, 1.5% of a step in "
                          "Table 14: YES with c' <= tau promotes, NO keeps, YES with c' > tau evicts)")
@@ -390,29 +392,28 @@ class RL:
         if judged:
             conf = self.confidences([it.pert for it in judged], [it.sample for it in judged])
             for it, c in zip(judged, conf):
-                a = self.assess(c, it.acc, answers_of(it.texts, it.sample), answers_of(it.clean_texts, it.sample))
+                a = self.assess(c, it.acc, answers_of(it.texts, it.sample), answers_of(it.clean_texts, it.sample),
+                                key=it.spec.seed)
                 it.decision = a.decision
                 if a.decision == "defer":  # Alg. 2 l.7-8, Eq. 4
                     self.buffer.add(it.sample.id, it.spec.to_dict(), step)
         return [it for it in items if it.decision == "train"]
 
-    def assess(self, c, acc=None, answers=None, clean_answers=None):
-        """Eq. 3's verdict by the configured rule (`assess`): "verdict", App. C.2's (the answerability verdict
-        and its confidence c alone: buffer.self_assess_verdict), or "accuracy" (the rollouts' accuracy
-        against the ground truth, the verdict a veto: buffer.self_assess)."""
-        if self.cfg.assess == "verdict":
-            return curriculum.self_assess_verdict(c, tau=self.cfg.tau)
+    def assess(self, c, acc=None, answers=None, clean_answers=None, key=0):
+        """Eq. 3's verdict by the rule `assess`: accuracy (the rollouts' against the ground truth, the verdict a veto:
+        buffer.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
+        if self.cfg.assess != "accuracy":   # random: Fig. 4c's control (key: the spec's seed)
+            return curriculum.self_assess_verdict(c, tau=self.cfg.tau) if self.cfg.assess == "verdict" else \
+                curriculum.self_assess_random(key, self.cfg.random_keep)
         return curriculum.self_assess(acc, c, answers, clean_answers, tau=self.cfg.tau, a_min=self.cfg.a_min,
                                       a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below)
 
     def weights(self):
-        """(w_format, w_acc, w_alignment) of Alg. 1 l.13 (App. D: 1, 1 and r^A at 1); a subclass may
-        change them (e.g. weights staged by data epoch)."""
+        """(w_format, w_acc, w_alignment) of Alg. 1 l.13 (App. D: 1, 1, 1); a subclass may stage them."""
         return self.cfg.w_format, self.cfg.w_acc, 1.0
 
     def rewards(self, selected):
-        """Alg. 1 for each selected sample (`reward`), + T-GRPO's bonus. Returns the number of verdicts the judge
-        could not give."""
+        """Alg. 1 for each selected sample (`reward`), + T-GRPO's bonus. Returns the judge's missing verdicts."""
         missing = 0
         for it in selected:
             self.reward(it)
@@ -437,9 +438,8 @@ class RL:
 
     def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, denominator=None):
         """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`): the sum over every rank over
-        the ranks' summed `denominator` (default: grpo.loss_denominator's for these rows), times `share`; `kept`:
-        old and reference log-probs of several updates per generation. Returns (this rank's mean loss and stats,
-        the rows of all ranks)."""
+        the ranks' summed `denominator` (default: grpo.loss_denominator's), times `share`; `kept`: old and reference
+        log-probs of several updates per generation. Returns (this rank's mean loss and stats, all ranks' rows)."""
         if denominator is None:
             masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
             denominator = grpo.loss_denominator(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
@@ -494,9 +494,8 @@ class RL:
         return len(up), len(out)
 
     def assess_entries(self, entries):
-        """Eq. 5 / Alg. 2 l.15: d' of buffered samples, each on its regenerated corrupted video, from one
-        answerability forward (and, for the accuracy rule, one batched rollout of reeval_rollouts each); an
-        unreadable video gives its entry an exception (evicted by the buffer)."""
+        """Eq. 5 / Alg. 2 l.15: d' of buffered samples on their regenerated videos, from one answerability forward
+        (+ reeval_rollouts rollouts each for the rule); an unreadable video: an exception (the buffer evicts it)."""
         out, todo = [], []
         for entry in entries:
             s = self.by_id[entry.sample_id]
@@ -512,8 +511,8 @@ class RL:
         return out
 
     def reassessed(self, todo, conf):
-        """d' of each (index, sample, view) of `todo` from its confidence c' and, unless the verdict alone decides
-        (reeval_rollouts 0: assess=verdict or reassess=verdict), from reeval_rollouts rollouts on its view."""
+        """d' of each (index, sample, view) of `todo` from its c' and, unless the verdict alone decides, from
+        reeval_rollouts rollouts on its view."""
         k = self.reeval_rollouts()
         if not k:
             return [curriculum.self_assess_verdict(c, tau=self.cfg.tau).difficulty for c in conf]
@@ -522,10 +521,9 @@ class RL:
                 for n, ((_, s, _), c) in enumerate(zip(todo, conf))]
 
     def reeval_rollouts(self):
-        """Rollouts per buffered sample at re-assessment: 0 when the verdict alone decides (assess=verdict or
-        reassess=verdict: one forward per entry, App. G), else reeval_rollouts, 0 meaning G (the same estimate
-        as its first assessment)."""
-        if self.cfg.assess == "verdict" or self.cfg.reassess == "verdict":
+        """Rollouts per buffered sample at re-assessment: 0 when the verdict alone decides (one forward per entry,
+        App. G), else reeval_rollouts (0: G, as at its first assessment)."""
+        if self.cfg.assess != "accuracy" or self.cfg.reassess == "verdict":
             return 0
         return self.cfg.reeval_rollouts or self.cfg.group_size
 

@@ -60,6 +60,7 @@ class RunConfig:
     demo_clips: int = arg(480, "clips of the demo's synthetic benchmark")
     demo_families: str = arg("", "the demo benchmark's question families, a comma list of synthetic.SYNTH_FAMILIES "
                              "(default all)")
+    demo_turn: str = arg("0.035,0.05", "the demo benchmark's yaw rate of a turning clip, LOW,HIGH in rad/frame")
     video_cache: int = arg(64, "decoded clips kept in memory per process")
     depth_cache: str = arg("", "folder of --depth-model's cached maps (default: depth.default_cache(), "
                                "~/.cache/rova/depth)")
@@ -158,7 +159,8 @@ def make_demo_benchmark(cfg, synth):
     if not (synth / "summary.json").is_file():
         runtime.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
         synthetic.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56,
-                                 families=[f for f in cfg.demo_families.split(",") if f] or None)
+                                 families=[f for f in cfg.demo_families.split(",") if f] or None,
+                                 turn=synthetic.parse_turn(cfg.demo_turn))
 
 
 def use_demo_benchmark(cfg, synth):

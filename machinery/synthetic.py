@@ -250,11 +250,27 @@ def synthetic_questions(rng, objects, visible, action, count_colour, slots):
     return [q for q in (_q_next_action(action), counting, order, distance) if q is not None]
 
 
-def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fraction=0.25, families=None):
+TURN = (0.035, 0.05)   # a turning clip's yaw rate, rad/frame, drawn uniformly in this range
+
+
+def parse_turn(text):
+    """'LOW,HIGH' -> (low, high) yaw rates, 0 <= low <= high."""
+    try:
+        low, high = (float(x) for x in str(text).split(","))
+    except ValueError:
+        raise runtime.UserError(f"a turn range is LOW,HIGH in rad/frame, e.g. 0.035,0.05; got {text!r}") from None
+    if not 0 <= low <= high:
+        raise runtime.UserError(f"a turn range wants 0 <= LOW <= HIGH, got {text!r}")
+    return low, high
+
+
+def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fraction=0.25, families=None, turn=TURN):
     """Render `n` clips with their depth and write the benchmark (see the module docstring):
     videos/synthetic/<id>.mp4, depth/<id>.npy (float16 metres), train.json (Video-R1 format) and
     eval.jsonl (VSI-Bench format, dataset "synthetic"). `families`: the question families kept (default all
-    of SYNTH_FAMILIES; the clips are the same either way). Returns a summary dict (also summary.json)."""
+    of SYNTH_FAMILIES; the clips are the same either way). `turn`: the (low, high) yaw rate of a turning clip
+    (a low bound near 0 adds turns too slight to tell from going ahead at a glance). Returns a summary dict
+    (also summary.json)."""
     families = list(SYNTH_FAMILIES) if not families else list(families)
     unknown = set(families) - set(SYNTH_FAMILIES)
     if unknown:
@@ -276,7 +292,7 @@ def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fractio
         action, colour = actions[k], str(crng.choice(list(SYNTH_COLOURS)))
         for _ in range(20):  # resample until the counted objects are all visible
             objects = _synthetic_scene(crng, action, colour, counts[k])
-            yaw = {"Turn left": 1, "Turn right": -1, "Go ahead": 0}[action] * crng.uniform(0.035, 0.05)
+            yaw = {"Turn left": 1, "Turn right": -1, "Go ahead": 0}[action] * crng.uniform(*turn)
             frames, depth, visible = render_synthetic(objects, yaw, crng.uniform(0.15, 0.25), num_frames, size)
             if _count_seen(objects, visible, colour) == counts[k]:
                 break
@@ -304,7 +320,7 @@ def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fractio
     (out / "train.json").write_text(json.dumps(train, indent=1))
     (out / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evaluation))
     summary = {"n_clips": n, "seed": seed, "frames": num_frames, "size": size, "families": families,
-               "n_train": len(train),
+               "n_train": len(train), **({"turn": list(turn)} if tuple(turn) != TURN else {}),
                "n_eval": len(evaluation), "answer_balance": balance}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
@@ -662,11 +678,13 @@ def main(argv=None):
     ap.add_argument("--frames", type=int, default=16, help="frames per clip")
     ap.add_argument("--size", type=int, default=112, help="frame side in pixels")
     ap.add_argument("--eval-fraction", type=float, default=0.25, help="share of clips in eval.jsonl")
+    ap.add_argument("--turn", default=",".join(map(str, TURN)), help="a turning clip's yaw rate range, LOW,HIGH "
+                    "(rad/frame)")
     runtime.add_debug_flag(ap)
     args = ap.parse_args(argv)
     runtime.out_dir(args.out)
     summary = make_synthetic(args.out, n=args.n, seed=args.seed, num_frames=args.frames, size=args.size,
-                             eval_fraction=args.eval_fraction)
+                             eval_fraction=args.eval_fraction, turn=parse_turn(args.turn))
     print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
     print("answer balance:", json.dumps(summary["answer_balance"], sort_keys=True))
     out = Path(args.out)

@@ -157,3 +157,14 @@ def test_batched_reevaluation_evicts_only_the_failing_entries(caplog):
     promoted, evicted = buf.reevaluate(assess_batch=assess_batch, batch_size=4)
     assert [e.sample_id for e in promoted] == ["ok", "ok2"] and [e.sample_id for e in evicted] == ["gone", "boom"]
     assert buf.stats()["evicted_error"] == 2 and "video gone" in caplog.text and "generation failed" in caplog.text
+
+
+def test_random_discarding_trains_its_share_reproducibly():
+    """Fig. 4c's control: a sample is trained with probability `keep` whatever its difficulty, the same draw for
+    the same key (its spec's seed)."""
+    from buffer import self_assess_random
+    first = [self_assess_random(k, 0.87) for k in range(2000)]
+    assert [a.decision for a in first] == [self_assess_random(k, 0.87).decision for k in range(2000)]
+    assert {a.decision for a in first} == {"train", "discard"}
+    assert abs(sum(a.decision == "train" for a in first) / 2000 - 0.87) < 0.03
+    assert all(self_assess_random(k, 1.0).decision == "train" for k in range(50))

@@ -1,0 +1,170 @@
+"""Reproduction v5's claims, decided by the rules committed before its first run (docs/results/v5-rules.md), and its
+section of docs/RESULTS.md. Reads the summary (docs/results/v5.json) only; runs nothing.
+
+Every claim predicts a positive difference "a - b" over the seeds both rows ran, paired by seed and by clip
+(measure_v5's per-clip Table 2 figures), with powered.two_way_se's standard error. The primary claim is tested
+alone at 5%; the secondary claims are one Holm family at 5% (powered.holm); powered.verdict names the outcome.
+"""
+from __future__ import annotations
+
+import measure_v5 as measure
+import powered
+
+BEGIN, END = "<!-- reproduce-v5:begin -->", "<!-- reproduce-v5:end -->"
+PRIMARY = ("Table 3: ROVA's perturbed Avg. above naive dual-branch's", "rova", "dual", "avg")
+# (claim, a, b, measure): the Holm family. `measure`: avg | orig | drop (per-clip pseudo-values, smaller is
+# better, so b - a) | a function of a run (costs, one value per seed).
+SECONDARY = (
+    ("Table 2: ROVA's drop below standard GRPO's", "grpo", "rova", "drop"),
+    ("robust training: ROVA's Avg. above the SFT start's", "rova", "start", "avg"),
+    ("ROVA keeps clean accuracy: Orig. above the start's - 0.02", "rova", "start", "orig"),
+    ("Fig. 4c: the curriculum above random discarding at the same rho", "rova", "rova-random", "avg"),
+    ("Table 13: memory re-evaluation helps (ROVA above w/o re-evaluation)", "rova", "rova-no-reeval", "avg"),
+    ("Fig. 5a: the alignment reward helps (ROVA above alpha = 0)", "rova", "rova-no-align", "avg"),
+    ("App. H.1: per-component advantages above the summed reward", "rova+h1", "rova", "avg"),
+    ("Table 13: a ROVA step cheaper than a naive dual-branch step", "dual", "rova", "sec_step"),
+    ("Table 14: self-assessment under 10% of a ROVA step", "rova", None, "assess_share"),
+    ("Table 14: memory re-evaluation under 10% of a ROVA step", "rova", None, "reeval_share"),
+)
+KEEP_MARGIN, SHARE_LIMIT = 0.02, 0.10
+
+
+def difference_matrix(a_clips, b_clips, index=1):
+    """seeds x clips: run a's minus run b's value per clip (`index` 0: Orig., 1: Avg.) for each seed's pair of
+    {clip: [orig, avg]}; the clips both evaluated, in order."""
+    common = sorted(set.intersection(*({k for k, v in c.items() if None not in v} for c in [*a_clips, *b_clips])))
+    return [[a[c][index] - b[c][index] for c in common] for a, b in zip(a_clips, b_clips)]
+
+
+def _clips(summary, row, seed):
+    if row == "start":
+        return summary["start"]["clips"]
+    run = summary["runs"].get(f"{row}-s{seed}")
+    return run["clips"] if run else None
+
+
+def _run_value(run, what):
+    phases, step = run.get("sec_phases") or {}, run.get("sec_step")
+    if what == "sec_step":
+        return step
+    share = {"assess_share": phases.get("self_assessment"), "reeval_share": phases.get("memory_reevaluation")}
+    return share[what] / step if share.get(what) is not None and step else None
+
+
+def matrix(summary, a, b, what, seeds):
+    """The seeds x clips (or seeds x 1, for a run's cost) matrix of a claim, over the seeds where both ran."""
+    rows = []
+    for seed in seeds:
+        if what in ("sec_step", "assess_share", "reeval_share"):
+            ra, rb = summary["runs"].get(f"{a}-s{seed}"), summary["runs"].get(f"{b}-s{seed}") if b else None
+            va = _run_value(ra, what) if ra else None
+            vb = (_run_value(rb, what) if rb else None) if b else SHARE_LIMIT
+            if va is not None and vb is not None:
+                rows.append([va - vb] if b else [vb - va])
+            continue
+        ca, cb = _clips(summary, a, seed), _clips(summary, b, seed)
+        if ca is None or cb is None:
+            continue
+        if what == "drop":   # a's drop minus b's (a: the row predicted to drop more)
+            pa, pb = measure.drop_pseudo(ca), measure.drop_pseudo(cb)
+            if pa is not None and pb is not None:
+                rows.append([pa[c] - pb[c] for c in sorted(set(pa) & set(pb))])
+        else:
+            d = difference_matrix([ca], [cb], 0 if what == "orig" else 1)[0]
+            rows.append([x + KEEP_MARGIN for x in d] if what == "orig" else d)
+    return rows
+
+
+def claims(summary):
+    """Every claim with its difference, SE, MDE, p and verdict (module docstring)."""
+    if not summary.get("start") or not summary.get("power"):
+        return []
+    main = list(range(summary["power"]["seeds"]))
+    ablation = summary["settings"]["ablation_seeds"]
+    out = []
+    for text, a, b, what in (PRIMARY, *SECONDARY):
+        seeds = ablation if any(r in summary["settings"]["ablations"] for r in (a, b)) else main
+        m = matrix(summary, a, b, what, seeds)
+        if not m or not m[0]:
+            out.append({"claim": text, "difference": None, "se": None, "mde": None, "p": None,
+                        "verdict": "not measured", "primary": text == PRIMARY[0], "seeds": 0})
+            continue
+        mean, se = powered.two_way_se(m)
+        out.append({"claim": text, "difference": mean, "se": se, "mde": powered.mde(se),
+                    "p": powered.p_value(mean, se), "primary": text == PRIMARY[0], "seeds": len(m),
+                    "informative": not (what == "orig" and summary["start"]["orig"] >= 0.98)})
+    secondary = [c for c in out if not c["primary"] and c["p"] is not None]
+    rejected, adjusted = powered.holm([c["p"] for c in secondary])
+    for c, rej, adj in zip(secondary, rejected, adjusted):
+        c["p_holm"], c["significant"] = adj, rej
+    for c in out:
+        if c["p"] is None:
+            continue
+        if c["primary"]:
+            c["significant"] = c["p"] < powered.ALPHA
+        c["verdict"] = powered.verdict(c["difference"], c["se"], significant=c["significant"],
+                                       informative=c["informative"])
+    return out
+
+
+def power(summary):
+    """{"seeds", "planned_mde" (the pilot's), "mde" (the primary claim's, once measured)}."""
+    p = dict(summary.get("power") or {})
+    primary = next((c for c in summary.get("claims", []) if c.get("primary")), None)
+    if p:
+        p["mde"] = primary["mde"] if primary else None
+    return p or None
+
+
+def _f(x, digits=3, sign=False):
+    return "–" if x is None else (f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}")
+
+
+def render(summary):
+    """The marked section of docs/RESULTS.md."""
+    s, lines = summary, []
+    lines += [f"Measured by `{s['command']}` ({s.get('date', '?')}); rules: docs/results/v5-rules.md at commit "
+              f"{(s.get('rules_commit') or '?')[:12]}; summary: docs/results/v5.json; stage time so far "
+              f"{s.get('wall_s', 0) / 3600:.2f} h.", ""]
+    if s.get("start"):
+        st = s["start"]
+        lines += [f"The start (SFT): Orig. {_f(st['orig'])}, Avg. {_f(st['avg'])}, drop {_f(st['drop'])} on the "
+                  f"reported questions; on the validation split Orig. {_f(st['validation']['orig'])}, Avg. "
+                  f"{_f(st['validation']['avg'])}.", ""]
+    if s.get("budget"):
+        b = s["budget"]
+        lines += ["Learning rate (dual, seed 0, validation; gain in corrupted Avg. over the start): " +
+                  ", ".join(f"{k}: {_f(v, sign=True)}" for k, v in b["grid"].items()) +
+                  f"; chosen {b['lr']:g}, {b['steps']} steps (gain target 0.05 "
+                  f"{'reached' if b['reached'] else 'not reached'}).", ""]
+    if s.get("pilot"):
+        p = s["pilot"]
+        lines += [f"Pilot (seeds {p['seeds']}, validation): ROVA - dual {_f(p['difference'], sign=True)} ± "
+                  f"{_f(p['se'])}; seeds for an MDE <= 0.01: {p['seeds_needed'] or 'none up to the cap'} "
+                  f"(planned MDE {_f(p['planned_mde'])}).", ""]
+    lines += _runs_table(s) + _claims_table(s)
+    return "\n".join(lines) + "\n"
+
+
+def _runs_table(s):
+    if not s["runs"]:
+        return []
+    rows = ["| run | Orig. | Avg. | drop | updates | steps | samples seen | rho (first window) | zero-variance | "
+            "s/step | CPU s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, r in s["runs"].items():
+        first = r["curriculum"][0]["rho"] if r.get("curriculum") else None
+        rows.append(f"| {name} | {_f(r['orig'])} | {_f(r['avg'])} | {_f(r['drop'])} | {r['updates']} | "
+                    f"{r['steps']} | {r['samples_seen']} | {_f(first, 2)} | {_f(r.get('zero_variance_share'), 2)} | "
+                    f"{_f(r.get('sec_step'), 2)} | {_f(r.get('cpu_s'), 0)} |")
+    return rows + [""]
+
+
+def _claims_table(s):
+    if not s.get("claims"):
+        return []
+    rows = ["| claim | difference ± SE | MDE | p (Holm) | verdict |", "|---|---|---|---|---|"]
+    for c in s["claims"]:
+        p = _f(c.get("p"), 3) + (f" ({_f(c.get('p_holm'), 3)})" if c.get("p_holm") is not None else "")
+        rows.append(f"| {'**primary** ' if c['primary'] else ''}{c['claim']} | {_f(c['difference'], sign=True)} ± "
+                    f"{_f(c['se'])} | {_f(c['mde'])} | {p} | {c['verdict']} |")
+    return rows + [""]

@@ -1,0 +1,61 @@
+"""benchmarks/reproduce_v5.py --quick: every stage runs and the summary has the keys the issue names; a rerun
+(the same command, a later chunk) runs nothing; a chunk whose minutes are spent starts no stage. The claims'
+arithmetic is checked against hand-made summaries."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import reproduce_v5_report as report  # noqa: E402
+
+
+def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
+    out, summary = tmp_path / "r", tmp_path / "v5.json"
+    cmd = [sys.executable, "benchmarks/reproduce_v5.py", "--quick", "--out", str(out), "--summary", str(summary),
+           "--results", str(tmp_path / "RESULTS.md")]
+    stopped = subprocess.run([*cmd, "--chunk-minutes", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode == 0 and "chunk over" in stopped.stdout and not (out / "sft").exists()
+    first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    s = json.loads(summary.read_text())
+    assert s["version"] == 5 and len(s["rules_commit"]) == 40
+    assert {"seeds", "mde"} <= set(s["power"]) and {"orig", "avg"} <= set(s["start"])
+    assert set(s["runs"]) == {"rova-s0", "dual-s0", "rova-random-s0"}
+    for name, run in s["runs"].items():
+        for key in ("row", "seed", "orig", "avg", "updates", "steps", "samples_seen", "curriculum", "reeval",
+                    "zero_variance_share"):
+            assert key in run, (name, key)
+        assert set(run["reeval"]) >= {"promoted", "evicted_easy", "evicted_nmax", "kept"}
+        assert run["curriculum"] and set(run["curriculum"][0]) == {"steps", "easy_discarded", "hard_deferred", "rho",
+                                                                    "buffer"}
+    assert s["runs"]["dual-s0"]["updates"] == s["runs"]["dual-s0"]["steps"] == 4
+    assert all({"claim", "difference", "se", "mde", "verdict"} <= set(c) for c in s["claims"])
+    assert (tmp_path / "v5-start" / "config.json").is_file()
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "kept from" in again.stdout
+    assert "[rl-" not in again.stdout.replace("done already", "")   # nothing trained again
+
+
+def _summary(rova, dual, start=(0.8, 0.5), seeds=2):
+    """A summary with per-clip [orig, avg] for rova and dual at each seed (lists of {clip: [o, a]})."""
+    runs = {f"rova-s{i}": {"clips": rova[i]} for i in range(seeds)}
+    runs |= {f"dual-s{i}": {"clips": dual[i]} for i in range(seeds)}
+    clips = {c: list(start) for c in rova[0]}
+    return {"start": {"clips": clips, "orig": start[0]}, "power": {"seeds": seeds},
+            "settings": {"ablation_seeds": [0], "ablations": {}}, "runs": runs}
+
+
+def test_the_primary_claim_by_hand():
+    # seed 0: rova - dual = +0.02 on both clips; seed 1: +0.04 and 0.0 -> matrix [[.02, .02], [.04, 0]], mean .02
+    rova = [{"a": [0.9, 0.62], "b": [0.9, 0.52]}, {"a": [0.9, 0.64], "b": [0.9, 0.50]}]
+    dual = [{"a": [0.9, 0.60], "b": [0.9, 0.50]}, {"a": [0.9, 0.60], "b": [0.9, 0.50]}]
+    c = next(x for x in report.claims(_summary(rova, dual)) if x["primary"])
+    assert abs(c["difference"] - 0.02) < 1e-12 and c["seeds"] == 2
+    # V_seed = var(.02, .02) / 2 = 0; V_clip = var(.03, .01) / 2 = 1e-4; V_cell = var(.02, .02, .04, 0) / 4
+    # = (2.667e-4) / 4: V = 0 + 1e-4 - 6.67e-5 < V_clip, so V = 1e-4 and SE = 0.01
+    assert abs(c["se"] - 0.01) < 1e-9 and abs(c["p"] - 0.0455) < 1e-4 and c["verdict"] == "holds"   # z = 2
+    # the start is 0.5 on every clip: ROVA above it by .12 / .02 / .14 / 0 -> a secondary claim, Holm-adjusted
+    robust = next(x for x in report.claims(_summary(rova, dual)) if x["claim"].startswith("robust training"))
+    assert abs(robust["difference"] - 0.07) < 1e-12 and robust["p_holm"] >= robust["p"]
