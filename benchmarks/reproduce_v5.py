@@ -50,16 +50,16 @@ ABLATIONS = {
     "rova-random": ("rova", {"assess": "random"}),                   # discards at random, at its seed's rova rho
     "rova+h1": ("rova", {"advantage": "per_component"}),             # App. H.1's per-component advantages
 }
-# The toy (calibrated on the validation split: docs/results/v5-rules.md, "The toy").
-TOY = dict(demo_families="next_action", sft_jitter=0.15, demo_turn="0.005,0.05", demo_clips=480, sft_epochs=30.0,
+# The toy (calibrated on the validation split: docs/results/v5-rules.md, "The toy"; still a draft there).
+TOY = dict(demo_families="next_action", sft_jitter=0.15, demo_turn="0.005,0.05", demo_clips=480, sft_epochs=20.0,
            eta="0.7,dusk=0.1,night=0.1,overexposure=0.2,shadow=1,translation=1,zoom=1,rotation=1,static=1,"
                "dynamic=0.85,fog=0.35,rain=1,snow=1")
 RL = dict(frames=8, max_pixels=56 * 56, batch_size=4, group_size=8, max_new_tokens=64, reeval_period=10,
           unanswerable_below=0.0, video_cache=4096, save_every=25)
 LRS, STEPS_MAX, SNAPSHOTS, GAIN_TARGET = (3e-5, 1e-4, 3e-4), 150, 50, 0.05
 PILOT_SEEDS, ABLATION_SEEDS, VAL_CLIPS, WINDOW = (100, 101, 102), (0, 1, 2), 160, 20
-QUICK = dict(demo_clips=24, sft_epochs=1.0, steps_max=4, snapshots=2, lrs=(1e-4,), pilot_seeds=(100,),
-             ablation_seeds=(0,), val_clips=12, window=2, max_seeds=1, eval_limit=4, main=("rova", "dual"),
+QUICK = dict(demo_clips=16, sft_epochs=1.0, steps_max=4, snapshots=2, lrs=(1e-4,), pilot_seeds=(100,),
+             ablation_seeds=(0,), val_clips=6, window=2, max_seeds=1, eval_limit=2, main=("rova", "dual"),
              ablations=("rova-random",),
              rl=dict(batch_size=2, group_size=2, max_new_tokens=8, save_every=2, reeval_period=2))
 
@@ -73,6 +73,8 @@ def parse_args(argv=None):
     a("--chunk-minutes", type=float, default=90.0, help="start no stage after this many minutes (the same command "
       "continues)")
     a("--max-seeds", type=int, default=10, help="at most this many seeds per main row (the budget's cap)")
+    a("--figure", default=None, help="Fig. 4a's kind of chart, ROVA's discard rates per window (default "
+      "docs/figures/v5-curriculum.png; --quick: in OUT)")
     a("--quick", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     args = ap.parse_args(argv)
     args.command = " ".join(["python benchmarks/reproduce_v5.py", *(argv if argv is not None else sys.argv[1:])])
@@ -85,6 +87,8 @@ def parse_args(argv=None):
     args.val_clips, args.eval_limit = q.get("val_clips", VAL_CLIPS), q.get("eval_limit", 0)
     args.max_seeds = q.get("max_seeds", args.max_seeds)
     args.main, args.ablations = q.get("main", MAIN), q.get("ablations", tuple(ABLATIONS))
+    args.figure = args.figure or str(Path(args.out) / "v5-curriculum.png" if args.quick
+                                     else ROOT / "docs" / "figures" / "v5-curriculum.png")
     return args
 
 
@@ -269,6 +273,7 @@ class Reproduction:
         s["claims"], s["power"] = report.claims(s), report.power(s)
         v4.write_json(self.args.summary, s)
         v4.write_marked(Path(self.args.results), report.render(s), report.BEGIN, report.END)
+        report.chart(s, Path(self.args.figure))
 
 
 def main(argv=None):

@@ -7,6 +7,8 @@ alone at 5%; the secondary claims are one Holm family at 5% (powered.holm); powe
 """
 from __future__ import annotations
 
+import statistics
+
 import measure_v5 as measure
 import powered
 
@@ -27,6 +29,9 @@ SECONDARY = (
     ("Table 14: memory re-evaluation under 10% of a ROVA step", "rova", None, "reeval_share"),
 )
 KEEP_MARGIN, SHARE_LIMIT = 0.02, 0.10
+# Table 12: (steps, easy discarded %, difficult deferred %, rho, buffer) over the paper's 300 steps
+TABLE12 = (("0-50", 2.1, 11.8, 0.861, 127), ("50-100", 3.8, 9.5, 0.867, 248), ("100-150", 5.4, 7.2, 0.874, 341),
+           ("150-200", 7.1, 5.8, 0.871, 389), ("200-250", 8.6, 4.3, 0.871, 352), ("250-300", 9.8, 3.5, 0.867, 298))
 
 
 def difference_matrix(a_clips, b_clips, index=1):
@@ -142,8 +147,79 @@ def render(summary):
         lines += [f"Pilot (seeds {p['seeds']}, validation): ROVA - dual {_f(p['difference'], sign=True)} ± "
                   f"{_f(p['se'])}; seeds for an MDE <= 0.01: {p['seeds_needed'] or 'none up to the cap'} "
                   f"(planned MDE {_f(p['planned_mde'])}).", ""]
-    lines += _runs_table(s) + _claims_table(s)
+    lines += _runs_table(s) + _costs_table(s) + _curriculum_table(s) + _claims_table(s)
     return "\n".join(lines) + "\n"
+
+
+def rows_of(s, row):
+    return [r for r in s["runs"].values() if r["row"] == row]
+
+
+def curriculum_windows(s, row="rova"):
+    """Table 12's columns per window, averaged over the row's seeds (windows in step order)."""
+    runs = [r["curriculum"] for r in rows_of(s, row) if r.get("curriculum")]
+    if not runs:
+        return []
+    out = []
+    for k in range(min(len(c) for c in runs)):
+        w = [c[k] for c in runs]
+        out.append({"steps": w[0]["steps"]} | {key: statistics.fmean(x[key] for x in w if x[key] is not None)
+                                               if any(x[key] is not None for x in w) else None
+                                               for key in ("easy_discarded", "hard_deferred", "rho", "buffer")})
+    return out
+
+
+def _curriculum_table(s):
+    windows = curriculum_windows(s)
+    if not windows:
+        return []
+    rows = ["ROVA's curriculum per window of steps (mean over seeds), then the paper's Table 12 (300 steps, windows of "
+            "50): the trends are what compare.", "", "| steps | easy discarded | hard deferred | rho | buffer |",
+            "|---|---|---|---|---|"]
+    rows += [f"| {w['steps'][0]}-{w['steps'][1]} | {_pct(w['easy_discarded'])} | {_pct(w['hard_deferred'])} | "
+             f"{_f(w['rho'])} | {_f(w['buffer'], 1)} |" for w in windows]
+    rows += ["", "| Table 12 steps | easy discarded | hard deferred | rho | buffer |", "|---|---|---|---|---|"]
+    rows += [f"| {a} | {b}% | {c}% | {d} | {e} |" for a, b, c, d, e in TABLE12]
+    re = [r["reeval"] for r in rows_of(s, "rova") if r.get("reeval")]
+    total = sum(x["reevaluations"] for x in re)
+    if total:
+        rows += ["", "Re-evaluation outcomes over ROVA's runs (App. G.4: 18% promoted, 12% evicted): " + ", ".join(
+            f"{k.replace('_', ' ')} {sum(x[k] for x in re)} ({sum(x[k] for x in re) / total:.0%})"
+            for k in ("promoted", "evicted_easy", "evicted_nmax", "kept")) + f" of {total}."]
+    return rows + [""]
+
+
+def _costs_table(s):
+    rows = ["| row | seeds | Avg. | Orig. | updates | samples seen | s/step | CPU s per run |", "|---|---|---|---|---|---|---|---|"]
+    for row in dict.fromkeys(r["row"] for r in s["runs"].values()):
+        rs = rows_of(s, row)
+
+        def mean(key):
+            vals = [r.get(key) for r in rs if r.get(key) is not None]
+            return statistics.fmean(vals) if vals else None
+        rows.append(f"| {row} | {len(rs)} | {_f(mean('avg'))} | {_f(mean('orig'))} | {_f(mean('updates'), 0)} | "
+                    f"{_f(mean('samples_seen'), 0)} | {_f(mean('sec_step'), 2)} | {_f(mean('cpu_s'), 0)} |")
+    return (["Per row at the fixed number of steps (Table 3's cost, Table 13's s/step; means over seeds):", ""]
+            + rows + [""]) if s["runs"] else []
+
+
+def _pct(x):
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def chart(s, path):
+    """Fig. 4a's kind of plot: ROVA's easy-discard and hard-defer rates per window (mean over seeds)."""
+    windows = curriculum_windows(s)
+    if not windows:
+        return None
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from machinery import video
+    return video.bar_chart(path, [f"{w['steps'][0]}-{w['steps'][1]}" for w in windows],
+                           [("easy discarded", (214, 96, 77), [w["easy_discarded"] for w in windows]),
+                            ("hard deferred", (67, 147, 195), [w["hard_deferred"] for w in windows])],
+                           "ROVA's curriculum per window of steps (share of the samples assessed)")
 
 
 def _runs_table(s):

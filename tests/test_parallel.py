@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from machinery import parallel
+from machinery import checkpoints, parallel
 from machinery import policy
 import train
 from machinery import clips as clips_mod
@@ -94,11 +94,9 @@ def final_weights(out):
 
 # Where the kill -9 of each run in a chain lands (checkpoints.FAULT_POINTS), and what the folder must then hold.
 # The saves: sft-0000002 (the end of SFT), rl-0000002, rl-0000003 (which prunes sft-0000002).
-KILL_CHAIN = {
-    "fsdp2": ["setup.locked", "save.begin", "save.rank_files:1", "save.weights", "save.marked", "save.renamed",
-              "setup.decided", "prune.retired"],
-    "ddp-lora": ["save.rank_files:1", "save.marked", "save.renamed", "setup.decided", "prune.retired"],
-}
+KILL_CHAIN = ["setup.locked", "save.begin", "save.rank_files:1", "save.weights", "save.marked", "save.renamed",
+              "setup.decided", "prune.retired"]
+assert {p.split(":")[0] for p in KILL_CHAIN} == set(checkpoints.FAULT_POINTS)
 LEFT_BEHIND = {"save.marked": ".tmp-sft-0000002/COMPLETE", "save.renamed": "sft-0000002/COMPLETE",
                "prune.retired": ".trash-sft-0000002-*"}
 
@@ -114,7 +112,7 @@ def test_a_kill_at_any_point_of_save_prune_and_setup_resumes_to_the_uninterrupte
     torchrun(2, "train.py", *args(assets, a, *extra))
     summary = json.loads((a / "summary.json").read_text())
     assert summary["config"]["sharding"] == "auto" and len(summary["rank_checksums"]) == 2
-    for point in KILL_CHAIN[kind]:
+    for point in KILL_CHAIN:
         run = torchrun(2, "train.py", *args(assets, b, *extra), check=False, env={"ROVA_FAULT": point})
         assert run.returncode != 0 and f"killed at {point.split(':')[0]}" in run.stderr, run.stderr[-3000:]
         left = LEFT_BEHIND.get(point)

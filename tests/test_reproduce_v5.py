@@ -32,7 +32,9 @@ def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
                                                                     "buffer"}
     assert s["runs"]["dual-s0"]["updates"] == s["runs"]["dual-s0"]["steps"] == 4
     assert all({"claim", "difference", "se", "mde", "verdict"} <= set(c) for c in s["claims"])
-    assert (tmp_path / "v5-start" / "config.json").is_file()
+    assert (tmp_path / "v5-start" / "config.json").is_file() and (out / "v5-curriculum.png").is_file()
+    page = (tmp_path / "RESULTS.md").read_text()
+    assert "<!-- reproduce-v5:begin -->" in page and "| Table 12 steps |" in page and "**primary**" in page
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "kept from" in again.stdout
     assert "[rl-" not in again.stdout.replace("done already", "")   # nothing trained again
