@@ -204,9 +204,23 @@ def main(argv=None):
         return within, (f"7B-wide Qwen2.5-VL, {args.fsdp_layers} of 28 decoder layers, FSDP2 on 1 GPU: peak "
                          f"{peak:.1f} GiB (plan {planned:.1f} GiB, {planned / peak - 1:+.0%}), {seconds:.1f} s/step")
 
+    def rova_fills_every_step():
+        """train.py on the GPU, --mode rova with Fig. 4c's random discarding at rho 0.5: every step draws until
+        its batch is selected (several draws, one loss) and makes one update."""
+        import train
+        synthetic.make_synthetic(tmp / "synth", n=12, seed=1, num_frames=4, size=56, eval_fraction=0.25)
+        out = tmp / "rova"
+        train.main(["--model", str(vlm_dir), "--data", str(tmp / "synth" / "train.json"), "--out", str(out),
+                    "--frames", "4", "--max-pixels", str(56 * 56), "--sft-epochs", "0", "--rl-steps", "4",
+                    "--batch-size", "2", "--group-size", "4", "--max-new-tokens", "16", "--save-every", "4",
+                    "--lr", "1e-4"], assess="random", random_keep=0.5)
+        recs = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if '"rl"' in x]
+        updates, seen = [r["updates"] for r in recs], sum(r["samples"] for r in recs)
+        return updates == [1, 2, 3, 4] and seen > 8, f"updates {updates}, samples assessed {seen:g} for 8 trained"
+
     for name, fn in (("vlm_bf16_logprobs", vlm_bf16), ("vlm_lora_step", vlm_lora), ("text_policy_bf16", text_bf16),
                      ("robust_to_agent", agent), ("perturb_torch_backend", perturb_torch),
-                     ("fsdp2_7b_step", fsdp2_7b_step)):
+                     ("rova_fills_every_step", rova_fills_every_step), ("fsdp2_7b_step", fsdp2_7b_step)):
         check(name, fn)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": str(device), "torch": torch.__version__,
