@@ -56,59 +56,66 @@ def _run_value(run, what):
     return share[what] / step if share.get(what) is not None and step else None
 
 
+COSTS = ("sec_step", "assess_share", "reeval_share")
+
+
+def _cost_row(summary, a, b, what, seed):
+    """[a's cost minus b's] of one seed (b None: SHARE_LIMIT minus a's share), or None if a run is missing."""
+    ra, rb = summary["runs"].get(f"{a}-s{seed}"), summary["runs"].get(f"{b}-s{seed}") if b else None
+    va = _run_value(ra, what) if ra else None
+    vb = (_run_value(rb, what) if rb else None) if b else SHARE_LIMIT
+    if va is None or vb is None:
+        return None
+    return [va - vb] if b else [vb - va]
+
+
+def _clip_row(summary, a, b, what, seed):
+    """a's minus b's figure per clip in one seed (drop: pseudo-values; orig: with the keep margin), or None."""
+    ca, cb = _clips(summary, a, seed), _clips(summary, b, seed)
+    if ca is None or cb is None:
+        return None
+    if what == "drop":   # a's drop minus b's (a: the row predicted to drop more)
+        pa, pb = measure.drop_pseudo(ca), measure.drop_pseudo(cb)
+        return None if pa is None or pb is None else [pa[c] - pb[c] for c in sorted(set(pa) & set(pb))]
+    d = difference_matrix([ca], [cb], 0 if what == "orig" else 1)[0]
+    return [x + KEEP_MARGIN for x in d] if what == "orig" else d
+
+
 def matrix(summary, a, b, what, seeds):
     """The seeds x clips (or seeds x 1, for a run's cost) matrix of a claim, over the seeds where both ran."""
-    rows = []
-    for seed in seeds:
-        if what in ("sec_step", "assess_share", "reeval_share"):
-            ra, rb = summary["runs"].get(f"{a}-s{seed}"), summary["runs"].get(f"{b}-s{seed}") if b else None
-            va = _run_value(ra, what) if ra else None
-            vb = (_run_value(rb, what) if rb else None) if b else SHARE_LIMIT
-            if va is not None and vb is not None:
-                rows.append([va - vb] if b else [vb - va])
-            continue
-        ca, cb = _clips(summary, a, seed), _clips(summary, b, seed)
-        if ca is None or cb is None:
-            continue
-        if what == "drop":   # a's drop minus b's (a: the row predicted to drop more)
-            pa, pb = measure.drop_pseudo(ca), measure.drop_pseudo(cb)
-            if pa is not None and pb is not None:
-                rows.append([pa[c] - pb[c] for c in sorted(set(pa) & set(pb))])
-        else:
-            d = difference_matrix([ca], [cb], 0 if what == "orig" else 1)[0]
-            rows.append([x + KEEP_MARGIN for x in d] if what == "orig" else d)
-    return rows
+    row = _cost_row if what in COSTS else _clip_row
+    return [r for r in (row(summary, a, b, what, seed) for seed in seeds) if r is not None]
+
+
+def _measured(summary, text, a, b, what, seeds):
+    """One claim's difference, SE, MDE and p (no verdict yet), or "not measured"."""
+    m = matrix(summary, a, b, what, seeds)
+    if not m or not m[0]:
+        return {"claim": text, "difference": None, "se": None, "mde": None, "p": None, "verdict": "not measured",
+                "primary": text == PRIMARY[0], "seeds": 0}
+    mean, se = powered.two_way_se(m)
+    return {"claim": text, "difference": mean, "se": se, "mde": powered.mde(se), "p": powered.p_value(mean, se),
+            "primary": text == PRIMARY[0], "seeds": len(m),
+            "informative": not (what == "orig" and summary["start"]["orig"] >= 0.98)}
 
 
 def claims(summary):
     """Every claim with its difference, SE, MDE, p and verdict (module docstring)."""
     if not summary.get("start") or not summary.get("power"):
         return []
-    main = list(range(summary["power"]["seeds"]))
-    ablation = summary["settings"]["ablation_seeds"]
-    out = []
-    for text, a, b, what in (PRIMARY, *SECONDARY):
-        seeds = ablation if any(r in summary["settings"]["ablations"] for r in (a, b)) else main
-        m = matrix(summary, a, b, what, seeds)
-        if not m or not m[0]:
-            out.append({"claim": text, "difference": None, "se": None, "mde": None, "p": None,
-                        "verdict": "not measured", "primary": text == PRIMARY[0], "seeds": 0})
-            continue
-        mean, se = powered.two_way_se(m)
-        out.append({"claim": text, "difference": mean, "se": se, "mde": powered.mde(se),
-                    "p": powered.p_value(mean, se), "primary": text == PRIMARY[0], "seeds": len(m),
-                    "informative": not (what == "orig" and summary["start"]["orig"] >= 0.98)})
+    main, ablation = list(range(summary["power"]["seeds"])), summary["settings"]["ablation_seeds"]
+    out = [_measured(summary, text, a, b, what,
+                     ablation if any(r in summary["settings"]["ablations"] for r in (a, b)) else main)
+           for text, a, b, what in (PRIMARY, *SECONDARY)]
     secondary = [c for c in out if not c["primary"] and c["p"] is not None]
     rejected, adjusted = powered.holm([c["p"] for c in secondary])
     for c, rej, adj in zip(secondary, rejected, adjusted):
         c["p_holm"], c["significant"] = adj, rej
     for c in out:
-        if c["p"] is None:
-            continue
-        if c["primary"]:
-            c["significant"] = c["p"] < powered.ALPHA
-        c["verdict"] = powered.verdict(c["difference"], c["se"], significant=c["significant"],
-                                       informative=c["informative"])
+        if c["p"] is not None:
+            c["significant"] = c["p"] < powered.ALPHA if c["primary"] else c["significant"]
+            c["verdict"] = powered.verdict(c["difference"], c["se"], significant=c["significant"],
+                                           informative=c["informative"])
     return out
 
 
