@@ -386,7 +386,7 @@ def finish(run, buffer_stats, queued):
         summary = {"config": asdict(run.cfg), "buffer": buffer_stats, "bad_videos": len(bad),
                    "bad_video_files": dict(sorted(bad.items())[:50]), "rank_checksums": [c for c, _, _ in gathered],
                    "promotions_untrained": sum(q for _, _, q in gathered)}
-        if run.eval_samples:
+        if run.eval_samples and after and after["n"]:   # (eval_limit 0: no questions checked, no table)
             for key, name in (("before", "eval_before.json"), ("after_sft", "eval_after_sft.json")):
                 if (run.out / name).is_file():
                     summary[key] = json.loads((run.out / name).read_text())

@@ -545,3 +545,13 @@ def test_sft_jitter_is_a_fixed_photometric_draw_per_clip():
     c, g = np.random.default_rng([0, 5]).uniform(0.7, 1.3, 2)
     expected = np.clip((x - x.mean()) * c + x.mean() * g, 0, 255)
     assert np.abs(a - expected).max() <= 1.0
+
+
+def test_a_before_after_check_of_no_questions_prints_no_table(assets, tmp_path):
+    """eval_limit 0 checks no question: the run ends with its summary and no table (it raised on the empty one)."""
+    root, _, train_json = assets
+    out = tmp_path / "out"
+    train.main(args(assets, out, "--mode", "grpo"), eval_data=str(train_json.parent / "eval.jsonl"),
+               eval_video_root=str(train_json.parent / "videos"), eval_limit=0)
+    summary = json.loads((out / "summary.json").read_text())
+    assert "after" not in summary and (out / "final").is_dir()
