@@ -13,8 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import perturb  # noqa: E402  (the subtypes' categories, Table 8)
+from reproduce import rl_records  # noqa: E402  (a run's RL step records, as version 4 reads them)
 
 CATEGORY_NAMES = ("lighting", "occlusion", "camera", "weather")   # Table 2's column order
 
@@ -81,11 +82,6 @@ def drop_pseudo(clips):
     return {c: 1 - (r + (a - r * o) / orig) for c, (o, a) in clips.items()}
 
 
-def rl_records(run):
-    recs = [json.loads(x) for x in (Path(run) / "log.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in recs if r["stage"] == "rl"]
-
-
 def curriculum(recs, window=20):
     """Table 12's columns per window of `window` steps: easy discarded and hard deferred (shares of the samples
     assessed), rho (the share trained), and the buffer's size at the window's end."""
@@ -115,7 +111,7 @@ def reevaluation(buffer_stats):
 def training(run, window=20):
     """What a train.py run's log.jsonl and summary.json say: optimiser updates, steps, samples seen, the curriculum
     per window, re-evaluation outcomes, the zero-variance share, the trained groups, seconds per step."""
-    recs = rl_records(run)
+    recs = rl_records(Path(run))
     summary = json.loads((Path(run) / "summary.json").read_text())
     groups = sum(r.get("selected", 0) for r in recs)
     seen = int(sum(r.get("samples", 0) for r in recs))

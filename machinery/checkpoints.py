@@ -232,8 +232,9 @@ def _decide(out, config, resume, overwrite, ignore, world, log):
         ckpt = Path(resume)
         if not (ckpt / "COMPLETE").is_file():
             raise UserError(f"--resume {ckpt}: not a complete checkpoint (no COMPLETE marker)")
-        if missing(ckpt):
-            raise UserError(f"--resume {ckpt}: the checkpoint lacks {', '.join(missing(ckpt))}")
+        lacks = missing(ckpt)
+        if lacks:
+            raise UserError(f"--resume {ckpt}: the checkpoint lacks {', '.join(lacks)}")
         log(f"resuming from {ckpt}")
         return {"ckpt": str(_same_world(ckpt, world)), "clear": False}
     notes = []

@@ -122,13 +122,14 @@ class Learner:
                                             denominator)
         return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
 
-
     def update(self, backward, parts, denominator, optim, mu, draws):
         """`mu` optimiser steps, each on one gradient of the step's `parts` [(rollout, rows, advantages)]:
         `backward(rollout, rows, adv, kept=, denominator=)` per part, all with the step's `denominator` (None: this
-        rank's rows), so the parts sum to one loss divided once. Padded to `draws` parts, so every rank runs as
-        many backward passes. Returns (the stats' means over the rows and the mu steps, this rank's rows)."""
-        parts = list(parts) + [(None, [], torch.zeros(0))] * (draws - len(parts))
+        rank's rows), so the parts sum to one loss divided once. Each rank pads its parts to the most any rank has
+        (at most `draws`), so every rank runs as many backward passes. Returns (the stats' means over the rows and
+        the mu steps, this rank's rows)."""
+        ranks_with = runtime.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
+        parts = list(parts) + [(None, [], torch.zeros(0))] * (sum(n > 0 for n in ranks_with) - len(parts))
         n_rows = sum(len(rows) for _, rows, _ in parts)
         denominator = float(n_rows) if denominator is None else denominator
         kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
