@@ -102,6 +102,8 @@ def fit_threshold(bench, train, limit=150):
     """The next-action oracle's |flow| threshold, fitted on clean training clips (best accuracy; ties: the
     middle of the best range)."""
     rows = [r for r in train if r["data_source"] == "synthetic/next_action"][:limit]
+    if not rows:
+        return None
     dx = np.array([horizontal_motion(read(Path(bench) / r["path"])[0]) for r in rows])
     gt = [answers.extract_answer(r["solution"], problem_type="multiple choice") for r in rows]
     truth = [dict(o.split(". ", 1) for o in r["options"])[g] for r, g in zip(rows, gt)]
@@ -121,14 +123,19 @@ def oracle_score(sample, frames, threshold):
     return answers.score(str(count(frames, colour)), sample.answer, sample.problem_type, sample.source)
 
 
-def oracles(bench, etas, subtypes, tasks, limit=0, known=None):
+def oracles(bench, etas, subtypes, tasks, limit=0, known=None, fit_on=None):
     """({condition: {task: mean oracle score}} for "clean" and every "subtype@eta", on `tasks`' questions; the
-    threshold). `known`: a previous run's result for this benchmark (its conditions are not measured again)."""
-    samples, train = load(bench, tasks)
+    threshold, fitted on the training clips of `fit_on` (default: `bench`; a validation rendering has none).
+    `known`: a previous run's result for this benchmark (its conditions are not measured again)."""
+    samples, _ = load(bench, tasks)
     samples = samples[:limit] if limit else samples
     known = known or {}
     table = dict(known.get("oracle", {}))
-    threshold = known.get("threshold") or fit_threshold(bench, train)
+    fit_on = fit_on or bench
+    threshold = known.get("threshold") or fit_threshold(fit_on, json.loads((Path(fit_on) / "train.json").read_text()))
+    if threshold is None:
+        raise SystemExit(f"calibrate_toy: {fit_on}/train.json has no next-action clip to fit the oracle's "
+                         "threshold on; pass --fit-on with a rendering that has training clips")
     todo = [(sub, eta) for sub in subtypes for eta in etas if f"{sub}@{eta:g}" not in table]
     depth = depths.Depth(depths.AUTO)
     out = defaultdict(lambda: defaultdict(list))
@@ -237,6 +244,8 @@ def report(oracle, model, chosen, etas, subtypes, tasks, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", default="runs/rova/synthetic", help="the synthetic benchmark's folder")
+    ap.add_argument("--fit-on", default="", help="fit the next-action oracle's threshold on this rendering's "
+                    "training clips (default: --bench's; a validation rendering, all held out, has none)")
     ap.add_argument("--model", default="", help="also evaluate this checkpoint (format rate, drop per category)")
     ap.add_argument("--etas", default="0.3,0.5,0.7")
     ap.add_argument("--subtypes", default="all")
@@ -252,15 +261,16 @@ def main(argv=None):
     subtypes = list(perturb.SUBTYPES) if args.subtypes == "all" else args.subtypes.split(",")
     tasks = args.tasks.split(",")
     previous = json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else {}
-    if (previous.get("bench"), previous.get("tasks"), previous.get("oracle_version")) != (
-            str(args.bench), tasks, ORACLE_VERSION) or args.limit:
+    fit_on = args.fit_on or args.bench
+    if (previous.get("bench"), previous.get("fit_on", str(args.bench)), previous.get("tasks"),
+            previous.get("oracle_version")) != (str(args.bench), str(fit_on), tasks, ORACLE_VERSION) or args.limit:
         previous = {}
-    table, threshold = oracles(args.bench, etas, subtypes, tasks, args.limit, previous)
+    table, threshold = oracles(args.bench, etas, subtypes, tasks, args.limit, previous, fit_on)
     print(f"next-action oracle threshold {threshold:.3f} px/frame")
     print(f"{'oracle':<22}" + "".join(f"{TASKS[t]:>13}" for t in tasks))
     for cond, scores in table.items():
         print(f"{cond:<22}" + "".join(f"{scores.get(t, float('nan')):>13.3f}" for t in tasks))
-    result = {"bench": str(args.bench), "tasks": tasks, "oracle_version": ORACLE_VERSION, "oracle": table,
+    result = {"bench": str(args.bench), "fit_on": str(fit_on), "tasks": tasks, "oracle_version": ORACLE_VERSION, "oracle": table,
               "threshold": threshold}
     if args.model:
         model = result["model"] = model_scores(args.model, args.bench, etas, args.work, subtypes, tasks)

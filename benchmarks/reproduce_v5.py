@@ -16,7 +16,8 @@ working folder gone) continues where the last one stopped. The start's weights a
    snapshots; the rate with dual's largest gain in corrupted Avg. over the start; the steps: the first snapshot
    where that gain reaches 5 points (else STEPS_MAX, and the shortfall is reported).
 3. pilot (validation only): rova and dual at PILOT_SEEDS; the seeds x clips matrix of their Avg. difference gives
-   the number of seeds whose MDE is at most one point (powered.seeds_needed), capped by --max-seeds.
+   the number of seeds whose MDE is at most one point (powered.seeds_needed), capped by what the rest of the
+   budget (--hours) affords at the pilot's measured seconds per run (`affordable_seeds`) and by --max-seeds.
 4. runs: every main row at seeds 0..S-1 and every ablation at ABLATION_SEEDS, seed-major, each evaluated on the
    reported questions (clean and under all 12 subtypes) when it ends.
 5. claims: reproduce_v5_report.claims by the committed rules.
@@ -72,7 +73,9 @@ def parse_args(argv=None):
     a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose v5 section is rewritten")
     a("--chunk-minutes", type=float, default=90.0, help="start no stage after this many minutes (the same command "
       "continues)")
-    a("--max-seeds", type=int, default=10, help="at most this many seeds per main row (the budget's cap)")
+    a("--max-seeds", type=int, default=10, help="at most this many seeds per main row")
+    a("--hours", type=float, default=6.0, help="the whole reproduction's budget of stage time; after the pilot, "
+      "the main rows get as many seeds as the rest affords (at least 2)")
     a("--figure", default=None, help="Fig. 4a's kind of chart, ROVA's discard rates per window (default "
       "docs/figures/v5-curriculum.png; --quick: in OUT)")
     a("--quick", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
@@ -114,7 +117,7 @@ class Reproduction:
         settings = {"toy": args.toy, "rl": args.rl, "lrs": list(args.lrs), "steps_max": args.steps_max,
                     "pilot_seeds": list(args.pilot_seeds), "ablation_seeds": list(args.ablation_seeds),
                     "main": list(args.main), "ablations": {k: list(ABLATIONS[k]) for k in args.ablations},
-                    "max_seeds": args.max_seeds,
+                    "max_seeds": args.max_seeds, "hours": args.hours,
                     "val_clips": args.val_clips, "window": args.window}
         self.summary = {"version": 5, "command": args.command, "rules_commit": rules_commit(), "settings": settings,
                         "start": None, "budget": None, "pilot": None, "power": None, "runs": {}, "claims": []}
@@ -237,11 +240,14 @@ class Reproduction:
                 clips[name] = self.evaluate(name, run / "final", self.val, "validation")["clips"]
         matrix = report.difference_matrix([clips[f"pilot-rova-s{s}"] for s in self.args.pilot_seeds],
                                           [clips[f"pilot-dual-s{s}"] for s in self.args.pilot_seeds])
-        seeds, planned = powered.seeds_needed(matrix, most=self.args.max_seeds)
+        afford = affordable_seeds(self.st.timings, self.args)
+        most = min(self.args.max_seeds, max(2, afford))
+        seeds, planned = powered.seeds_needed(matrix, most=most)
         mean, se = powered.two_way_se(matrix)
         self.summary["pilot"] = {"seeds": list(self.args.pilot_seeds), "difference": mean, "se": se,
-                                 "seeds_needed": seeds, "planned_mde": planned}
-        self.summary["power"] = {"seeds": seeds or self.args.max_seeds, "planned_mde": planned, "mde": None}
+                                 "seeds_needed": seeds, "planned_mde": planned, "affordable_seeds": afford}
+        self.summary["power"] = {"seeds": seeds or most, "planned_mde": planned,
+                                 "mde": None}
         self.save()
 
     def rows(self):
@@ -274,6 +280,20 @@ class Reproduction:
         v4.write_json(self.args.summary, s)
         v4.write_marked(Path(self.args.results), report.render(s), report.BEGIN, report.END)
         report.chart(s, Path(self.args.figure))
+
+
+def affordable_seeds(timings, args):
+    """How many seeds of the main rows the rest of the budget affords after the ablations, at the pilot's mean
+    seconds per run and per evaluation (grpo and grpo-aug are costed as dual, which has two branches to their one:
+    an upper bound)."""
+    def mean(prefix):
+        t = [v for k, v in timings.items() if k.startswith(prefix)]
+        return sum(t) / len(t) if t else 0.0
+    rova, dual, evaluation = mean("rl-pilot-rova"), mean("rl-pilot-dual"), mean("validation-pilot-")
+    per_seed = rova + (len(args.main) - 1) * dual + len(args.main) * evaluation
+    ablations = len(args.ablations) * len(args.ablation_seeds) * (rova + evaluation)
+    left = args.hours * 3600 - sum(timings.values()) - ablations
+    return int(left // per_seed) if per_seed > 0 else args.max_seeds
 
 
 def main(argv=None):

@@ -44,3 +44,13 @@ def test_the_rule_picks_the_largest_intensity_that_keeps_oracle_format_and_drop(
     assert chosen == {"fog": 0.5, "rain": 0.2}
     model["rain@0.2"]["format"] = 0.5
     assert ct.choose(oracle, model, etas, ["rain"], ["t"], oracle["clean"]) == {"rain": None}
+
+
+def test_a_validation_rendering_without_training_clips_takes_its_threshold_from_another(bench, tmp_path):
+    val = tmp_path / "val"   # every clip held out, as reproduce_v5.py renders its validation split
+    synthetic.make_synthetic(val, n=8, seed=1, num_frames=8, size=56, eval_fraction=1.0, families=["next_action"])
+    with pytest.raises(SystemExit, match="--fit-on"):
+        ct.oracles(val, [0.5], ["fog"], ["route_planning"])
+    table, threshold = ct.oracles(val, [0.5], ["fog"], ["route_planning"], fit_on=bench)
+    assert threshold == ct.fit_threshold(bench, ct.load(bench, ["route_planning"])[1])
+    assert table["clean"]["route_planning"] >= 0.75

@@ -63,3 +63,16 @@ def test_the_primary_claim_by_hand():
     # the start is 0.5 on every clip: ROVA above it by .12 / .02 / .14 / 0 -> a secondary claim, Holm-adjusted
     robust = next(x for x in report.claims(_summary(rova, dual)) if x["claim"].startswith("robust training"))
     assert abs(robust["difference"] - 0.07) < 1e-12 and robust["p_holm"] >= robust["p"]
+
+
+def test_the_main_rows_get_the_seeds_the_rest_of_the_budget_affords():
+    import reproduce_v5 as v5
+    args = v5.parse_args(["--hours", "2"])
+    # the pilot: rova 300 s, dual 200 s, evaluations 50 s; 1,800 s spent before the rows
+    timings = {"sft": 400.0, "rl-budget-lr0.0001": 500.0, "rl-pilot-rova-s100": 280.0, "rl-pilot-rova-s101": 320.0,
+               "rl-pilot-dual-s100": 200.0, "validation-pilot-rova-s100": 50.0, "validation-pilot-dual-s100": 50.0}
+    assert sum(timings.values()) == 1800.0
+    # per seed: 300 + 3 * 200 + 4 * 50 = 1,100 s; ablations: 4 rows x 3 seeds x (300 + 50) = 4,200 s;
+    # left: 7,200 - 1,800 - 4,200 = 1,200 s -> 1 seed
+    assert v5.affordable_seeds(timings, args) == 1
+    assert v5.affordable_seeds(timings, v5.parse_args(["--hours", "4"])) == 7   # (14,400 - 6,000) // 1,100
