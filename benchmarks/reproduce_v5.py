@@ -51,10 +51,11 @@ ABLATIONS = {
     "rova-random": ("rova", {"assess": "random"}),                   # discards at random, at its seed's rova rho
     "rova+h1": ("rova", {"advantage": "per_component"}),             # App. H.1's per-component advantages
 }
-# The toy (calibrated on the validation split: docs/results/v5-rules.md, "The toy"; still a draft there).
+# The toy, calibrated on the validation split (docs/results/v5-rules.md, "The toy"): the etas are calibrate_toy.py's
+# rule applied there.
 TOY = dict(demo_families="next_action", sft_jitter=0.15, demo_turn="0.005,0.05", demo_clips=480, sft_epochs=20.0,
-           eta="0.7,dusk=0.1,night=0.1,overexposure=0.2,shadow=1,translation=1,zoom=1,rotation=1,static=1,"
-               "dynamic=0.85,fog=0.35,rain=1,snow=1")
+           eta="0.7,dusk=1,night=0.35,overexposure=0.35,shadow=0.85,translation=0.85,zoom=1,rotation=1,static=1,"
+               "dynamic=0.1,fog=0.35,rain=1,snow=1")
 RL = dict(frames=8, max_pixels=56 * 56, batch_size=4, group_size=8, max_new_tokens=64, reeval_period=10,
           unanswerable_below=0.0, video_cache=4096, save_every=25)
 LRS, STEPS_MAX, SNAPSHOTS, GAIN_TARGET = (3e-5, 1e-4, 3e-4), 150, 50, 0.05
