@@ -14,7 +14,7 @@ those figures cannot go stale. A "recorded" block varies by machine or takes lon
 `--update NAME` runs its command once and writes the output into the page and into docs/figures/NAME.txt
 (with the commit and the date), and `--check` fails if the page's block differs from that file, so it always
 shows what the script printed, never a hand edit. A section a script writes into the page itself
-(docs/RESULTS.md's, from docs/results/v4.json) is a live block between that script's marks, unfenced.
+(docs/RESULTS.md's, from docs/results/v4.json and v5.json) is a live block between that script's marks, unfenced.
 
 A figure written outside the blocks (a duration, a size, a rate, a ratio such as 1.3x, a percentage) is a
 record of one day's measurement: `--check` also fails where one stands without its date (`undated`), in its
@@ -70,6 +70,8 @@ BLOCKS = {
     "layout-complexity": Block("docs/MEASURED.md", ("benchmarks/layout_targets.py", "--complexity"), False),
     "results-v4": Block("docs/RESULTS.md", ("benchmarks/reproduce.py", "--render", "--print"), True,
                         marks=("<!-- reproduce:begin -->", "<!-- reproduce:end -->"), fence=False),
+    "results-v5": Block("docs/RESULTS.md", ("benchmarks/reproduce_v5.py", "--render", "--print"), True,
+                        marks=("<!-- reproduce-v5:begin -->", "<!-- reproduce-v5:end -->"), fence=False),
     "vllm-check": Block("docs/MEASURED.md", ("benchmarks/vllm_check.py", "--out", "{tmp}/vllm_check"), False),
 }
 

@@ -5,6 +5,7 @@ written into the summary). Everything measured goes to docs/results/v5.json, rew
 
     python benchmarks/reproduce_v5.py --chunk-minutes 90    # one chunk; the same command continues
     python benchmarks/reproduce_v5.py --quick --out /tmp/r5 --summary /tmp/r5/v5.json   # the pipeline in minutes
+    python benchmarks/reproduce_v5.py --render       # docs/RESULTS.md's section again from the summary alone
 
 Stages, in order; each is skipped when the summary already records it, so a chunk on a fresh machine (the
 working folder gone) continues where the last one stopped. The start's weights are saved beside the summary
@@ -80,6 +81,8 @@ def parse_args(argv=None):
     a("--figure", default=None, help="Fig. 4a's kind of chart, ROVA's discard rates per window (default "
       "docs/figures/v5-curriculum.png; --quick: in OUT)")
     a("--quick", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
+    a("--render", action="store_true", help="run nothing: the results page's section again from --summary")
+    a("--print", action="store_true", help="with --render: print the section instead of writing --results")
     args = ap.parse_args(argv)
     args.command = " ".join(["python benchmarks/reproduce_v5.py", *(argv if argv is not None else sys.argv[1:])])
     q = QUICK if args.quick else {}
@@ -299,6 +302,13 @@ def affordable_seeds(timings, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.render:
+        text = report.render(json.loads(Path(args.summary).read_text()))
+        if args.print:
+            print(text, end="")
+        else:
+            v4.write_marked(Path(args.results), text, report.BEGIN, report.END)
+        return
     r = Reproduction(args)
     try:
         r.start()

@@ -40,6 +40,10 @@ def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "kept from" in again.stdout
     assert "[rl-" not in again.stdout.replace("done already", "")   # nothing trained again
+    shown = page.split("<!-- reproduce-v5:begin -->\n")[1].split("<!-- reproduce-v5:end -->")[0]
+    rendered = subprocess.run([sys.executable, "benchmarks/reproduce_v5.py", "--render", "--print", "--summary",
+                               str(summary)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert rendered.returncode == 0 and rendered.stdout == shown   # the page's section from the summary alone
 
 
 def _summary(rova, dual, start=(0.8, 0.5), seeds=2):
