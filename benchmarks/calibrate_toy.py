@@ -114,6 +114,15 @@ def fit_threshold(bench, train, limit=150):
     return float(best)
 
 
+def threshold_from(bench):
+    """fit_threshold on `bench`'s training clips; a rendering without any (a validation split) is refused."""
+    threshold = fit_threshold(bench, json.loads((Path(bench) / "train.json").read_text()))
+    if threshold is None:
+        raise SystemExit(f"calibrate_toy: {bench}/train.json has no next-action clip to fit the oracle's "
+                         "threshold on; pass --fit-on with a rendering that has training clips")
+    return threshold
+
+
 def oracle_score(sample, frames, threshold):
     if sample.task == "route_planning":
         name = next_action(frames, threshold)
@@ -131,11 +140,7 @@ def oracles(bench, etas, subtypes, tasks, limit=0, known=None, fit_on=None):
     samples = samples[:limit] if limit else samples
     known = known or {}
     table = dict(known.get("oracle", {}))
-    fit_on = fit_on or bench
-    threshold = known.get("threshold") or fit_threshold(fit_on, json.loads((Path(fit_on) / "train.json").read_text()))
-    if threshold is None:
-        raise SystemExit(f"calibrate_toy: {fit_on}/train.json has no next-action clip to fit the oracle's "
-                         "threshold on; pass --fit-on with a rendering that has training clips")
+    threshold = known.get("threshold") or threshold_from(fit_on or bench)
     todo = [(sub, eta) for sub in subtypes for eta in etas if f"{sub}@{eta:g}" not in table]
     depth = depths.Depth(depths.AUTO)
     out = defaultdict(lambda: defaultdict(list))

@@ -124,11 +124,12 @@ class Reproduction:
                     "max_seeds": args.max_seeds, "hours": args.hours,
                     "val_clips": args.val_clips, "window": args.window}
         self.summary = {"version": 5, "command": args.command, "rules_commit": rules_commit(), "settings": settings,
-                        "start": None, "budget": None, "pilot": None, "power": None, "runs": {}, "claims": []}
+                        "start": None, "budget": None, "pilot_runs": {}, "pilot": None, "power": None, "runs": {},
+                        "claims": []}
         prior = json.loads(Path(args.summary).read_text()) if Path(args.summary).is_file() else None
         if prior and prior.get("version") == 5 and prior.get("settings") == settings:
-            for key in ("rules_commit", "start", "budget", "pilot", "power", "runs", "timings", "commands",
-                        "cpu_s"):
+            for key in ("rules_commit", "start", "budget", "pilot_runs", "pilot", "power", "runs", "timings",
+                        "commands", "cpu_s"):
                 if prior.get(key) is not None:
                     self.summary[key] = prior[key]
             print(f"kept from {args.summary}: {len(self.summary['runs'])} runs", flush=True)
@@ -235,13 +236,16 @@ class Reproduction:
         """Stage 3 (validation): rova and dual at the pilot seeds -> the seeds of the main rows."""
         if self.summary["pilot"]:
             return
-        clips = {}
+        clips = self.summary["pilot_runs"]   # each run's per-clip scores, kept as it ends (a chunk may stop between)
         for seed in self.args.pilot_seeds:
             for mode in ("rova", "dual"):
                 name = f"pilot-{mode}-s{seed}"
+                if name in clips:
+                    continue
                 run = self.out / "runs" / name
                 self.train(name, mode, seed, run, self.rl_settings())
                 clips[name] = self.evaluate(name, run / "final", self.val, "validation")["clips"]
+                self.save()
         matrix = report.difference_matrix([clips[f"pilot-rova-s{s}"] for s in self.args.pilot_seeds],
                                           [clips[f"pilot-dual-s{s}"] for s in self.args.pilot_seeds])
         afford = affordable_seeds(self.st.timings, self.args)
