@@ -84,7 +84,8 @@ def drop_pseudo(clips):
 
 def curriculum(recs, window=20):
     """Table 12's columns per window of `window` steps: easy discarded and hard deferred (shares of the samples
-    assessed), rho (the share trained), and the buffer's size at the window's end."""
+    assessed), rho (the share trained), and the buffer's mean size over the window's steps (at a re-evaluation step
+    it can be empty, so its size at the window's end says little)."""
     out = []
     for start in range(0, len(recs), window):
         part = recs[start:start + window]
@@ -94,7 +95,7 @@ def curriculum(recs, window=20):
             return sum(r.get(key, 0) for r in part) / n if n else None
         out.append({"steps": [part[0]["step"], part[-1]["step"]], "easy_discarded": share("discarded"),
                     "hard_deferred": share("deferred"), "rho": share("selected"),
-                    "buffer": part[-1].get("buffer_size", 0)})
+                    "buffer": statistics.fmean(r.get("buffer_size", 0) for r in part)})
     return out
 
 
