@@ -275,8 +275,8 @@ def main(argv=None):
     print(f"{'oracle':<22}" + "".join(f"{TASKS[t]:>13}" for t in tasks))
     for cond, scores in table.items():
         print(f"{cond:<22}" + "".join(f"{scores.get(t, float('nan')):>13.3f}" for t in tasks))
-    result = {"bench": str(args.bench), "fit_on": str(fit_on), "tasks": tasks, "oracle_version": ORACLE_VERSION, "oracle": table,
-              "threshold": threshold}
+    result = {"bench": str(args.bench), "fit_on": str(fit_on), "tasks": tasks, "oracle_version": ORACLE_VERSION,
+              "oracle": table, "threshold": threshold}
     if args.model:
         model = result["model"] = model_scores(args.model, args.bench, etas, args.work, subtypes, tasks)
         result["chosen"] = chosen = choose(table, model, etas, subtypes, tasks, table["clean"])

@@ -254,8 +254,7 @@ class Reproduction:
         mean, se = powered.two_way_se(matrix)
         self.summary["pilot"] = {"seeds": list(self.args.pilot_seeds), "difference": mean, "se": se,
                                  "seeds_needed": seeds, "planned_mde": planned, "affordable_seeds": afford}
-        self.summary["power"] = {"seeds": seeds or most, "planned_mde": planned,
-                                 "mde": None}
+        self.summary["power"] = {"seeds": seeds or most, "planned_mde": planned, "mde": None}
         self.save()
 
     def rows(self):

@@ -37,8 +37,8 @@ def test_drop_pseudo_values_average_to_the_drop():
 def test_curriculum_windows_and_reevaluation_by_hand():
     recs = [{"step": i + 1, "samples": s, "discarded": d, "deferred": f, "selected": s - d - f, "buffer_size": b}
             for i, (s, d, f, b) in enumerate([(5, 1, 0, 0), (4, 0, 0, 2), (6, 1, 1, 1), (4, 0, 0, 3)])]
-    w = m.curriculum(recs, window=2)
-    assert w[0] == {"steps": [1, 2], "easy_discarded": 1 / 9, "hard_deferred": 0.0, "rho": 8 / 9, "buffer": 1}   # mean size
+    w = m.curriculum(recs, window=2)   # the buffer: its mean size over the window's steps
+    assert w[0] == {"steps": [1, 2], "easy_discarded": 1 / 9, "hard_deferred": 0.0, "rho": 8 / 9, "buffer": 1}
     assert w[1] == {"steps": [3, 4], "easy_discarded": 0.1, "hard_deferred": 0.1, "rho": 0.8, "buffer": 2}
     out = m.reevaluation({"reevaluations": 10, "promoted": 2, "evicted_easy": 3, "evicted_n_max": 1})
     assert out == {"promoted": 2, "evicted_easy": 3, "evicted_nmax": 1, "kept": 4, "reevaluations": 10}
