@@ -5,6 +5,7 @@ self-reflective, difficulty-aware curriculum and the temporal memory buffer.
     torchrun --nproc_per_node=4 train.py --model Qwen/Qwen2.5-VL-7B-Instruct \\
         --data data/Video-R1-COT-outdoor.json --video-root data/Video-R1-data --out runs/rova --judge openai:gpt-4o
     python train.py --model ... --lora-r 64 --load-in-4bit   # one smaller GPU
+    torchrun --nproc_per_node=4 train.py ... --rollout-engine vllm   # rollouts on a colocated vLLM engine per GPU
 
 One RL step (`RL.step`) follows App. G's order, the one that saves cost: corrupt each video by a spec drawn for
 it (dynamic protocol, Sec. 3.1); roll out G on the clean and G on the perturbed video (Alg. 2 l.3); self-assess
@@ -41,7 +42,7 @@ import buffer as curriculum
 from machinery import answers, data
 import grpo
 import judge as judges
-from machinery import checkpoints, learner, records, runs, warmup
+from machinery import checkpoints, engine, learner, records, runs, warmup
 from machinery.clips import Observer, jitter
 import perturb
 from machinery import policy
@@ -109,12 +110,14 @@ class Config(runs.RunConfig):
     alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)", "RL")
     judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)", "RL")
     max_new_tokens: int = _arg(256, "tokens per rollout", "RL")
+    rollout_engine: str = _arg("hf", "rollouts by hf (transformers generate, shared prefix) or vllm (a colocated vLLM "
+                               "engine per rank, its weights synced after every update: requirements-vllm.txt)", "RL")
     # curriculum
     tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
                       "curriculum")
     a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)", "curriculum")
     a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)", "curriculum")
-    buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)", "curriculum")
+    buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)")
     n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
                       "curriculum")
     reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
@@ -348,9 +351,9 @@ class RL:
         return spec
 
     def _rollout(self, samples, views, n):
-        inputs = self.observer.inputs(self.processor, [data.build_messages(s) for s in samples], views)
-        return policy.rollout(self.model, self.processor, inputs, n=n, max_new_tokens=self.cfg.max_new_tokens,
-                              temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+        messages = [data.build_messages(s) for s in samples]   # (the engine's prompts; inputs: the policy's)
+        return self.learner.rollout(self.observer.inputs(self.processor, messages, views), n, self.cfg.max_new_tokens,
+                                    self.cfg.top_p, messages, views)
 
     def dual_rollouts(self, items):
         """Alg. 2 l.3: G rollouts on the clean video (the anchor, no gradient; dual-branch modes) and G on the
@@ -636,6 +639,7 @@ def run_rl(run, state, ckpt, per_rank, rl=RL):
     if ckpt and per_rank:
         run.resume(per_rank, rl.optim, ckpt)
         rl.load(per_rank[0]["rl"])
+    rl.learner.engine = engine.make(cfg, run.model, run.processor, run.device, run.rank)   # the (resumed) weights
     run.log.open_bar(cfg.rl_steps, state["step"], f"RL ({cfg.mode})")
     while state["step"] < cfg.rl_steps:
         t0 = time.perf_counter()

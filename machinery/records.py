@@ -43,9 +43,12 @@ def step_record(items, selected, loss_stats, n_rows, per_rollout, *, buffer_size
                 category_of, missing=0, promoted=0, evicted=0):
     """This rank's record of one step: counts, the curriculum's decisions, the sums of `per_rollout` values
     ({key: list}), the loss statistics' means over the `n_rows` trained completions, each phase's `seconds`, and
-    the reward `weights` (w_format, w_acc, w_alignment)."""
+    the reward `weights` (w_format, w_acc, w_alignment); the rollout engine's sync check from the loss statistics
+    (the largest over ranks is logged as engine_logprob_gap; -1: none)."""
     s = defaultdict(float, samples=len(items), selected=len(selected), judge_missing=missing, promoted=promoted,
-                    evicted=evicted, buffer_size=buffer_size, **decisions(items, selected, categories, category_of))
+                    evicted=evicted, buffer_size=buffer_size,
+                    engine_logprob_gap_max=loss_stats.get("engine_logprob_gap", -1.0),
+                    **decisions(items, selected, categories, category_of))
     for key, vals in per_rollout.items():
         s[f"{key}_sum"], s[f"{key}_n"] = sum(vals), len(vals)
     for key in ("kl", "clip_fraction", "ratio", "loss"):  # means over the trained completions

@@ -62,6 +62,10 @@ class RunConfig:
                              "(default all)")
     demo_turn: str = arg("0.035,0.05", "the demo benchmark's yaw rate of a turning clip, LOW,HIGH in rad/frame")
     video_cache: int = arg(64, "decoded clips kept in memory per process")
+    lora_dropout: float = arg(0.05, "--lora-r: dropout on the adapters' input (peft's lora_dropout)")
+    vllm_gpu_memory_utilization: float = arg(0.3, "--rollout-engine vllm: the GPU's share the engine takes while "
+                                             "generating (weights + KV cache; asleep during the update)")
+    vllm_max_model_len: int = arg(0, "--rollout-engine vllm: the engine's context length (0: the model's)")
     depth_cache: str = arg("", "folder of --depth-model's cached maps (default: depth.default_cache(), "
                                "~/.cache/rova/depth)")
     judge_cache: str = arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
@@ -320,13 +324,15 @@ def check_memory(cfg, sharding, world, device):
 
     config = AutoConfig.from_pretrained(cfg.model, **runtime.model_source(cfg.model))
     mode = "fsdp" if sharding == "fsdp" else ("qlora" if cfg.load_in_4bit else "lora" if cfg.lora_r else "ddp")
+    total = parallel.memory_available_gib(device)
+    engine_gib = cfg.vllm_gpu_memory_utilization * total if cfg.rollout_engine == "vllm" else 0.0
     plan = memory.plan(config, mode, world if mode == "fsdp" else 1, batch_size=cfg.batch_size,
                        group_size=cfg.group_size, temporal_grpo=cfg.temporal_grpo,
                        branches=2 if cfg.mode in ("rova", "dual") else 1, frames=cfg.frames, max_pixels=cfg.max_pixels,
                        max_new_tokens=cfg.max_new_tokens, micro_batch_size=cfg.micro_batch_size,
                        lora_r=cfg.lora_r or 64, reference=cfg.beta > 0, reference_root_gathered=False,
-                       gradient_checkpointing=cfg.gradient_checkpointing)
-    memory.check_fits(plan, parallel.memory_available_gib(device))
+                       gradient_checkpointing=cfg.gradient_checkpointing, engine_gib=engine_gib)
+    memory.check_fits(plan, total)
 
 
 def load_model(cfg, sharding, world, device, ckpt):
@@ -337,7 +343,7 @@ def load_model(cfg, sharding, world, device, ckpt):
     if device.type == "cuda":
         check_memory(cfg, sharding, world, device)
     model, processor = policy.load_checkpoint(
-        cfg.model, None, lora_r=cfg.lora_r, load_in_4bit=cfg.load_in_4bit, device=device,
+        cfg.model, None, lora_r=cfg.lora_r, lora_dropout=cfg.lora_dropout, load_in_4bit=cfg.load_in_4bit, device=device,
         gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda",
         dtype=torch.float32 if sharding == "fsdp" else None)
     if sharding == "fsdp":

@@ -371,13 +371,18 @@ class Timer:
 
 def reduce_record(s, device, world):
     """A step's record from each rank's sums and counts (`key_sum`, `key_n`: the mean over ranks' data,
-    None where no rank has any; `sec_*` and `w_*`: averaged over ranks; anything else: summed), with the
-    curriculum's rates (App. G, Table 12): rho = selected / samples, and the discard and defer rates."""
+    None where no rank has any; `key_max`: the largest over ranks, None where every rank has -1; `sec_*` and `w_*`:
+    averaged over ranks; anything else: summed), with the curriculum's rates (App. G, Table 12): rho = selected /
+    samples, and the discard and defer rates."""
     keys = sorted(s)
     tot = dict(zip(keys, all_sum([s[k] for k in keys], device)))
+    maxed = [k for k in keys if k.endswith("_max")]
+    top = dict(zip(maxed, all_max_floats([s[k] for k in maxed], device)))
     rec = {}
     for k in keys:
-        if k.endswith("_sum"):
+        if k in top:
+            rec[k[:-4]] = top[k] if top[k] >= 0 else None
+        elif k.endswith("_sum"):
             base = k[:-4]
             rec[base] = tot[k] / tot[base + "_n"] if tot.get(base + "_n") else None
         elif not k.endswith("_n"):
@@ -386,6 +391,17 @@ def reduce_record(s, device, world):
     for name, key in (("rho", "selected"), ("discard_rate", "discarded"), ("defer_rate", "deferred")):
         rec[name] = tot.get(key, 0) / n if n else None
     return rec
+
+
+def all_max_floats(values, device):
+    """The largest of each float over ranks."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and len(values):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
 
 
 # ----------------------------------------------------------------------------- RNG state and data order
