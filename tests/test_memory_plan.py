@@ -76,3 +76,20 @@ def test_cli_prints_the_table_and_ends_with_the_peak(capsys):
     assert any("KV cache" in line for line in out) and any("AdamW" in line for line in out)
     want = memory.plan("qwen2.5-vl-7b", "fsdp", 4, micro_batch_size=4)["peak"]
     assert out[-1] == f"peak_gib={want:.2f}"
+
+
+def test_a_vllm_engine_takes_its_share_while_generating_and_must_fit_in_it():
+    """--rollout-engine vllm: the generation phase holds the engine's share (gpu_memory_utilization x the GPU) in
+    place of the generate call's KV cache and transients; the update does not change (the engine sleeps); a share
+    smaller than the engine's bf16 weights + KV cache stops in one line."""
+    hf = memory.plan("qwen2.5-vl-7b", "fsdp", gpus=4)
+    share = 0.3 * 80
+    vl = memory.plan("qwen2.5-vl-7b", "fsdp", gpus=4, engine_gib=share)
+    assert vl["update"] == pytest.approx(hf["update"]) and vl["step"] == pytest.approx(hf["step"])
+    state = hf["weights"] + hf["optimizer"] + hf["reference"] + hf["reference_root"] + hf["overhead"]
+    assert vl["generation"] == pytest.approx(state + hf["gathered"] + share)
+    assert hf["generation"] > state + hf["gathered"] + hf["kv_cache"]   # (+ the generate call's transients)
+    assert 2 * 8.29e9 / 2 ** 30 < vl["engine_needs"] < share   # 7B's bf16 weights (8.29 B params) + the KV cache
+    assert any("vLLM engine's share" in part for _, part, _ in vl["lines"])
+    with pytest.raises(memory.MemoryPlanError, match="vllm_gpu_memory_utilization"):
+        memory.check_fits(memory.plan("qwen2.5-vl-7b", "fsdp", gpus=4, engine_gib=10.0), 80)
