@@ -92,8 +92,7 @@ def install(venv):
     if subprocess.run([str(py), "-c", "import torchvision"], capture_output=True).returncode:
         with tempfile.TemporaryDirectory() as tmp:   # --isolated: PyPI's build, not a local "+cpu" wheel
             subprocess.run(pip + ["download", "--isolated", "--no-deps", TORCH, "-d", tmp], check=True)
-            subprocess.run(pip + ["install", "--force-reinstall", "--no-deps",
-                                  *map(str, Path(tmp).glob("torch-*.whl"))], check=True)
+            subprocess.run(pip + ["install", *map(str, Path(tmp).glob("torch-*.whl"))], check=True)
     subprocess.run(pip + ["install", "--no-deps", TRANSFORMERS], check=True)
     if not ready(py):
         raise SystemExit(f"vllm_check: FAIL (the venv at {venv} does not import vllm, torchvision, peft, pytest and "
