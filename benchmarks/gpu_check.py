@@ -59,6 +59,23 @@ def _lora_step(model, processor, inputs):
     return changed, bool(torch.isfinite(ref).all())
 
 
+def wide_config(vlm_dir, tok, layers, shape="qwen2.5-vl-7b"):
+    """`shape`'s Qwen2.5-VL config (a memory.py preset, or "tiny": the tiny model's) with `layers` decoder layers and
+    the special token ids of the tiny model's tokenizer `tok`."""
+    from machinery import memory
+
+    config = memory.preset_config(shape) if shape != "tiny" else policy.load_policy(vlm_dir)[0].config
+    config.text_config.num_hidden_layers = layers
+    if getattr(config.text_config, "layer_types", None):   # transformers >= 5.2x validates one type per layer
+        config.text_config.layer_types = config.text_config.layer_types[:layers]
+    for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        setattr(config, name, tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}_pad|>")
+                if name in ("image_token_id", "video_token_id") else
+                tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}|>"))
+    config.text_config.eos_token_id = config.text_config.pad_token_id = tok.pad_token_id
+    return config
+
+
 def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_tokens=64, shape="qwen2.5-vl-7b"):
     """One RL step of FSDP2 full fine-tuning of a Qwen2.5-VL with `shape`'s widths (7B: hidden 3584, MLP 18944,
     the 32-block vision tower, vocab 152064) and `layers` decoder layers, random fp32 weights, on this one
@@ -73,16 +90,7 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
 
     _, proc = policy.load_policy(vlm_dir, device=device)
     proc.video_processor.size = {"shortest_edge": 56 * 56, "longest_edge": 128 * 28 * 28}  # App. D's budget
-    tok = policy.tokenizer_of(proc)
-    config = memory.preset_config(shape) if shape != "tiny" else policy.load_policy(vlm_dir)[0].config
-    config.text_config.num_hidden_layers = layers
-    if getattr(config.text_config, "layer_types", None):   # transformers >= 5.2x validates one type per layer
-        config.text_config.layer_types = config.text_config.layer_types[:layers]
-    for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
-        setattr(config, name, tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}_pad|>")
-                if name in ("image_token_id", "video_token_id") else
-                tok.convert_tokens_to_ids(f"<|{name.removesuffix('_token_id')}|>"))
-    config.text_config.eos_token_id = config.text_config.pad_token_id = tok.pad_token_id
+    config = wide_config(vlm_dir, policy.tokenizer_of(proc), layers, shape)
     torch.manual_seed(0)
     with torch.device(device):
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
@@ -129,21 +137,10 @@ def wide_checkpoint(folder, vlm_dir, layers, shape="qwen2.5-vl-7b"):
     model's processor (no download): what train.py loads for the engine comparison."""
     from transformers import AutoModelForImageTextToText
 
-    from machinery import memory
-
     _, proc = policy.load_policy(vlm_dir)
-    tok = policy.tokenizer_of(proc)
-    config = memory.preset_config(shape)
-    config.text_config.num_hidden_layers = layers
-    if getattr(config.text_config, "layer_types", None):
-        config.text_config.layer_types = config.text_config.layer_types[:layers]
-    config.image_token_id, config.video_token_id = (tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>",
-                                                                                           "<|video_pad|>"))
-    config.vision_start_token_id, config.vision_end_token_id = (tok.convert_tokens_to_ids(t) for t in
-                                                                ("<|vision_start|>", "<|vision_end|>"))
-    config.text_config.eos_token_id = config.text_config.pad_token_id = tok.pad_token_id
     torch.manual_seed(0)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16)
+    model = AutoModelForImageTextToText.from_config(wide_config(vlm_dir, policy.tokenizer_of(proc), layers, shape),
+                                                    dtype=torch.bfloat16)
     model.save_pretrained(folder)
     proc.save_pretrained(folder)
     return folder

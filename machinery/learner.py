@@ -118,13 +118,13 @@ class Learner:
 
         def backward(part, weight):
             x, ids, mask, a = batch(part)
-            r = rows[part] if part is not None else None
             reuse = kept is not None and part is not None and part.start in kept
             old, ref = kept[part.start] if reuse else (None, None)
             logp, old, ref = self.logprobs(policy._to(x, policy.model_device(base)), ids, mask, old, ref)
             total, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device))
             if part is not None and not reuse and rollout.engine_logprobs is not None and self.temperature == 1:
-                self.engine_gap = max(self.engine_gap, engine.logprob_gap(logp, rollout.engine_logprobs[r], mask))
+                gap = engine.logprob_gap(logp, rollout.engine_logprobs[rows[part]], mask)   # (the sync check)
+                self.engine_gap = max(self.engine_gap, gap)
             (total * weight).backward()
             if kept is not None and part is not None and not reuse:
                 kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)

@@ -36,6 +36,7 @@ beyond the fixed `overhead_gib`, the math-attention fallback (S^2 scores: use fl
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 import weakref
@@ -198,7 +199,7 @@ class Settings:
     #                                train.py frees the reference's after each forward (parallel.release)
     gradient_checkpointing: bool | None = None  # None: on in the GPU modes, off in `single`
     overhead_gib: float | None = None           # CUDA context + cuBLAS / NCCL workspaces; None: 1.0 on GPUs, 0 single
-    engine_gib: float = 0.0        # --rollout-engine vllm: the engine's share (gpu_memory_utilization x the GPU); 0: hf
+    engine_gib: float = 0.0        # --rollout-engine vllm: the engine's share while generating (asleep after); 0: hf
 
 
 def _settings(mode, settings) -> Settings:
@@ -447,7 +448,6 @@ def plan(model_config, mode: str = "fsdp", gpus: int = 1, **settings) -> dict:
     base_update = base + (w.grads if (w.grad_bytes == 0 or n_micro > 1) else 0)
     # fused AdamW on CUDA makes no temporaries; torch's CPU loop two of the largest parameter's size
     temporaries = 2 * 4 * max(s.vocab * s.hidden, s.hidden * s.intermediate) if mode == "single" else 0
-    # a vLLM engine (engine.py) holds its share in place of the generate call's, and sleeps in the update and step
     phases = {"generation": base + gen["gathered"] + (st.engine_gib * GIB or gen["kv"] + gen["transient"]),
               "update": base_update + upd["total"], "step": base + w.grads + temporaries}
     peak_phase = max(phases, key=phases.get)
@@ -463,11 +463,11 @@ def plan(model_config, mode: str = "fsdp", gpus: int = 1, **settings) -> dict:
 
 
 def _generation_lines(gen: dict, p: dict, seq: int) -> list:
-    a = "(a) generation"   # (a vLLM engine's share in place of the generate call's)
-    return [(a, f"vLLM engine's share (needs {p['engine_needs']:.1f}: bf16 weights + KV cache of {gen['rows']} rows x "
-             f"{seq} tokens; asleep in (b) and (c))", p["engine"])] if p["engine"] else [
-        (a, f"KV cache: {gen['rows']} rows x {seq} tokens", p["kv_cache"]),
-        (a, f"prefill of {gen['prompts']} prompts (ViT no-grad) / decode transients", gen["transient"] / GIB)]
+    parts = [(f"vLLM engine's share (needs {p['engine_needs']:.1f}: bf16 weights + KV cache of {gen['rows']} rows x "
+              f"{seq} tokens; asleep in (b) and (c))", p["engine"])] if p["engine"] else [
+        (f"KV cache: {gen['rows']} rows x {seq} tokens", p["kv_cache"]),
+        (f"prefill of {gen['prompts']} prompts (ViT no-grad) / decode transients", gen["transient"] / GIB)]
+    return [("(a) generation", part, gib) for part, gib in parts]
 
 
 def _lines(s: Shape, st: Settings, gen: dict, upd: dict, p: dict) -> list:
@@ -538,8 +538,8 @@ def format_plan(p: dict, gpu_gib: float | None = None) -> str:
             + (f" + G~={st['temporal_grpo']}" if st["temporal_grpo"] else "")
             + f" rollouts, {st['frames']} frames x {st['max_pixels']} px, {st['max_new_tokens']} new tokens")
     rows = [head, f"{'part':<74} {'GiB':>7}"]
-    for i, (ph, part, gib) in enumerate(p["lines"]):
-        rows += ([ph] if i == 0 or ph != p["lines"][i - 1][0] else []) + [f"  {part:<72} {gib:7.2f}"]
+    for ph, parts in itertools.groupby(p["lines"], key=lambda line: line[0]):
+        rows += [ph] + [f"  {part:<72} {gib:7.2f}" for _, part, gib in parts]
     fits = "" if gpu_gib is None else f" of {gpu_gib:g} GiB: {'fits' if p['peak'] <= gpu_gib else 'does NOT fit'}"
     rows.append(f"{'peak (' + p['peak_phase'] + ')' + fits:<75}{p['peak']:7.2f}")
     return "\n".join(rows)

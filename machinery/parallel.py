@@ -154,10 +154,7 @@ def _unhooked_generate(models):
 
 
 def all_max(value: int, device) -> int:
-    t = torch.tensor([int(value)], dtype=torch.long, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(runtime.all_max_floats([int(value)], device)[0])
 
 
 def micro_batches(n_rows: int, size: int, device) -> list:
