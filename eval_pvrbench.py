@@ -42,7 +42,6 @@ with its model schemes, load_benchmark, evaluate with its models, reports, frame
 from __future__ import annotations
 
 from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
-import argparse
 import hashlib
 import json
 import re
@@ -431,7 +430,7 @@ def check_sources(args, scheme, path):
 
 def parser():
     """The command line's parser (an extension adds its own argument group to it, then calls parse_args)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
                                  usage="%(prog)s [--model M] [--benchmark SRC=PATH,...] [--video-root ...] [options]")
     g = ap.add_argument_group("benchmark", "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
     g("--benchmark", default="synthetic", help="vsibench=PATH,urbanvideo=PATH (native files) or synthetic[=DIR] "
@@ -444,7 +443,7 @@ def parser():
     g("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
       "(round-robin within each task); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
-    g("--eta", type=perturb.parse_eta, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
+    g("--eta", type=perturb.eta_arg, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
       "D: 0.7), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes')")
     g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit "
       "(with --depth-model also each clip's depth, <video id>/depth.npy)")
@@ -547,19 +546,20 @@ class Benchmark:
 
 
 def load_benchmark(args) -> Benchmark:
+    """The questions, read first (a data mistake is the error reported), then --depth-model's check."""
     paths, roots = parse_sources(args.benchmark), parse_sources(args.video_root, "--video-root")
-    check_depth(args, paths)   # (also for --export)
     subtypes = parse_subtypes(args.subtypes, args.protocol)
-    return Benchmark(paths, roots, subtypes, {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit)
-                                              for n, p in paths.items()})
+    sources = {n: load_source(n, p, roots.get(n, roots.get(None)), args.limit) for n, p in paths.items()}
+    check_depth(args, paths)   # (also for --export)
+    return Benchmark(paths, roots, subtypes, sources)
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.compare:
         return compare(args.compare, Path(args.out))
-    target = None if args.export else resolve_model(args)
-    return evaluate(args, target, load_benchmark(args))
+    bench = load_benchmark(args)   # the data's mistakes before the model's
+    return evaluate(args, None if args.export else resolve_model(args), bench)
 
 
 def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, run_key=None, tables=None):
@@ -585,6 +585,8 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
           f"samples, {pending} to generate; model {target.spec}; store {run_dir}", flush=True)
     model = models[target.scheme](args, target.path) if pending else None
     judge = make_judge(args, run_dir)
+    if model is not None and (note := judges.stand_in_note(args.judge, evaluation.parameters(model))):
+        print(note, flush=True)   # (the default offline judge on a real model)
     runner = evaluation.Runner(args, store, model, judge, manifest, read_kwargs, pending, corrupt)
     if not runner.run(groups):
         print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")

@@ -443,6 +443,18 @@ def on_scale(values, allowed):
 JUDGE_SPECS = ("local", "local:MODEL_DIR", "openai:MODEL", "hf:PATH", "none")
 
 
+STAND_IN_ABOVE = 100_000_000   # parameters: a real model, not a test's tiny one
+
+
+def stand_in_note(spec, n_params=None):
+    """One line when the default offline judge ("local") stands in for the paper's GPT-4o judge (App. C.1) on a real
+    model (`n_params` >= STAND_IN_ABOVE, or None: a served one, its size unknown); None otherwise."""
+    if str(spec).strip().partition(":")[0].lower() == "local" and (n_params or STAND_IN_ABOVE) >= STAND_IN_ABOVE:
+        return ("note: --judge local is an offline stand-in (MiniLM embeddings) for the paper's GPT-4o judge (App. C.1); "
+                "--judge openai:MODEL (OpenAI's API, or a served model at $OPENAI_BASE_URL) or hf:PATH asks a real one")
+    return None
+
+
 def make_judge(spec, *, base_url: str | None = None, cache=None, **kwargs):
     """A judge from a command-line spec: "local" (LocalJudge; "local:DIR" for another
     sentence-transformers encoder), "openai:MODEL" (OpenAIJudge; ``base_url`` or $OPENAI_BASE_URL

@@ -213,22 +213,14 @@ class PerturbSpec:
 
 def parse_eta(text) -> float | dict:
     """--eta's value: one intensity for every subtype ("0.7"), or per subtype ("0.5,fog=0.3,night=0.4": the
-    first number is the others' intensity). Returns a float or {subtype: eta, "*": the others'}."""
+    first number is the others' intensity), each in [0, 1] (the grammar: perturb_cli.parse_eta). Returns a float
+    or {subtype: eta, "*": the others'}."""
     if isinstance(text, (int, float, dict)):
         return text
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    try:
-        if len(parts) == 1 and "=" not in parts[0]:
-            return float(parts[0])
-        table = {"*": DEFAULT_ETA}
-        for p in parts:
-            name, _, value = p.rpartition("=")
-            if name:
-                _check_subtype(name)
-            table[name or "*"] = float(value)
-    except ValueError as e:
-        raise ValueError(f"eta {text!r}: expected a number or 'X,subtype=Y,...' ({e})") from None
-    return table
+    return perturb_cli.parse_eta(text, _check_subtype, DEFAULT_ETA)
+
+
+eta_arg = perturb_cli.argparse_type(parse_eta)   # argparse's type= (eval_pvrbench.py): one line naming --eta
 
 
 def eta_of(eta, subtype: str) -> float:

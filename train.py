@@ -201,7 +201,7 @@ def _check_config(ap, cfg):
     try:
         perturb.parse_eta(cfg.eta)
     except ValueError as e:
-        ap.error(f"--eta: {e}")
+        ap.error(f"--{e}")   # (--eta '0,7': expected ...)
     unknown = {f for f in cfg.demo_families.split(",") if f} - set(synthetic.SYNTH_FAMILIES)
     if unknown:
         ap.error(f"demo_families: unknown {sorted(unknown)}; valid: {', '.join(synthetic.SYNTH_FAMILIES)}")
@@ -664,6 +664,10 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     or a subclass), the final weights and the after check."""
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = checkpoints.load_rank_state(ckpt, run.rank)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    note = rl.needs_judge(run.cfg) and judges.stand_in_note(run.cfg.judge, n_params)
+    if note:   # (the default offline judge on a real model)
+        runtime.log(note)
     if not (run.out / "eval_before.json").is_file():
         run.evaluate("eval_before.json")
     if state["stage"] == "sft":
@@ -678,14 +682,10 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
 RESUME = "rerun the same command to continue from the last checkpoint"   # Ctrl-C's line (before OUT is known)
 
 
-def resume_hint(cfg):
-    return f"{RESUME} in {Path(cfg.out) / 'checkpoints'}"
-
-
 def main(argv=None, **settings):
     """Train (Alg. 2). `settings`: values for Config fields without a flag."""
     cfg = parse_args(argv, settings)
-    with runtime.interrupt_hint(resume_hint(cfg)):
+    with runtime.interrupt_hint(runs.resume_hint(cfg, RESUME)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=evaluate,
                                check_model=runs.vlm_only)
         train(run, ckpt)

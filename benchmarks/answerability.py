@@ -10,7 +10,6 @@ judged YES, the Pearson correlation of c with the answer's score (all clips, and
 the mean c over right and over wrong answers. The last line is
 `c_std=<x> c_yes_share=<x> corr=<x> corr_corrupted=<x>`.
 """
-import argparse
 import os
 import statistics
 import sys
@@ -54,7 +53,7 @@ def measure(model, processor, samples, frames, max_pixels, batch_size=16, max_ne
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="runs/rova/final")
     ap.add_argument("--benchmark", default="runs/rova/synthetic", help="a folder with eval.jsonl and videos/ "
                     "(the synthetic benchmark: its held-out questions)")

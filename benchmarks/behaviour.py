@@ -152,7 +152,7 @@ def perturbations(m):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="runs/behaviour", help="working folder (finished runs are reused)")
     ap.add_argument("--write", default="", help="record the hashes in this JSON file")
     ap.add_argument("--check", default="", help="compare the hashes with this JSON file; exit 1 if any differ")

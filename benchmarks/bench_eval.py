@@ -30,7 +30,6 @@ both parts' records match and no request was lost or repeated.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import http.server
@@ -260,7 +259,7 @@ def sharpened_tiny(folder):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--latency", type=float, default=0.2, help="seconds per request of the fake server")
     ap.add_argument("--api-videos", type=int, default=24)
     ap.add_argument("--api-questions", type=int, default=8, help="questions per video (API part)")

@@ -84,7 +84,7 @@ def measure(assets, spincount, repeats, busy):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=12, help="timed SFT steps and rollouts per measurement")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--busy", action="store_true", help=argparse.SUPPRESS)

@@ -62,7 +62,7 @@ def clips(n, frames=16, size=96):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--clips", type=int, default=12)
     ap.add_argument("--subtypes", default="all", help="comma list (default: all 14)")
     ap.add_argument("--json", default="")

@@ -22,7 +22,6 @@ and on every position; at init it repeats one token). The last line is
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -69,7 +68,7 @@ def timed(model, processor, inputs, group, tokens, share):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (each runs A twice and B twice)")
     ap.add_argument("--prompts", type=int, default=4, help="videos per rollout batch (App. D: 4 per GPU)")
     ap.add_argument("--group", type=int, default=8, help="G, completions per video (App. D: 8)")

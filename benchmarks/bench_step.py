@@ -21,7 +21,6 @@ line is `rova_over_grpo=<x> rova_over_dual=<y>` (the paper: 403/215 = 1.87 and 4
 checkpoint): an untrained model rolls out --max-new-tokens of noise, ROVA defers every sample and
 trains nothing, and the ratios say little. Settings default to train.py's CPU demo.
 """
-import argparse
 import json
 import os
 import statistics
@@ -55,7 +54,7 @@ PAPER_TABLE13 = {"grpo": 215.0, "dual": 428.0, "rova": 403.0}  # s per step
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", default="", help="policy checkpoint (default: an untrained tiny model, a smoke run)")
     a("--data", default="", help="Video-R1 JSON (default: a small synthetic set built in --work)")

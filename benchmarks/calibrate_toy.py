@@ -247,7 +247,7 @@ def report(oracle, model, chosen, etas, subtypes, tasks, args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", default="runs/rova/synthetic", help="the synthetic benchmark's folder")
     ap.add_argument("--fit-on", default="", help="fit the next-action oracle's threshold on this rendering's "
                     "training clips (default: --bench's; a validation rendering, all held out, has none)")

@@ -117,7 +117,8 @@ def render(sections, tile, path, colors):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="output .png")
     ap.add_argument("--sheet", choices=sorted(SHEETS), default="photo", help="preset sections (default photo)")
     ap.add_argument("--clips", nargs="+", choices=CLIPS, help="sections' clips instead of --sheet's")

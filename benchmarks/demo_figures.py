@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="a fresh folder for the demo's run (OUT/rova) and its evaluation")
     args = ap.parse_args(argv)
     run = Path(args.out) / "rova"

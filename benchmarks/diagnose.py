@@ -18,7 +18,6 @@ then per group:
   the deferred the share whose corrupted group was mixed (GRPO signal the curriculum sets aside); the
   answerability confidence c and its correlation with the corrupted accuracy (is c informative).
 """
-import argparse
 import json
 import os
 import statistics
@@ -41,7 +40,7 @@ from machinery import video  # noqa: E402
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", required=True, help="policy checkpoint (the state RL starts from)")
     a("--data", required=True, help="Video-R1 JSON of the training questions, or a VSI-Bench-format .jsonl (the "
@@ -53,7 +52,7 @@ def parse_args(argv=None):
     for name in ("group_size", "max_new_tokens", "frames", "max_pixels", "batch_size"):
         a("--" + name.replace("_", "-"), type=int, default=train.DEMO[name])
     cfg = train.Config()
-    a("--eta", type=perturb.parse_eta, default=cfg.eta)
+    a("--eta", type=perturb.eta_arg, default=cfg.eta)
     for name in ("tau", "a_min", "a_max", "alpha_r", "alpha_a", "temperature"):
         a("--" + name.replace("_", "-"), type=float, default=getattr(cfg, name))
     a("--unanswerable-below", type=float, default=train.DEMO["unanswerable_below"])

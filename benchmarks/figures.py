@@ -203,7 +203,7 @@ def problems():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="fail if a block differs from what its command prints")
     ap.add_argument("--update", nargs="*", metavar="NAME", help=f"rewrite these blocks (none: all live ones); "
                     f"{', '.join(BLOCKS)}")

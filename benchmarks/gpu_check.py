@@ -167,7 +167,7 @@ def engine_steps(tmp, vlm_dir, layers, steps=3):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--json", default="")
     ap.add_argument("--fsdp-layers", type=int, default=8, help="decoder layers of the 7B-wide FSDP2 step (of 28)")

@@ -107,7 +107,7 @@ def lines_table():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--radon", default="", help="the radon executable: also print the largest cyclomatic "
                     "complexity in the stage scripts")
     ap.add_argument("--lines", action="store_true", help="print the core's files and their lines as a table, only")

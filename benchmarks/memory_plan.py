@@ -16,7 +16,6 @@ checkpointing), measures the peak of live tensor bytes, compares it with the pla
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ ALL_ROWS = [(m, mode, n) for m in ("qwen2.5-vl-3b", "qwen2.5-vl-7b")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
+    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
                                  epilog="Defaults are App. D's (train.py's): 4 videos per GPU, G = 8 per branch, "
                                         "16 frames x 128x28x28 pixels, 256 new tokens.")
     ap.add_argument("--model", default="qwen2.5-vl-7b",

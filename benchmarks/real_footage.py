@@ -116,7 +116,7 @@ def measure(engine, name, frames, size, seeds):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--engine", default="", help="another perturb.py to measure beside this one")
     ap.add_argument("--frames", type=int, default=16)
     ap.add_argument("--size", type=int, default=224)

@@ -68,7 +68,7 @@ QUICK = dict(demo_clips=16, sft_epochs=1.0, steps_max=4, snapshots=2, lrs=(1e-4,
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--out", default="runs/reproduce-v5", help="working folder (every stage's output)")
     a("--summary", default=str(ROOT / "docs" / "results" / "v5.json"), help="the machine-readable summary")

@@ -55,7 +55,7 @@ SMOKE = dict(rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, synthesis
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--from", dest="start", default="runs/reproduce", help="benchmarks/reproduce.py's OUT (sft/, runs/)")
     a("--out", default="runs/robust-to", help="working folder")

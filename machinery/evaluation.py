@@ -77,6 +77,12 @@ def export(groups, manifest, args, read_kwargs, corrupt):
           f"and {root / 'manifest.jsonl'}")
 
 
+def parameters(model):
+    """The evaluated model's parameter count (a local checkpoint's), or None (a served or an extension's model)."""
+    inner = getattr(model, "model", None)
+    return sum(p.numel() for p in inner.parameters()) if hasattr(inner, "parameters") else None
+
+
 class HFModel:
     """Any AutoModelForImageTextToText checkpoint (policy.load_policy), optionally with a peft LoRA adapter;
     greedy generation. `share_clips`: the Runner gives it each (video, condition)'s questions together, and

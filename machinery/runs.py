@@ -82,7 +82,7 @@ def config_parser(config, groups, *, plumbing="output", **kwargs):
     and --set go into the group `plumbing`."""
     from dataclasses import fields
 
-    ap = argparse.ArgumentParser(formatter_class=runtime.HelpFormatter, **kwargs)
+    ap = runtime.ArgumentParser(formatter_class=runtime.HelpFormatter, **kwargs)
     parts = {name: ap.add_argument_group(name, text) for name, text in groups.items()}
     for f in fields(config):
         if f.metadata.get("group") is None:
@@ -100,7 +100,8 @@ def config_parser(config, groups, *, plumbing="output", **kwargs):
     return ap
 
 
-_KINDS = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes", "on")}
+_KINDS = {"int": int, "float": float, "bool": runtime.strict_bool}
+_KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean (true/false, 1/0)"}
 
 
 def parse_config(ap, config, argv=None, settings=None, preset=None):
@@ -131,7 +132,7 @@ def _settings(ap, kinds, items):
         try:
             out[name] = _KINDS.get(kinds[name], str)(value)
         except ValueError:
-            ap.error(f"--set {item!r}: {value!r} is not a {kinds[name]}")
+            ap.error(f"--set {item!r}: {value!r} is not {_KIND_NAMES[kinds[name]]}")
     return out
 
 
@@ -173,8 +174,8 @@ def use_demo_benchmark(cfg, synth):
 
 
 def check_sources(cfg):
-    """Every model the run will load exists (locally, in the cache or on a reachable hub): one line now,
-    not a traceback after the data is read."""
+    """Every model the run will load exists (locally, in the cache or on a reachable hub): one line before
+    anything is loaded (after the data's own checks, so that a data mistake is the one reported)."""
     runtime.model_source(cfg.model)
     runtime.check_hf_flags({"--judge": cfg.judge})
     depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (auto: once the data is read)
@@ -283,37 +284,51 @@ def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwar
     arguments (a frame sampler)."""
     rank, world, device = runtime.setup_distributed()
     out = runtime.out_dir(cfg.out, create=False)
-    if not cfg.model:
-        depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
-        (prepare or prepare_demo)(cfg, rank)
-    else:
-        check_sources(cfg)  # before OUT is made: a mistyped --model leaves no empty folder
-    out.mkdir(parents=True, exist_ok=True)
-    random.seed(cfg.seed * 1000 + rank)
-    np.random.seed(cfg.seed * 1000 + rank)
-    torch.manual_seed(cfg.seed * 1000 + rank)
-    spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
-    samples, shard, clips = load_data(cfg, rank, world, corrupt, read_kwargs)
-    depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
-                        needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
-    ckpt = checkpoints.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
-                                        ignore=NOT_RESULT_KEYS + getattr(cfg, "not_results", ()), files=RUN_FILES,
-                                        folders=RUN_FOLDERS, log=runtime.log, world=world)
-    sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
-    model, processor = load_model(cfg, sharding, world, device, ckpt)
-    check_model(cfg, model)
+    with runtime.no_folder_if_refused(out):   # a start refused below leaves no folder it made
+        demo = not cfg.model
+        if demo:
+            depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
+            (prepare or prepare_demo)(cfg, rank)
+        random.seed(cfg.seed * 1000 + rank)
+        np.random.seed(cfg.seed * 1000 + rank)
+        torch.manual_seed(cfg.seed * 1000 + rank)
+        spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
+        samples, shard, clips = load_data(cfg, rank, world, corrupt, read_kwargs)   # data errors first
+        eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
+        if not demo:
+            check_sources(cfg)
+        depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
+                            needs_model=any(depths.own_depth_file(s.video) is None for s in samples))
+        out.mkdir(parents=True, exist_ok=True)
+        ckpt = checkpoints.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
+                                            ignore=NOT_RESULT_KEYS + getattr(cfg, "not_results", ()), files=RUN_FILES,
+                                            folders=RUN_FOLDERS, log=runtime.log, world=world)
+        sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
+        model, processor = load_model(cfg, sharding, world, device, ckpt)
+        check_model(cfg, model)
     if ckpt and rank == 0:
         checkpoints.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
     runtime.barrier()
-    eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
     run = Run(cfg, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
               runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean", "rho")}),
               eval_samples, sharding, parallel.replicate(model, device) if sharding == "ddp" else model, check=check)
     return run, ckpt
 
 
+def resume_hint(cfg, resume):
+    """Ctrl-C's line once OUT is known (runtime.interrupt_hint), worked out when it comes: `resume` and the
+    checkpoint a rerun continues from, or that none was saved yet."""
+    def hint():
+        saved = checkpoints.complete_checkpoints(Path(cfg.out) / "checkpoints")
+        if saved:
+            return f"{resume} in {saved[-1].parent} ({saved[-1].name})"
+        return f"no checkpoint saved yet (one every {cfg.save_every} steps): rerun the same command to start again"
+    return hint
+
+
 def vlm_only(cfg, model):
-    """The policy trained here watches videos: a text-only LM is refused (one line, before any data is read)."""
+    """The policy trained here watches videos: a text-only LM is refused (one line; setup removes the run folder
+    it made)."""
     if policy.is_text_model(model):
         raise runtime.UserError(f"--model {cfg.model} is a text-only LM; train.py trains a vision-language model")
 

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import sys
 import time
 from collections import defaultdict
@@ -79,11 +80,12 @@ def _close_progress_bars():
 
 @contextmanager
 def interrupt_hint(text):
-    """Ctrl-C inside the block: `run` says `text` (how to continue) instead of its `interrupted` line."""
+    """Ctrl-C inside the block: `run` says `text` (how to continue; a function giving it is asked then, so that it
+    names only what exists) instead of its `interrupted` line."""
     try:
         yield
     except KeyboardInterrupt as e:
-        e.hint = getattr(e, "hint", text)
+        e.hint = getattr(e, "hint", None) or (text() if callable(text) else text)
         raise
 
 
@@ -132,6 +134,31 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {('on' if default else 'off') if isinstance(default, bool) else default})"
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """Every script's parser: no abbreviations (`--rl-step 5` is an error, not --rl-steps), and a mistake in the
+    command line is one line, `error: ...` with exit code 2, like every other mistake (not argparse's usage
+    block; --help shows it)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        _close_progress_bars()
+        self.exit(2, f"error: {' '.join(str(message).split())}\n")
+
+
+def strict_bool(text) -> bool:
+    """A boolean setting's value: true/false, 1/0, yes/no, on/off (any case); anything else is a ValueError
+    (`--set gradient_checkpointing=ture` must not quietly mean False)."""
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{text!r} is not a boolean (true/false, 1/0, yes/no, on/off)")
+
+
 # ----------------------------------------------------------------------------- output paths
 
 def _no_file_on_the_way(folder: Path, path, what: str):
@@ -149,6 +176,20 @@ def out_dir(path, what: str = "--out", create: bool = True) -> Path:
     if create:
         p.mkdir(parents=True, exist_ok=True)
     return p
+
+
+@contextmanager
+def no_folder_if_refused(folder):
+    """A start refused inside the block (a UserError: a data mistake, a finished run, a model that cannot fit)
+    leaves no `folder` behind when it did not exist before the block (rank 0 removes it)."""
+    folder = Path(folder)
+    existed = folder.exists()
+    try:
+        yield
+    except UserError:
+        if not existed and rank_of() == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def out_file(path, suffixes, what: str = "--out") -> Path:

@@ -258,7 +258,7 @@ def _print_subset_summary(s: dict) -> None:
 def main(argv=None):
     import argparse
 
-    ap = argparse.ArgumentParser(description="Data tools of the ROVA reference implementation (the synthetic "
+    ap = runtime.ArgumentParser(description="Data tools of the ROVA reference implementation (the synthetic "
                                              "benchmark: synthetic.py).")
     runtime.add_debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True)

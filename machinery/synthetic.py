@@ -668,9 +668,8 @@ def write_sample_video(path, fps: float = 8.0, **kw) -> str:
 
 # --------------------------------------------------------------------------- command line
 def main(argv=None):
-    import argparse
 
-    ap = argparse.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
+    ap = runtime.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
                                              "Video-R1 train.json, VSI-Bench eval.jsonl).")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--n", type=int, default=200, help="number of clips")

@@ -160,8 +160,7 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
 
 
 def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(description="Policy tools of the ROVA reference implementation.")
+    ap = runtime.ArgumentParser(description="Policy tools of the ROVA reference implementation.")
     sub = ap.add_subparsers(dest="command", required=True)
     tiny = sub.add_parser("build-tiny", help="write a tiny random VLM that loads offline (tests, CPU demos)")
     tiny.add_argument("--out", required=True, help="output directory")

@@ -236,7 +236,7 @@ def test_ctrl_c_says_how_to_continue_and_the_rerun_does(assets, tmp_path, capsys
     assert proc.returncode == 130, err[-2000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted: rerun the same command") and "Traceback" not in err
-    assert last.endswith(f"in {out / 'checkpoints'}"), last   # (the run's own folder: runtime.interrupt_hint)
+    assert f"in {out / 'checkpoints'} (rl-" in last, last   # (the run's own checkpoint: runs.resume_hint)
     capsys.readouterr()
     train.main(a, stop_after=1)  # (stop_after changes no result: the same config)
     assert "continuing the unfinished run" in capsys.readouterr().out

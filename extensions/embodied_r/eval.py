@@ -170,10 +170,10 @@ def main(argv=None):
     args = ev.parse_args(argv, ap)
     if args.compare:
         return ev.compare(args.compare, Path(args.out))
+    bench = ev.load_benchmark(args)   # the data's mistakes before the model's
     target = None if args.export else ev.resolve_model(args, MODELS)
     if target:
         check(args, target.scheme)
-    bench = ev.load_benchmark(args)
     bench.sources, reports = prepare(args, bench.sources)
     keyed = args.frame_sampler == "keyframes"
     read_kwargs = {"sampler": keyframes.keyframe_sampler(args.keyframe_eps)} if keyed else {}

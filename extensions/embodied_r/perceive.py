@@ -39,7 +39,6 @@ prints the text.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
@@ -492,7 +491,9 @@ def _merge(stats, st):
 
 # --------------------------------------------------------------------------- CLI
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Embodied-R perception (Sec. 2.2): key frames -> text via a frozen VLM.")
+    from machinery import runtime
+
+    ap = runtime.ArgumentParser(description="Embodied-R perception (Sec. 2.2): key frames -> text via a frozen VLM.")
     ap.add_argument("video", help="a video file")
     ap.add_argument("--question", required=True, help="the question the perception is conditioned on")
     ap.add_argument("--backend", required=True, help=f"the VLM: {' or '.join(PERCEIVER_SPECS)}")

@@ -197,7 +197,7 @@ def main(argv=None, **settings):
     """Train.py's two stages with Embodied-R's policy, frame sampler and rewards."""
     cfg = parse_args(argv, settings)
     read_kwargs = {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {}
-    with runtime.interrupt_hint(train.resume_hint(cfg)):
+    with runtime.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
         run, ckpt = runs.setup(cfg, observer=observer(cfg), corrupt=perturb.apply, check=train.evaluate,
                                check_model=check_model, prepare=prepare_demo, read_kwargs=read_kwargs)
         train.train(run, ckpt, rl=EmbodiedRL)

@@ -102,10 +102,11 @@ def main(argv=None):
     args = ev.parse_args(argv, ap)
     if args.compare:
         return ev.compare(args.compare, Path(args.out))
+    bench = ev.load_benchmark(args)   # the data's mistakes before the model's
     target = None if args.export else ev.resolve_model(args, MODELS, rename)
     if target:
         check(args, target.scheme)
-    return ev.evaluate(args, target, ev.load_benchmark(args), MODELS, tables=TABLES,
+    return ev.evaluate(args, target, bench, MODELS, tables=TABLES,
                        run_key=run_key(args, target.spec) if target else None)
 
 

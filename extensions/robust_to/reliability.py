@@ -83,7 +83,6 @@ and with no information on relevance (all 0.5) frames rank by reliability alone.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import re
 
@@ -596,7 +595,7 @@ def _read_clip(path, num_frames: int):
 def main(argv=None) -> int:
     from machinery import runtime
 
-    ap = argparse.ArgumentParser(description="Per-frame disturbance, reliability, relevance and Robust-TO frame "
+    ap = runtime.ArgumentParser(description="Per-frame disturbance, reliability, relevance and Robust-TO frame "
                                              "selection for one video.")
     ap.add_argument("video", help="video file")
     ap.add_argument("--question", default="", help="question (relevance: colour / shape words, a proxy)")

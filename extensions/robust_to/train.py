@@ -180,7 +180,7 @@ def parse_args(argv=None, settings=None):
 def main(argv=None, **settings):
     """Train.py's two stages with the agent as the policy: its warm-up, then GRPO on it (AgentRL)."""
     cfg = parse_args(argv, settings)
-    with runtime.interrupt_hint(train.resume_hint(cfg)):
+    with runtime.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=train.evaluate,
                                check_model=runs.vlm_only)
         train.train(run, ckpt, rl=AgentRL, sft_step=agent_sft_step)

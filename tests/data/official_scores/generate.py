@@ -410,7 +410,7 @@ def versions() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     for flag in ("--lmms-eval", "--thinking-in-space", "--urbanvideo", "--video-r1"):
         ap.add_argument(flag, required=True, help="a clone or bare mirror of the repository")
     ap.add_argument("--out", default=str(HERE / "expected.json"))
