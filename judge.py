@@ -449,7 +449,8 @@ STAND_IN_ABOVE = 100_000_000   # parameters: a real model, not a test's tiny one
 def stand_in_note(spec, n_params=None):
     """One line when the default offline judge ("local") stands in for the paper's GPT-4o judge (App. C.1) on a real
     model (`n_params` >= STAND_IN_ABOVE, or None: a served one, its size unknown); None otherwise."""
-    if str(spec).strip().partition(":")[0].lower() == "local" and (n_params or STAND_IN_ABOVE) >= STAND_IN_ABOVE:
+    real = n_params is None or n_params >= STAND_IN_ABOVE
+    if str(spec).strip().partition(":")[0].lower() == "local" and real:
         return ("note: --judge local is an offline stand-in (MiniLM embeddings) for the paper's GPT-4o judge (App. C.1); "
                 "--judge openai:MODEL (OpenAI's API, or a served model at $OPENAI_BASE_URL) or hf:PATH asks a real one")
     return None

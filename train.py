@@ -664,8 +664,8 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     or a subclass), the final weights and the after check."""
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = checkpoints.load_rank_state(ckpt, run.rank)
-    n_params = sum(p.numel() for p in run.model.parameters())
-    note = rl.needs_judge(run.cfg) and judges.stand_in_note(run.cfg.judge, n_params)
+    note = rl.needs_judge(run.cfg) and judges.stand_in_note(run.cfg.judge,
+                                                            sum(p.numel() for p in run.model.parameters()))
     if note:   # (the default offline judge on a real model)
         runtime.log(note)
     if not (run.out / "eval_before.json").is_file():

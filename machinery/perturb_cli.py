@@ -54,9 +54,10 @@ def _eta_part(part, k, check_subtype):
         check_subtype(name)
     elif k:
         raise ValueError(f"{part!r} has no subtype=")
-    if not 0.0 <= float(value) <= 1.0:
+    eta = float(value)
+    if not 0.0 <= eta <= 1.0:
         raise ValueError(f"{value} is outside [0, 1]")
-    return name or "*", float(value)
+    return name or "*", eta
 
 
 def argparse_type(parse):

@@ -175,10 +175,10 @@ def use_demo_benchmark(cfg, synth):
 
 def check_sources(cfg):
     """Every model the run will load exists (locally, in the cache or on a reachable hub): one line before
-    anything is loaded (after the data's own checks, so that a data mistake is the one reported)."""
+    anything is loaded (after the data's own checks, so that a data mistake is the one reported; --depth-model's
+    check follows in setup, once the data says whether `auto` needs the model)."""
     runtime.model_source(cfg.model)
     runtime.check_hf_flags({"--judge": cfg.judge})
-    depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (auto: once the data is read)
 
 
 def load_data(cfg, rank, world, corrupt, read_kwargs=None):
