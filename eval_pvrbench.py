@@ -19,7 +19,7 @@ beside the clips. Conditions:
 the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
 not confounded by the task mix.
 
-Scores: each source's official rules (App. B.1, answers.score_sample; benchmark_score): with --style official exactly its
+Scores: each source's official rules (App. B.1, answers.score_sample; answers.condition_score): with --style official exactly its
 official code's, with --style reason (the default) with the project's extensions (answers.EXTENSIONS, written into
 results.json's `scoring`); Table 2's accuracy per
 category, Avg. (the mean of the four category columns, as in every row of Table 2), Orig. (clean) and the
@@ -50,8 +50,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from machinery import answers, data
 from machinery import depth as depths
 from machinery import evaluation
@@ -68,14 +66,11 @@ DEMO_CHECKPOINT = "runs/rova/final"
 CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
 QUALITY = judges.QUALITY_KEYS           # fragility, consistency, belief, recovery, attention
 DAGGER = QUALITY[1:]                    # Avg.+ / Orig.+ exclude Fra. (Table 2's caption)
-REL_DIRECTION = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard")
 INTERRUPTED = ("rerun the same command to continue: the samples generated so far are kept in OUT/<model>/run_<hash>/ "
                "and are not generated again")
 
 
-def mean(values):
-    values = [v for v in values if v is not None]
-    return float(np.mean(values)) if values else None
+mean = answers.mean   # (of the values that are not None)
 
 
 def drop(orig, avg):
@@ -83,57 +78,6 @@ def drop(orig, avg):
 
 
 # ----------------------------------------------------------------------------- scoring (App. B.1, Table 2)
-
-def benchmark_score(records, source, style="reason"):
-    """Official aggregate of one condition's records ({"task", "score", "error", "response"}) of one source.
-    vsibench/synthetic: lmms-eval's vsibench_aggregate_results (rel_direction levels merged, unweighted mean
-    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total. UrbanVideo's outputs that
-    eval.py drops (answers.urban_dropped) count as 0 in the reasoning style, with eval.py's figures beside
-    (urban_official); in the official style `overall` and `tasks` are eval.py's."""
-    if source == "urbanvideo":
-        return urban_score(records, style)
-    by_task = _by_task(records)
-    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
-    tasks = {t: m for t, m in per_type.items() if t not in REL_DIRECTION}
-    levels = [per_type[t] for t in REL_DIRECTION if t in per_type]
-    if levels:
-        tasks["object_rel_direction"] = float(np.mean(levels))
-    overall = mean(tasks.values())
-    return {"overall": overall, "tasks": tasks, "question_types": per_type, "n": len(records),
-            "n_errors": sum(r.get("error") is not None for r in records)}
-
-
-def _by_task(records):
-    by_task = defaultdict(list)
-    for r in records:
-        if r.get("error") is None:
-            by_task[r["task"]].append(r["score"])
-    return by_task
-
-
-def urban_score(records, style="reason"):
-    """UrbanVideo-Bench's figures: accuracy per question_category and the micro total, of every output
-    (reasoning style: an output eval.py drops scores 0, the honest choice) or of the outputs eval.py keeps
-    (official style), with eval.py's figures and the number of dropped outputs beside (urban_official)."""
-    official = urban_official(records)
-    kept = [r for r in records if style == "reason" or not answers.urban_dropped(r.get("response"))]
-    by_task = _by_task(kept)
-    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
-    return {"overall": mean([s for v in by_task.values() for s in v]), "tasks": dict(per_type),
-            "question_types": per_type, "n": len(records),
-            "n_errors": sum(r.get("error") is not None for r in records), **official}
-
-
-def urban_official(records):
-    """UrbanVideo's eval.py figures: it drops an output that pandas reads back from run.py's CSV as missing (empty,
-    'None', 'N/A', 'nan', 'null', ...: answers.urban_dropped) from numerator and denominator, and keeps a
-    whitespace-only one (wrong). Its total, its accuracy per question_category and how many outputs it drops."""
-    ok = [r for r in records if r.get("error") is None]
-    kept = [r for r in ok if not answers.urban_dropped(r.get("response"))]
-    by_task = _by_task(kept)
-    return {"n_dropped": len(ok) - len(kept), "overall_official_rule": mean([r["score"] for r in kept]),
-            "tasks_official_rule": {t: float(np.mean(v)) for t, v in sorted(by_task.items())}}
-
 
 def scoring_block(style="reason", scoring=answers.SCORINGS[0]):
     """results.json's `scoring`: which rules scored the run (docs/DESIGN.md, "Readings of the paper"): the style,
@@ -182,14 +126,14 @@ def source_reasoning(recs, subtypes):
 def source_block(recs, src, subtypes, style="reason"):
     """One source's aggregates: per condition, Table 2's blocks, per task (clean, perturbed pooled and per
     category: Figs. 14-18)."""
-    conds = {c: benchmark_score([r for r in recs if r["condition"] == c], src, style)
+    conds = {c: answers.condition_score([r for r in recs if r["condition"] == c], src, style)
              for c in ("clean", *subtypes) if any(r["condition"] == c for r in recs)}
     pert = [r for r in recs if r["condition"] != "clean"]
     per_task = {"clean": conds.get("clean", {}).get("tasks", {}),
-                "perturbed": benchmark_score(pert, src, style)["tasks"] if pert else {}}
+                "perturbed": answers.condition_score(pert, src, style)["tasks"] if pert else {}}
     for cat in perturb.CATEGORIES:
         sub = [r for r in pert if perturb.CATEGORY_OF[r["condition"]] == cat]
-        per_task[cat] = benchmark_score(sub, src, style)["tasks"] if sub else {}
+        per_task[cat] = answers.condition_score(sub, src, style)["tasks"] if sub else {}
     return {"accuracy": accuracy_block({c: v["overall"] for c, v in conds.items()}, subtypes),
             "reasoning": source_reasoning(recs, subtypes),
             "conditions": conds, "per_task": per_task, "n_samples": len(recs),

@@ -6,6 +6,7 @@ scores both read answers here; the departures from the official scorers are list
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
 import logging
 import math
 import re
@@ -559,3 +560,64 @@ def answers_equivalent(reference, candidate) -> bool:
         letter_text = (orf or ocd)[1]
         return bool(letter_text) and letter_text == norm_text(cand if orf else ref)
     return norm_text(ref) == norm_text(cand)
+
+# --------------------------------------------------------------------------- a condition's aggregate (App. B.1)
+# eval_pvrbench.py's figures and the lmms-eval task it exports (machinery/lmms_task.py) both aggregate here.
+REL_DIRECTION = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard")
+
+
+def mean(values):
+    """The mean of the values that are not None (None when there are none)."""
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def condition_score(records, source, style="reason"):
+    """Official aggregate of one condition's records ({"task", "score", "error", "response"}) of one source.
+    vsibench/synthetic: lmms-eval's vsibench_aggregate_results (rel_direction levels merged, unweighted mean
+    over tasks); urbanvideo: eval.py's accuracy per question_category and micro total. UrbanVideo's outputs that
+    eval.py drops (urban_dropped) count as 0 in the reasoning style, with eval.py's figures beside
+    (urban_official); in the official style `overall` and `tasks` are eval.py's."""
+    if source == "urbanvideo":
+        return urban_score(records, style)
+    by_task = _by_task(records)
+    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
+    tasks = {t: m for t, m in per_type.items() if t not in REL_DIRECTION}
+    levels = [per_type[t] for t in REL_DIRECTION if t in per_type]
+    if levels:
+        tasks["object_rel_direction"] = float(np.mean(levels))
+    overall = mean(tasks.values())
+    return {"overall": overall, "tasks": tasks, "question_types": per_type, "n": len(records),
+            "n_errors": sum(r.get("error") is not None for r in records)}
+
+
+def _by_task(records):
+    by_task = defaultdict(list)
+    for r in records:
+        if r.get("error") is None:
+            by_task[r["task"]].append(r["score"])
+    return by_task
+
+
+def urban_score(records, style="reason"):
+    """UrbanVideo-Bench's figures: accuracy per question_category and the micro total, of every output
+    (reasoning style: an output eval.py drops scores 0, the honest choice) or of the outputs eval.py keeps
+    (official style), with eval.py's figures and the number of dropped outputs beside (urban_official)."""
+    official = urban_official(records)
+    kept = [r for r in records if style == "reason" or not urban_dropped(r.get("response"))]
+    by_task = _by_task(kept)
+    per_type = {t: float(np.mean(v)) for t, v in sorted(by_task.items())}
+    return {"overall": mean([s for v in by_task.values() for s in v]), "tasks": dict(per_type),
+            "question_types": per_type, "n": len(records),
+            "n_errors": sum(r.get("error") is not None for r in records), **official}
+
+
+def urban_official(records):
+    """UrbanVideo's eval.py figures: it drops an output that pandas reads back from run.py's CSV as missing (empty,
+    'None', 'N/A', 'nan', 'null', ...: urban_dropped) from numerator and denominator, and keeps a
+    whitespace-only one (wrong). Its total, its accuracy per question_category and how many outputs it drops."""
+    ok = [r for r in records if r.get("error") is None]
+    kept = [r for r in ok if not urban_dropped(r.get("response"))]
+    by_task = _by_task(kept)
+    return {"n_dropped": len(ok) - len(kept), "overall_official_rule": mean([r["score"] for r in kept]),
+            "tasks_official_rule": {t: float(np.mean(v)) for t, v in sorted(by_task.items())}}

@@ -17,7 +17,7 @@ from PIL import Image
 
 import eval_pvrbench as ev
 import perturb
-from machinery import data, depth, evaluation, policy, runtime, synthetic, video
+from machinery import answers, data, depth, evaluation, policy, runtime, synthetic, video
 from machinery import tiny as tiny_model
 
 
@@ -203,14 +203,14 @@ def test_urbanvideo_outputs_eval_py_drops_score_0_with_its_figures_beside():
             {"task": "t", "score": 0.0, "response": "Option: [B]"}, {"task": "t", "score": None, "error": "x"},
             {"task": "u", "score": 0.0, "response": "N/A"}, {"task": "u", "score": 0.0, "response": "  "},
             {"task": "u", "score": 1.0, "response": "Option: [C]"}]
-    got = ev.benchmark_score(recs, "urbanvideo")
+    got = answers.condition_score(recs, "urbanvideo")
     assert got["overall"] == pytest.approx(2 / 6) and got["n_dropped"] == 2   # ours: "" and "N/A" score 0
     assert got["tasks"] == pytest.approx({"t": 1 / 3, "u": 1 / 3})
     assert got["overall_official_rule"] == pytest.approx(2 / 4)              # eval.py: both dropped, "  " kept
     assert got["tasks_official_rule"] == pytest.approx({"t": 1 / 2, "u": 1 / 2})
-    official = ev.benchmark_score(recs, "urbanvideo", style="official")       # the official style: eval.py's figures
+    official = answers.condition_score(recs, "urbanvideo", style="official")       # the official style: eval.py's figures
     assert official["overall"] == pytest.approx(2 / 4) and official["tasks"] == got["tasks_official_rule"]
-    assert "n_dropped" not in ev.benchmark_score(recs, "vsibench")
+    assert "n_dropped" not in answers.condition_score(recs, "vsibench")
 
 
 def test_scoring_block_lists_the_styles_departures():

@@ -124,7 +124,7 @@ def test_official_style_gives_eval_py_total_and_per_category_figures(part):
     block = expected()["urbanvideo"]
     rows, agg = (block["cases"], block["aggregate"]) if part == "cases" else (block["mix"]["rows"],
                                                                              block["mix"]["aggregate"])
-    got = ev.benchmark_score(urban_records(rows, "official"), "urbanvideo", style="official")
+    got = answers.condition_score(urban_records(rows, "official"), "urbanvideo", style="official")
     assert got["overall"] == pytest.approx(agg["total"], rel=1e-12)
     assert got["tasks"] == pytest.approx({k: v["accuracy"] for k, v in agg["categories"].items()}, rel=1e-12)
     assert got["overall_official_rule"] == got["overall"] and got["tasks_official_rule"] == got["tasks"]
@@ -136,7 +136,7 @@ def test_the_mix_of_empty_missing_and_whitespace_outputs_in_both_styles():
     every output (120/212) and gives eval.py's figure beside it."""
     mix = expected()["urbanvideo"]["mix"]
     assert mix["aggregate"]["total"] == pytest.approx(120 / 202, rel=1e-12)
-    got = ev.benchmark_score(urban_records(mix["rows"], "reason"), "urbanvideo")
+    got = answers.condition_score(urban_records(mix["rows"], "reason"), "urbanvideo")
     assert got["overall"] == pytest.approx(120 / 212) and got["n_dropped"] == 10
     assert got["overall_official_rule"] == pytest.approx(120 / 202, rel=1e-12)
     assert got["tasks_official_rule"] == pytest.approx({k: v["accuracy"] for k, v in
@@ -149,7 +149,7 @@ def test_official_style_gives_lmms_eval_vsibench_aggregation(peer):
     _compute_all_subscores (thinking-in-space's in percent); the outputs it raises on are not in its results."""
     cases = [c for c in expected()["vsibench"]["cases"] if peer in c.get("expected", {})]
     recs = [{"task": c["question_type"], "error": None, "score": vsi_score(c, peer, "official")} for c in cases]
-    got = ev.benchmark_score(recs, "vsibench", style="official")
+    got = answers.condition_score(recs, "vsibench", style="official")
     agg = expected()["vsibench"]["aggregate"][peer]
     scale = 100.0 if peer == "thinking-in-space" else 1.0
     for task, value in got["tasks"].items():
@@ -217,8 +217,8 @@ def test_urbanvideo_dropped_outputs_count_in_the_reasoning_styles_overall_only()
     """urbanvideo_dropped: the same outputs are dropped by eval.py's rule in both styles; only the reasoning style's
     `overall` also counts them (as 0)."""
     rows = expected()["urbanvideo"]["cases"]
-    reason = ev.benchmark_score(urban_records(rows, "reason"), "urbanvideo")
-    official = ev.benchmark_score(urban_records(rows, "official"), "urbanvideo", style="official")
+    reason = answers.condition_score(urban_records(rows, "reason"), "urbanvideo")
+    official = answers.condition_score(urban_records(rows, "official"), "urbanvideo", style="official")
     assert reason["n_dropped"] == official["n_dropped"] == len(rows) - expected()["urbanvideo"]["aggregate"]["kept"]
     kept = len(rows) - reason["n_dropped"]
     assert reason["overall"] == pytest.approx(reason["overall_official_rule"] * kept / len(rows))
