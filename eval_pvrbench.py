@@ -6,6 +6,7 @@ category and the five reasoning-quality metrics), on the sources of App. B.1 (VS
         --benchmark vsibench=data/VSI-Bench/test.jsonl,urbanvideo=data/UrbanVideo-Bench/MCQ.parquet
     python eval_pvrbench.py --model openai:gpt-4o ...       # chat-completions; $OPENAI_API_KEY, --base-url for vLLM
     python eval_pvrbench.py --benchmark ... --export pvrbench/   # the corrupted mp4s + manifest only, no model
+    python eval_pvrbench.py --benchmark ... --export-lmms-eval pvrbench/   # ... as an lmms-eval task folder
     python eval_pvrbench.py --compare A_results.json B_results.json
 
 Static protocol (Sec. 4). Each (video, subtype) gets one fixed spec, perturb.static_spec(video id, subtype, eta),
@@ -19,8 +20,8 @@ beside the clips. Conditions:
 the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
 not confounded by the task mix.
 
-Scores: each source's official rules (App. B.1, answers.score_sample; answers.condition_score): with --style official exactly its
-official code's, with --style reason (the default) with the project's extensions (answers.EXTENSIONS, written into
+Scores: each source's official rules (App. B.1, answers.score_sample; answers.condition_score): with --style
+official exactly its official code's, with --style reason (the default) with the project's extensions (answers.EXTENSIONS, written into
 results.json's `scoring`); Table 2's accuracy per
 category, Avg. (the mean of the four category columns, as in every row of Table 2), Orig. (clean) and the
 drop; its reasoning quality from --judge (judge.reasoning_quality of each perturbed response against the
@@ -52,7 +53,7 @@ from pathlib import Path
 
 from machinery import answers, data
 from machinery import depth as depths
-from machinery import evaluation
+from machinery import evaluation, lmms_task
 from machinery import diagnostics
 import judge as judges
 import perturb
@@ -82,7 +83,8 @@ def drop(orig, avg):
 def scoring_block(style="reason", scoring=answers.SCORINGS[0]):
     """results.json's `scoring`: which rules scored the run (docs/DESIGN.md, "Readings of the paper"): the style,
     the official code each source follows, and the project's departures from it in this style (answers.EXTENSIONS)."""
-    reading = ("exactly as the source's official scorer (the raw output, whitespace and tags included)"
+    reading = ("exactly as the source's official scorer (the output as its pipeline gives it: stripped for "
+               "VSI-Bench, as lmms-eval does; raw for UrbanVideo's eval.py and Video-R1's eval_bench)"
                if style == "official" else "the <answer>...</answer> content when present (every source), else the "
                "whole output, stripped; then the source's official rule")
     return {"style": style, "answer_extraction": reading, "official_code": dict(answers.OFFICIAL_SCORERS),
@@ -104,9 +106,18 @@ def accuracy_block(overall, subtypes):
     mean. `avg_subtypes`: the mean over the chosen subtypes, whatever the protocol."""
     cats = {c: mean([overall.get(s) for s in perturb.CATEGORIES[c] if s in subtypes]) for c in perturb.CATEGORIES}
     per_subtype = mean([overall.get(s) for s in subtypes])
-    avg = mean(cats.values()) if all(s in perturb.SUBTYPES for s in subtypes) else per_subtype
+    avg = mean([mean([overall.get(s) for s in subs]) for subs in avg_groups(subtypes).values()])
     return {"categories": cats, "avg": avg, "avg_subtypes": per_subtype, "orig": overall.get("clean"),
             "drop": drop(overall.get("clean"), avg)}
+
+
+def avg_groups(subtypes):
+    """What Avg. averages (accuracy_block): {category: its chosen subtypes} for Table 8's, {subtype: [subtype]} for
+    a protocol with subtypes outside it; the exported lmms-eval task weighs its subtypes by it (lmms_task)."""
+    if all(s in perturb.SUBTYPES for s in subtypes):
+        return {c: [s for s in subs if s in subtypes] for c, subs in perturb.CATEGORIES.items()
+                if any(s in subtypes for s in subs)}
+    return {s: [s] for s in subtypes}
 
 
 def reasoning_block(metrics, avg, orig, **extra):
@@ -389,8 +400,10 @@ def parser():
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
     g("--eta", type=perturb.eta_arg, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
       "D: 0.7), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes')")
-    g("--export", default="", help="write the clean and corrupted videos (mp4) and the manifest to DIR, then exit "
-      "(with --depth-model also each clip's depth, <video id>/depth.npy)")
+    g("--export", default="", help="write the clean and corrupted videos (lossless mp4) and the manifest to DIR, then "
+      "exit (with --depth-model also each clip's depth, <video id>/depth.npy)")
+    g("--export-lmms-eval", default="", metavar="DIR", help="--export DIR, and DIR made an lmms-eval task folder: "
+      "lmms-eval --include_path DIR --tasks pvrbench (machinery/lmms_task.py; docs/USAGE.md)")
     g("--depth-model", default=depths.AUTO, metavar="NAME", help="depth of the depth-graded corruptions: auto (a "
       f"clip's own depth, the synthetic set's; else {depths.RECOMMENDED}, cached: depth.py), proxy (perturb's "
       "depth proxy, no model), or a transformers depth-estimation model's hub id or folder")
@@ -420,9 +433,10 @@ def parser():
     m("--api-timeout", type=float, default=120.0, help="seconds per API request")
     m("--api-concurrency", type=int, default=64, help="requests of an openai: model kept in flight (a finished one is "
       "replaced at once)")
-    m("--video-format", default="auto", choices=evaluation.VIDEO_FORMATS, help="how an openai: model gets the frames: video "
-      "(one video_url part, data:video/jpeg, as vLLM reads it, with the fps) or images (one image part per frame); "
-      "auto: video for --base-url / $OPENAI_BASE_URL servers, images for OpenAI's API")
+    m("--video-format", default="auto", choices=evaluation.VIDEO_FORMATS, help="how an openai: model gets the "
+      "frames: video (one video_url part, data:video/jpeg, as vLLM reads it, with the fps), images (one image part "
+      "per frame), or mp4 (one lossless mp4: the frames exactly; what lmms-eval's pass_video_url sends); auto: video "
+      "for --base-url / $OPENAI_BASE_URL servers, images for OpenAI's API")
     j = ap.add_argument_group("judge", "Table 2's reasoning-quality metrics").add_argument
     j("--judge", default="local", help="local | openai:MODEL | hf:PATH | none")
     j("--judge-base-url", default="", help="server of an openai: judge (default $OPENAI_BASE_URL or OpenAI)")
@@ -445,6 +459,7 @@ def parse_args(argv=None, ap=None):
     ap = ap or parser()
     args = ap.parse_args(argv)
     runtime.out_dir(args.out, create=False)  # (made when there are results to write)
+    args.export = args.export_lmms_eval or args.export
     synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
     for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
         if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
@@ -514,7 +529,10 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     t_start, models, read_kwargs = time.perf_counter(), models or MODELS, read_kwargs or {}
     groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
     if args.export:
-        return evaluation.export(groups, manifest, args, read_kwargs, corrupt)
+        written, errors = evaluation.export(groups, manifest, args, read_kwargs, corrupt)
+        if args.export_lmms_eval:
+            lmms_task.write(args.export, groups, written, args, avg_groups(bench.subtypes), errors)
+        return None
     keyed = evaluation.run_config(args, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
                                   run_key)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]

@@ -132,10 +132,11 @@ def sensitive_tiny(folder):
 
 
 @contextlib.contextmanager
-def server(py, model, port, log_path, trust=True):
+def server(py, model, port, log_path, trust=True, extra=()):
     cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", NAME,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
            "--limit-mm-per-prompt", json.dumps({"video": 1, "image": 16})] + (["--trust-request-mm-kwargs"] * trust)
+    cmd += list(extra)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
     with open(log_path, "w") as logf:

@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 # extensions (EXTENSIONS), which the training rewards share.
 OFFICIAL_SCORERS = {
     "vsibench": "lmms-eval <= 0.7.2 and thinking-in-space, tasks/vsibench/utils.py: fuzzy_matching (the first "
-                "space-separated token of the raw output), exact_match, mean_relative_accuracy; lmms-eval 0.7.3's "
+                "space-separated token of the output, which their pipeline strips first: api/task.py's "
+                "ConfigurableTask.process_results), exact_match, mean_relative_accuracy; lmms-eval 0.7.3's "
                 "extract_number with --scoring lmms-eval-0.7.3",
     "urbanvideo": "UrbanVideo-Bench eval.py: extract_option_letter on the raw output as run.py's CSV gives it back "
                   "(pandas: an empty or missing-value output, e.g. 'None', 'N/A', 'nan', is dropped)",
@@ -43,9 +44,9 @@ EXTENSIONS = {
                    "scores 0 there)"),
     "unclosed_tag": (("reason",), "an unclosed or cut-off <answer> ('<answer>A', '<answer>A</answ') gives the text "
                      "after it (every official scorer: 0)"),
-    "whitespace": (("reason",), "the output is stripped before the first-token (VSI-Bench) and first-character "
-                   "(UrbanVideo) rules: ' A', '\\nA' score 1 (lmms-eval reads an empty first token, eval.py the "
-                   "whitespace character)"),
+    "whitespace": (("reason",), "the output is stripped before UrbanVideo's first-character rule: ' A', '\\nA' "
+                   "score 1 (eval.py reads the whitespace character; lmms-eval strips every output before VSI-Bench's "
+                   "rules, so both styles do)"),
     "number_words": (("reason", "training"), "English number words and phrases count as numbers ('Seven', 'twenty "
                      "one', 'one hundred and five'); no official scorer reads them (lmms-eval 0.7.3's "
                      "extract_number does, with --scoring lmms-eval-0.7.3)"),
@@ -174,11 +175,13 @@ def _answer_span(text: str) -> tuple[str, bool]:
 
 
 def _official_answer(text: str, source, problem_type, scoring: str) -> str:
-    """What the source's official scorer reads in a raw output (OFFICIAL_SCORERS); nothing stripped first.
-    VSI-Bench: the first space-separated token (or 0.7.3's first number); UrbanVideo: the Option: regex, else the
+    """What the source's official scorer reads in a raw output (OFFICIAL_SCORERS). VSI-Bench: the first
+    space-separated token (or 0.7.3's first number) of the output stripped, as lmms-eval's pipeline gives it to the
+    task (also what the task eval_pvrbench.py --export-lmms-eval writes sees); UrbanVideo: the Option: regex, else the
     first character ("" for an output eval.py drops, see urban_dropped); Video-R1's eval_bench (every other
     source): the first <answer>...</answer>'s content, the whole output when that is empty or absent."""
     if source == "vsibench":
+        text = text.strip()
         if problem_type in ("numerical", "regression") and scoring == "lmms-eval-0.7.3":
             return _first_number(text)
         return _fuzzy_matching(text)
@@ -456,6 +459,13 @@ def score(pred, gt, problem_type: str, source: str | None = None, *, train_rewar
     except Exception:
         log.debug("score: unscorable prediction %r for %r", pred, gt, exc_info=True)
         return 0.0
+
+
+def read_and_score(output, source, problem_type, answer, style="reason", scoring=SCORINGS[0]):
+    """(the answer read from an output, its score) under `style` and `scoring`: eval_pvrbench.py's per-sample
+    scoring, and that of the lmms-eval task it exports (machinery/lmms_utils.py)."""
+    pred = extract_answer(output, source, problem_type=problem_type, style=style, scoring=scoring)
+    return pred, score(pred, answer, problem_type, source, style=style)
 
 
 def score_sample(output, sample: data.Sample, *, strict: bool = False, train_reward: bool = False,

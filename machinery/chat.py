@@ -67,6 +67,14 @@ def _content(prompt: str, images: list[bytes], video: bool = False):
     return frames + [{"type": "text", "text": prompt}]
 
 
+def mp4_content(prompt: str, mp4: bytes):
+    """The user message's content with the clip as one mp4 video part (``data:video/mp4;base64``), then the text:
+    what a served model gets from eval_pvrbench.py --video-format mp4, and from lmms-eval's openai model with
+    pass_video_url (a file:// URL; vLLM decodes both with the same loader)."""
+    return [{"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + _b64(mp4)}},
+            {"type": "text", "text": prompt}]
+
+
 def video_kwargs(fps: float) -> dict:
     """How a video part's frame rate reaches a served Qwen-VL: vLLM (checked in 0.32.0's code and against its
     server) decodes a ``data:video/jpeg`` part with the per-request ``media_io_kwargs["video"]`` and builds the
@@ -136,11 +144,13 @@ class ChatClient:
         key = os.environ.get(self.api_key_env)
         return text.replace(key, "***") if key else text
 
-    def complete(self, prompt: str, max_tokens: int, frames=None, video_fps: float | None = None) -> str | None:
+    def complete(self, prompt: str, max_tokens: int, frames=None, video_fps: float | None = None,
+                 mp4: bytes | None = None) -> str | None:
         """One chat completion (frames, if any, before the text: image parts, or with `video_fps` one video
         part at that frame rate, see :func:`video_kwargs`): the reply text with the key masked, or None after
-        failures (counted in stats["errors"])."""
-        return self._post(prompt, max_tokens, jpegs(frames), video_fps)
+        failures (counted in stats["errors"]). `mp4`: the clip as one mp4 video part instead (every frame kept,
+        the frame rate the container's)."""
+        return self._post(prompt, max_tokens, jpegs(frames), video_fps, mp4)
 
     def complete_many(self, prompts, max_tokens: int, frames=None) -> list:
         """:meth:`complete` for each prompt (the same frames with every one) on a pool of
@@ -167,19 +177,22 @@ class ChatClient:
                 return None
         return min(max(seconds, 0.0), self.backoff_max)
 
-    def payload(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None) -> dict:
-        """The request body: one user message (the frames, as one video part at `video_fps` or as image parts,
-        then the prompt)."""
+    def payload(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None,
+                mp4: bytes | None = None) -> dict:
+        """The request body: one user message (the frames, as one video part at `video_fps`, as image parts or
+        as one mp4, then the prompt)."""
         video = video_fps is not None and bool(images)
-        payload = {"model": self.model, "messages": [{"role": "user", "content": _content(prompt, images, video)}],
+        content = mp4_content(prompt, mp4) if mp4 is not None else _content(prompt, images, video)
+        payload = {"model": self.model, "messages": [{"role": "user", "content": content}],
                    "temperature": self.temperature, "max_tokens": max_tokens}
-        if video:
-            payload["media_io_kwargs"] = video_kwargs(video_fps)
+        if video or mp4 is not None:
+            payload["media_io_kwargs"] = video_kwargs(video_fps) if video else {"video": {"num_frames": -1}}
         return payload
 
-    def _post(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None) -> str | None:
+    def _post(self, prompt: str, max_tokens: int, images: list[bytes], video_fps: float | None = None,
+              mp4: bytes | None = None) -> str | None:
         """The retry loop around :meth:`_attempt`."""
-        payload = self.payload(prompt, max_tokens, images, video_fps)
+        payload = self.payload(prompt, max_tokens, images, video_fps, mp4)
         for attempt in range(self.max_retries + 1):
             final, reply, reason, wait = self._attempt(payload, attempt)
             if final:

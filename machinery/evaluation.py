@@ -51,9 +51,10 @@ def export_depth(root, g, frames, indices, source):
 
 
 def export(groups, manifest, args, read_kwargs, corrupt):
-    """--export DIR: the clean and corrupted clips as mp4 (the frames the models see, `corrupt`: the manifest's
-    spec applied), their depth maps with --depth-model (export_depth), plus the manifest."""
-    root, specs = Path(args.export), defaultdict(list)
+    """--export DIR: the clean and corrupted clips as lossless mp4 (the frames the models see, `corrupt`: the
+    manifest's spec applied, at the fps they are told), their depth maps with --depth-model (export_depth), plus
+    the manifest. Returns ({(video id, condition): file relative to DIR}, the number of clips not read)."""
+    root, specs, written = Path(args.export), defaultdict(list), {}
     source = depths.Depth(args.depth_model, args.depth_cache or None)
     for row in manifest:
         specs[(row["source"], row["video_id"])].append(row)
@@ -64,17 +65,18 @@ def export(groups, manifest, args, read_kwargs, corrupt):
         except Exception as e:  # noqa: BLE001 - recorded, never fatal
             rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
             continue
-        clean = Path(g.video_id) / "clean.mp4"
-        video.write_video(root / clean, frames, fps=fps)
+        clean = written[(g.video_id, "clean")] = str(Path(g.video_id) / "clean.mp4")
+        video.write_video(root / clean, frames, fps=fps, lossless=True)
         d, entry = export_depth(root, g, frames, indices, source)
         for r in specs[(g.source, g.video_id)]:
-            f = Path(g.video_id) / f"{r['subtype']}.mp4"
-            video.write_video(root / f, corrupt(frames, r["spec"], d), fps=fps)
-            rows.append(dict(r, file=str(f), clean_file=str(clean), source_video=g.path, fps=fps, depth=entry,
+            f = written[(g.video_id, r["subtype"])] = str(Path(g.video_id) / f"{r['subtype']}.mp4")
+            video.write_video(root / f, corrupt(frames, r["spec"], d), fps=fps, lossless=True)
+            rows.append(dict(r, file=f, clean_file=clean, source_video=g.path, fps=fps, depth=entry,
                              frames=args.frames, max_pixels=args.max_pixels))
     write_jsonl(root / "manifest.jsonl", rows)
-    print(f"exported {sum('file' in r for r in rows)} corrupted videos ({sum('error' in r for r in rows)} errors) "
-          f"and {root / 'manifest.jsonl'}")
+    errors = sum("error" in r for r in rows)
+    print(f"exported {sum('file' in r for r in rows)} corrupted videos ({errors} errors) and {root / 'manifest.jsonl'}")
+    return written, errors
 
 
 def parameters(model):
@@ -127,7 +129,7 @@ class HFModel:
                                    do_sample=False).texts
 
 
-VIDEO_FORMATS = ("auto", "video", "images")
+VIDEO_FORMATS = ("auto", "video", "images", "mp4")
 
 
 def video_format(requested, base_url):
@@ -155,12 +157,13 @@ def video_refused(base_url, reason):
 
 class APIModel:
     """An OpenAI-compatible chat-completions model (OpenAI, vLLM, SGLang) through chat.ChatClient: the frames as
-    one video part (`video_format` "video", at the clip's fps) or as base64 JPEG image parts, then the prompt;
+    one video part (`video_format` "video", at the clip's fps), as base64 JPEG image parts, or as one lossless mp4
+    ("mp4": the frames exactly, at the clip's fps), then the prompt;
     temperature 0; retries with backoff; the key from $OPENAI_API_KEY, never stored, logged or written;
     `concurrency` requests at a time. A server that refuses the video part stops the run, saying how to switch."""
 
     def __init__(self, name, base_url, retries=5, timeout=120.0, concurrency=64, video_format="images"):
-        self.concurrency, self.video = max(1, concurrency), video_format == "video"
+        self.concurrency, self.video, self.mp4 = max(1, concurrency), video_format == "video", video_format == "mp4"
         self.window = 2 * self.concurrency  # samples per Runner window: the pool stays full across videos
         self.client = chat.ChatClient(base_url=base_url, model=name, max_retries=retries, timeout=timeout,
                                       concurrency=self.concurrency)
@@ -175,21 +178,23 @@ class APIModel:
         pool = concurrent.futures.ThreadPoolExecutor(min(self.concurrency, max(1, len(prompts))))
         encoded, futures = {}, {}
 
-        def encode(clip):
-            return chat.jpegs(clip.result() if isinstance(clip, concurrent.futures.Future) else clip)
+        def encode(clip, fps):
+            frames = clip.result() if isinstance(clip, concurrent.futures.Future) else clip
+            return video.mp4_bytes(frames, fps) if self.mp4 else chat.jpegs(frames)
 
         def one(k):
-            reply = self.client.complete(prompts[k], max_new_tokens, frames=encoded[id(clips[k])].result(),
-                                         video_fps=fps[k] if self.video else None)
+            data = encoded[id(clips[k])].result()
+            reply = self.client.complete(prompts[k], max_new_tokens, frames=None if self.mp4 else data,
+                                         video_fps=fps[k] if self.video else None, mp4=data if self.mp4 else None)
             return (reply, None) if reply is not None else (None, "API: no response after retries (see the log)")
         for k, clip in enumerate(clips):
             if id(clip) not in encoded:
-                encoded[id(clip)] = pool.submit(encode, clip)
+                encoded[id(clip)] = pool.submit(encode, clip, fps[k])
             futures[pool.submit(one, k)] = k
         try:
             for fut in concurrent.futures.as_completed(futures):
                 out = fut.result()
-                if self.video and out[0] is None and self.client.rejected:
+                if (self.video or self.mp4) and out[0] is None and self.client.rejected:
                     raise runtime.UserError(video_refused(self.client.base_url, self.client.rejected))
                 yield futures[fut], out
         finally:
@@ -284,8 +289,8 @@ def scored(s, text, error, style="reason", scoring=answers.SCORINGS[0]):
     """A sample's extracted answer (filtered_resps) and score under --style / --scoring (None after an error)."""
     if error is not None:
         return {"filtered_resps": None, "score": None}
-    pred = answers.extract_answer(text, s.source, problem_type=s.problem_type, style=style, scoring=scoring)
-    return {"filtered_resps": pred, "score": answers.score(pred, s.answer, s.problem_type, s.source, style=style)}
+    pred, score = answers.read_and_score(text, s.source, s.problem_type, s.answer, style, scoring)
+    return {"filtered_resps": pred, "score": score}
 
 
 class Runner:

@@ -6,7 +6,7 @@ inputs: frames are decoded with decord at uniform indices
 keeping the aspect ratio, so that both sides are multiples of 28 and the pixel
 count fits a budget (:func:`smart_resize`); another frame selection plugs in as a
 ``sampler`` callable (:func:`read_frames`). :func:`read_clip` decodes a whole clip at
-its native size instead (perturb.py's corrupted copies).  Writers produce H.264 mp4, GIF and
+its native size instead (perturb.py's corrupted copies).  Writers produce H.264 mp4 (lossless on request), GIF and
 PNG contact sheets (one labelled row per corruption condition), atomically.  Everything is
 deterministic and free of global state.
 """
@@ -274,31 +274,40 @@ def even_size(height: int, width: int) -> tuple[int, int]:
     return height + height % 2, width + width % 2
 
 
-def write_video(path, frames, fps: float = 8.0, quality: int = 8) -> str:
-    """Write uint8 ``[T, H, W, 3]`` frames as an H.264 / yuv420p mp4 and return its path.
+def write_video(path, frames, fps: float = 8.0, quality: int = 8, lossless: bool = False) -> str:
+    """Write uint8 ``[T, H, W, 3]`` frames as an H.264 mp4 and return its path.
 
-    yuv420p needs even sides, so an odd height or width is padded by repeating the
-    last row or column (:func:`even_size` gives the size written).  ``quality`` is
-    imageio-ffmpeg's 0-10 scale (8 = crf 10).  Written under a temporary name and
-    renamed at the end: a failed write leaves no empty or truncated file.
+    yuv420p (what every player reads) needs even sides, so an odd height or width is padded by repeating the
+    last row or column (:func:`even_size` gives the size written); ``quality`` is imageio-ffmpeg's 0-10 scale
+    (8 = crf 10). ``lossless``: H.264 in RGB at qp 0 instead (libx264rgb, any size), which decord, OpenCV
+    (vLLM's loader) and PyAV decode back to the very frames written (tests/test_video.py). Written under a
+    temporary name and renamed at the end: a failed write leaves no empty or truncated file.
     """
     from imageio_ffmpeg import write_frames
 
     arr = as_clip(frames)
     path = _prepare(path, fps)
     h, w = arr.shape[1:3]
-    pad = ((0, h % 2), (0, w % 2), (0, 0))  # per frame: a long clip is not copied whole
+    pad = ((0, 0), (0, 0), (0, 0)) if lossless else ((0, h % 2), (0, w % 2), (0, 0))  # per frame, not the clip
+    codec = dict(codec="libx264rgb", pix_fmt_out="rgb24", output_params=["-qp", "0"]) if lossless else dict(
+        codec="libx264", pix_fmt_out="yuv420p", quality=quality, output_params=[])
+    codec["output_params"] += ["-movflags", "+faststart"]
     with _atomic(path) as tmp:
-        writer = write_frames(str(tmp), (w + w % 2, h + h % 2), fps=float(fps), codec="libx264",
-                              pix_fmt_out="yuv420p", quality=quality, macro_block_size=1,
-                              ffmpeg_log_level="error", output_params=["-movflags", "+faststart"])
+        writer = write_frames(str(tmp), (w + pad[1][1], h + pad[0][1]), fps=float(fps), macro_block_size=1,
+                              ffmpeg_log_level="error", **codec)
         writer.send(None)
         try:
             for frame in arr:
-                writer.send(np.ascontiguousarray(np.pad(frame, pad, mode="edge") if h % 2 or w % 2 else frame))
+                writer.send(np.ascontiguousarray(np.pad(frame, pad, mode="edge") if any(map(any, pad)) else frame))
         finally:
             writer.close()  # also on failure: ffmpeg is stopped before the partial file is removed
     return str(path)
+
+
+def mp4_bytes(frames, fps: float) -> bytes:
+    """The frames as a lossless mp4 (write_video's), in memory: eval_pvrbench.py --video-format mp4."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return Path(write_video(Path(tmp) / "clip.mp4", frames, fps=fps, lossless=True)).read_bytes()
 
 
 def write_gif(path, frames, fps: float = 8.0) -> str:

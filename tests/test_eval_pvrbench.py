@@ -223,17 +223,17 @@ def test_scoring_block_lists_the_styles_departures():
 
 
 def test_stored_records_are_scored_again_under_the_runs_style(tmp_path):
-    """A store written under older scoring code gets today's scores; --style picks the rules (here a leading
-    space: the reasoning style strips it, lmms-eval's first-token rule reads an empty token)."""
+    """A store written under older scoring code gets today's scores; --style picks the rules (here an answer tag:
+    the reasoning style reads inside it, lmms-eval's first-token rule reads the tag whole)."""
     s = fake("vsibench", 1, "route_planning", "A")
     store = evaluation.Store(tmp_path, "none")
     store.append("samples", "vsibench", [dict(evaluation.record(ev.Group("vsibench", "vid", "v.mp4", []), s, "clean", "p",
-                                                        " A", None), score=0.5, filtered_resps="stale")])
+                                                        " <answer>A</answer>", None), score=0.5, filtered_resps="stale")])
     groups = [ev.Group("vsibench", "vid", "v.mp4", [(s, ["clean"])])]
     (reason,) = store.records(groups)["vsibench"]
     (official,) = store.records(groups, "official")["vsibench"]
     assert (reason["filtered_resps"], reason["score"]) == ("A", 1.0)
-    assert (official["filtered_resps"], official["score"]) == ("", 0.0)
+    assert (official["filtered_resps"], official["score"]) == ("<answer>A</answer>", 0.0)   # (stripped, as lmms-eval)
 
 
 def test_the_scoring_rule_is_part_of_the_run_hash_when_not_the_default(tmp_path):
@@ -355,7 +355,7 @@ def test_export_writes_the_corrupted_videos(assets, tmp_path):
         assert row["depth"]["own"].startswith("depth/")   # the synthetic clips' true depth, exported beside them
         d = depth.read(tmp_path / "pvr" / row["depth"]["file"])
         want = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]), d)
-        assert got.shape == want.shape and np.abs(got.astype(int) - want).mean() < 8   # mp4 is lossy
+        assert np.array_equal(got, want)   # lossless: the frames a model is shown, bit for bit
         assert (tmp_path / "pvr" / row["clean_file"]).is_file()
 
 
@@ -570,8 +570,8 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
     args[args.index("--model") + 1] = "openai:fake-vlm"
     encoded = []
     real_jpegs = evaluation.chat.jpegs
-    monkeypatch.setattr(evaluation.chat, "jpegs", lambda frames: (encoded.append(1) if not isinstance(frames[0], bytes)
-                                                          else None) or real_jpegs(frames))  # (bytes pass through)
+    monkeypatch.setattr(evaluation.chat, "jpegs", lambda frames: (encoded.append(1) if frames is not None and not
+                        isinstance(frames[0], bytes) else None) or real_jpegs(frames))  # (bytes, None pass through)
     try:
         ev.main(args + ["--base-url", url])
         assert len(FakeVideoServer.requests) == 4
@@ -600,6 +600,17 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
             "start the server with --trust-request-mm-kwargs: the clip's frame rate goes with each request as "
             "media_io_kwargs, which Qwen-VL's temporal positions are computed from")
         assert "--video-format images" not in str(refused.value)
+        FakeVideoServer.refuse, FakeVideoServer.requests = None, []   # --video-format mp4: the frames exactly
+        ev.main(args + ["--base-url", url, "--out", str(tmp_path / "mp4"), "--video-format", "mp4"])
+        for body in FakeVideoServer.requests:
+            parts = body["messages"][0]["content"]
+            head, mp4 = parts[0]["video_url"]["url"].split(",", 1)
+            assert [p["type"] for p in parts] == ["video_url", "text"] and head == "data:video/mp4;base64"
+            assert body["media_io_kwargs"] == {"video": {"num_frames": -1}}   # every frame; the fps: the file's
+            (tmp_path / "sent.mp4").write_bytes(base64.b64decode(mp4))
+            sent, _, fps = video.read_clip(tmp_path / "sent.mp4")
+            assert sent.shape == (4, 56, 56, 3) and fps == pytest.approx(2.0)
+        assert len(FakeVideoServer.requests) == 4 and outputs(tmp_path / "mp4")[1]["n_errors"] == 0
     finally:
         server.shutdown()
 

@@ -24,9 +24,9 @@ VSI_PEERS = ("lmms-eval-0.7.2", "thinking-in-space", "lmms-eval-0.7.3")
 # The departures each peer shows in the reasoning style (evaluation) or in the training rewards: answers.EXTENSIONS'
 # names; every difference must carry one of its peer's, and every one listed must occur.
 REASON_DIFFERENCES = {
-    "lmms-eval-0.7.2": {"answer_tag", "unclosed_tag", "whitespace", "number_words", "ground_truth_zero"},
-    "thinking-in-space": {"answer_tag", "unclosed_tag", "whitespace", "number_words", "ground_truth_zero"},
-    "lmms-eval-0.7.3": {"answer_tag", "unclosed_tag", "whitespace"},
+    "lmms-eval-0.7.2": {"answer_tag", "unclosed_tag", "number_words", "ground_truth_zero"},   # (lmms-eval strips
+    "thinking-in-space": {"answer_tag", "unclosed_tag", "number_words", "ground_truth_zero"},  # every output first:
+    "lmms-eval-0.7.3": {"answer_tag", "unclosed_tag"},                                        # no "whitespace")
     "urbanvideo-eval.py": {"answer_tag", "unclosed_tag", "whitespace"},
     "video-r1-eval_bench": {"unclosed_tag", "number_words", "text_types", "ground_truth_zero"},
 }

@@ -97,6 +97,24 @@ def test_write_read_round_trip_all_frames(tmp_path):
     assert np.abs(frames.astype(float) - _resized(padded, 56, 84)).mean() < 12
 
 
+def test_a_lossless_video_reads_back_bit_for_bit(tmp_path):
+    """lossless=True (eval_pvrbench.py --export, the lmms-eval task's videos): decord and OpenCV (vLLM's video
+    loader) give back the frames written, at any size, with the frame rate written."""
+    import cv2
+    import decord
+
+    src = np.random.default_rng(3).integers(0, 256, (7, 57, 83, 3), dtype=np.uint8)  # noise: the hardest case
+    path = write_video(tmp_path / "clip.mp4", src, fps=0.75, lossless=True)
+    reader = decord.VideoReader(path)
+    assert np.array_equal(reader.get_batch(list(range(len(reader)))).asnumpy(), src)
+    cap, frames = cv2.VideoCapture(path), []
+    while (grabbed := cap.read())[0]:
+        frames.append(grabbed[1][..., ::-1])
+    assert np.array_equal(np.stack(frames), src) and cap.get(cv2.CAP_PROP_FPS) == pytest.approx(0.75)
+    lossy = decord.VideoReader(write_video(tmp_path / "lossy.mp4", src, fps=0.75)).get_batch(list(range(7))).asnumpy()
+    assert np.abs(lossy[:, :57, :83].astype(int) - src).max() > 2   # (the default is not lossless: a real check)
+
+
 def test_read_frames_short_clip_repeats_indices(tmp_path):
     src, _ = sample_clip(5, 64, 64, supersample=1)
     frames, indices, _ = read_frames(write_video(tmp_path / "short.mp4", src), num_frames=16)

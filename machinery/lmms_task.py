@@ -1,0 +1,113 @@
+"""PVRBench as an lmms-eval task folder: ``eval_pvrbench.py --export-lmms-eval DIR`` (with the usual --benchmark,
+--eta, --subtypes, --limit, --style).
+
+    lmms-eval --include_path DIR --tasks pvrbench --model ... --log_samples --output_path OUT
+
+What DIR holds, in lmms-eval's conventions (its built-in vsibench task is laid out the same way):
+  <video id>/<condition>.mp4    the clips exactly as eval_pvrbench.py shows them to a model: its frames (--frames,
+                                --max-pixels) under the static protocol's corruption (Sec. 4), lossless (H.264 RGB
+                                at qp 0: read back bit for bit), at the frame rate the model is told (--fps)
+  docs/<condition>.jsonl        one doc per (question, condition): prompt, video, ground truth, source, task
+  _default_template_yaml        what every task shares: the local JSON dataset, doc_to_messages / doc_to_visual /
+                                doc_to_text, process_results, generation (greedy, --max-new-tokens)
+  pvrbench_<condition>.yaml     one task per subtype, and pvrbench_clean
+  pvrbench_<category>.yaml      a group per category of Table 8 (its accuracy: the mean of its subtypes')
+  pvrbench.yaml                 the group: clean and the categories; its pvr_avg is the paper's Avg.
+  utils.py, pvrbench_scoring/   machinery/lmms_utils.py, and the scoring code it runs (answers.py and the modules
+                                it imports), copied: the folder needs nothing from this project at run time
+  export.json                   the export's settings (style, scoring, Avg.'s weights, eta, frames, fps, versions)
+The data files are named relative to the YAMLs, which lmms-eval resolves from 0.7.3 on (the version checked by
+benchmarks/lmms_eval_check.py). Clips that could not be read are left out and counted in export.json.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from machinery import data, runtime
+
+HERE = Path(__file__).resolve().parent
+SCORING_MODULES = ("answers.py", "data.py", "runtime.py")   # answers.py and what it imports
+METADATA = "metadata:\n  version: 1.0\n"
+
+
+def docs_of(groups, written, style):
+    """{condition: [doc]} for every (question, condition) whose clip was written; `written`: {(video id,
+    condition): file relative to DIR}."""
+    docs = {}
+    for g in groups:
+        for s, conds in g.items:
+            for cond in conds:
+                if (g.video_id, cond) in written:
+                    docs.setdefault(cond, []).append({
+                        "id": f"{s.id}|{cond}", "question_id": s.id, "condition": cond, "video_id": g.video_id,
+                        "video": written[(g.video_id, cond)], "prompt": data.build_prompt(s, style),
+                        "answer": s.answer, "problem_type": s.problem_type, "source": s.source, "task": s.task,
+                        "question": s.question, "options": s.options})
+    return docs
+
+
+def avg_weights(groups_of_avg):
+    """Each subtype's weight in Avg. = the mean over `groups_of_avg` ({category: [subtypes]}) of their means."""
+    return {s: 1.0 / (len(groups_of_avg) * len(subs)) for subs in groups_of_avg.values() for s in subs}
+
+
+def template(max_new_tokens):
+    return ("dataset_path: json\ntest_split: test\noutput_type: generate_until\n"
+            "doc_to_visual: !function utils.doc_to_visual\ndoc_to_text: !function utils.doc_to_text\n"
+            "doc_to_messages: !function utils.doc_to_messages\ndoc_to_target: answer\n"
+            "process_results: !function utils.process_results\n"
+            "metric_list:\n  - metric: accuracy\n    aggregation: !function utils.accuracy\n    higher_is_better: true\n"
+            f"generation_kwargs:\n  max_new_tokens: {int(max_new_tokens)}\n  temperature: 0\n  do_sample: false\n"
+            "  until: []\n" + METADATA)
+
+
+def task_yaml(cond):
+    share = ("" if cond == "clean" else "  - metric: pvr_avg\n    aggregation: !function utils.pvr_avg\n"
+             "    higher_is_better: true\n")
+    return (f"task: pvrbench_{cond}\ninclude: _default_template_yaml\n"
+            f"dataset_kwargs:\n  data_files:\n    test: docs/{cond}.jsonl\n"
+            "metric_list:\n  - metric: accuracy\n    aggregation: !function utils.accuracy\n"
+            "    higher_is_better: true\n" + share)
+
+
+def group_yaml(name, tasks, metric, aggregation):
+    listed = "".join(f"  - {t}\n" for t in tasks)
+    return (f"group: {name}\ntask:\n{listed}aggregate_metric_list:\n  - metric: {metric}\n"
+            f"    aggregation: {aggregation}\n    weight_by_size: false\n" + METADATA)
+
+
+def write(root, groups, written, args, groups_of_avg, errors=0):
+    """The task folder in `root` (where evaluation.export wrote the clips); `groups_of_avg`: what Avg. averages
+    (eval_pvrbench.avg_groups). Returns the number of docs per condition."""
+    root = Path(root)
+    docs = docs_of(groups, written, args.style)
+    (root / "docs").mkdir(parents=True, exist_ok=True)
+    for cond, rows in docs.items():
+        (root / "docs" / f"{cond}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (root / f"pvrbench_{cond}.yaml").write_text(task_yaml(cond))
+    present = {c: [s for s in subs if s in docs] for c, subs in groups_of_avg.items()}
+    present = {c: subs for c, subs in present.items() if subs}
+    members = ["pvrbench_clean"] if "clean" in docs else []
+    for cat, subs in present.items():
+        members.append(f"pvrbench_{cat}")
+        if subs != [cat]:   # a category of Table 8 (an extension's subtype is a column of its own: no group)
+            (root / f"pvrbench_{cat}.yaml").write_text(group_yaml(f"pvrbench_{cat}", [f"pvrbench_{s}" for s in subs],
+                                                                  "accuracy", "mean"))
+    (root / "pvrbench.yaml").write_text(group_yaml("pvrbench", members, "pvr_avg", "!function utils.total"))
+    (root / "_default_template_yaml").write_text(template(args.max_new_tokens))
+    shutil.copyfile(HERE / "lmms_utils.py", root / "utils.py")
+    package = root / "pvrbench_scoring" / "machinery"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    for name in SCORING_MODULES:
+        shutil.copyfile(HERE / name, package / name)
+    config = {"style": args.style, "scoring": args.scoring, "avg_weights": avg_weights(present),
+              "groups_of_avg": present, "docs": {c: len(r) for c, r in docs.items()}, "corrupted_clips_not_exported": errors,
+              "eta": args.eta, "frames": args.frames, "max_pixels": args.max_pixels, "fps": args.fps,
+              "max_new_tokens": args.max_new_tokens, "benchmark": args.benchmark, "versions": runtime.versions()}
+    (root / "export.json").write_text(json.dumps(config, indent=1, default=str))
+    print(f"lmms-eval task: {sum(map(len, docs.values()))} docs in {len(docs)} tasks; run it with\n  lmms-eval "
+          f"--include_path {root} --tasks pvrbench --model ... (docs/USAGE.md: a served model)")
+    return {c: len(r) for c, r in docs.items()}
