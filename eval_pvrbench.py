@@ -21,11 +21,10 @@ the task's name, so that every subtype gets an equal share (+-1) of every task a
 not confounded by the task mix.
 
 Scores: each source's official rules (App. B.1, answers.score_sample; answers.condition_score): with --style
-official exactly its official code's, with --style reason (the default) with the project's extensions (answers.EXTENSIONS, written into
-results.json's `scoring`); Table 2's accuracy per
-category, Avg. (the mean of the four category columns, as in every row of Table 2), Orig. (clean) and the
-drop; its reasoning quality from --judge (judge.reasoning_quality of each perturbed response against the
-clean one; an openai: judge also sees
+official exactly its official code's, with --style reason (the default) with the project's extensions
+(answers.EXTENSIONS, written into results.json's `scoring`); Table 2's accuracy per category, Avg. (the mean of
+the four category columns, as in every row of Table 2), Orig. (clean) and the drop; its reasoning quality from
+--judge (judge.reasoning_quality of each perturbed response against the clean one; an openai: judge also sees
 --judge-frames frames), Avg.† without Fra. as its caption says, Orig.† each clean trace against itself. A sample
 whose video cannot be read (or whose generation or API call failed for good) is recorded with its reason,
 left out of the means, counted in n_errors and tried again by the next run of the same command.
@@ -576,6 +575,10 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
               f"{block['n_samples']} samples, {block['n_errors']} errors")
     print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
           flush=True)
+    if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir():   # the demo's model
+        acc = out["results"]["pvrbench"]["accuracy"]
+        for line in runtime.demo_range_note({"eval Orig.": acc["orig"], "eval Avg.": acc["avg"]}):
+            print(line, flush=True)
     return out
 
 

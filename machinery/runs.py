@@ -413,6 +413,11 @@ def finish(run, buffer_stats, queued):
                     summary[key] = json.loads((run.out / name).read_text())
             summary["after"] = after
             print_table(summary, run.cfg.mode)
+            if Path(run.cfg.model) == Path(run.cfg.out) / "tiny" and run.cfg.mode == "rova":   # the demo itself
+                stages = (("after SFT", summary.get("after_sft")), ("after RL", after))
+                figures = {f"{st}, {k}": v[k] for st, v in stages if v for k in ("clean", "perturbed")}
+                for line in runtime.demo_range_note(figures):
+                    runtime.log(line)
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
         runtime.log(f"final weights in {run.out / 'final'}")
     runtime.barrier()

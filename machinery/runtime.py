@@ -541,3 +541,22 @@ class StepLog:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix({k: round(rec[k], 3) for k in self.postfix[rec["stage"]] if rec.get(k) is not None})
+
+
+DEMO_RANGE = Path(__file__).resolve().parents[1] / "docs" / "results" / "demo_range.json"
+
+
+def demo_range_note(figures):
+    """Lines saying whether each of the demo's `figures` ({name: value}) falls inside the range measured over seeds
+    (benchmarks/demo_spread.py wrote DEMO_RANGE); none when nothing was measured."""
+    if not DEMO_RANGE.is_file():
+        return []
+    measured = json.loads(DEMO_RANGE.read_text())
+    lines = []
+    for name, value in figures.items():
+        if value is not None and name in measured["ranges"]:
+            lo, hi = measured["ranges"][name]
+            where = "inside" if lo <= value <= hi else "OUTSIDE"
+            lines.append(f"  {name} {value:.3f}: {where} the range {lo:.3f}-{hi:.3f} of {len(measured['seeds'])} "
+                         f"seeds ({measured['date']}, docs/results/demo_range.json)")
+    return lines

@@ -164,3 +164,15 @@ def test_the_stand_in_judge_is_named_on_a_real_model_only():
     assert judges.stand_in_note("local", 2_000_000) is None            # the tiny demo model
     assert judges.stand_in_note("openai:gpt-4o", 7_000_000_000) is None
     assert judges.stand_in_note("hf:Qwen/Qwen3-14B", 7_000_000_000) is None
+
+
+def test_the_demo_says_whether_its_figures_fall_inside_the_measured_range(tmp_path, monkeypatch):
+    """runtime.demo_range_note: one line per figure that benchmarks/demo_spread.py measured; nothing without it."""
+    monkeypatch.setattr(runtime, "DEMO_RANGE", tmp_path / "demo_range.json")
+    assert runtime.demo_range_note({"after RL, clean": 0.6}) == []
+    runtime.DEMO_RANGE.write_text(json.dumps({"seeds": [0, 1, 2, 3, 4], "date": "2026-12-05", "ranges": {
+        "after RL, clean": [0.58, 0.62], "after RL, perturbed": [0.40, 0.44]}}))
+    inside, outside = runtime.demo_range_note({"after RL, clean": 0.6, "after RL, perturbed": 0.5, "other": 0.1})
+    assert inside == ("  after RL, clean 0.600: inside the range 0.580-0.620 of 5 seeds (2026-12-05, "
+                      "docs/results/demo_range.json)")
+    assert outside.startswith("  after RL, perturbed 0.500: OUTSIDE the range 0.400-0.440")
