@@ -2,10 +2,13 @@
 bit), and its scoring: the exported utils.py, aggregated as lmms-eval aggregates (a task's metric by its own
 function, a category group by the unweighted mean of its tasks, pvrbench by utils.total), gives eval_pvrbench.py's
 figures on the same outputs. A real lmms-eval against a real vLLM server: benchmarks/lmms_eval_check.py (.ci/run)."""
+import base64
+import http.server
 import importlib.util
 import json
 import random
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -13,6 +16,7 @@ import yaml
 
 import eval_pvrbench as ev
 from machinery import evaluation, synthetic, video
+from test_eval_pvrbench import FakeVideoServer, assets, cli, outputs  # noqa: F401 - assets: a fixture
 
 OUTPUTS = ("A", "B", "C", "D", " B", "<answer>C</answer>", "B. the second", "3", "three", "", "A\n\nB")
 
@@ -111,7 +115,8 @@ def test_the_exported_scoring_gives_eval_pvrbench_figures(exported):
         for line in (folder / "docs" / f"{cond}.jsonl").read_text().splitlines():
             doc = json.loads(line)
             failed = rng.random() < 0.05
-            text = "[LMMS_EVAL_REQUEST_FAILED after 5 retries] timeout" if failed else rng.choice(OUTPUTS + (doc["answer"],) * 4)
+            text = ("[LMMS_EVAL_REQUEST_FAILED after 5 retries] timeout" if failed
+                    else rng.choice(OUTPUTS + (doc["answer"],) * 4))
             got = utils.process_results(doc, [text])
             assert set(got) == ({"accuracy"} if cond == "clean" else {"accuracy", "pvr_avg"})
             items.setdefault(cond, []).append(got["accuracy"])
@@ -124,9 +129,11 @@ def test_the_exported_scoring_gives_eval_pvrbench_figures(exported):
     task_scores = {c: utils.accuracy(recs) for c, recs in items.items()}
     assert task_scores == pytest.approx(ours["overall"], abs=1e-12)
     for cat, subs in config["groups_of_avg"].items():
-        assert np.mean([task_scores[s] for s in subs]) == pytest.approx(ours["accuracy"]["categories"][cat], abs=1e-12)
+        category = ours["accuracy"]["categories"][cat]
+        assert np.mean([task_scores[s] for s in subs]) == pytest.approx(category, abs=1e-12)
     shares = [utils.pvr_avg(recs) for c, recs in items.items() if c != "clean"]
-    assert utils.total(shares, [len(r) for r in items.values()], False) == pytest.approx(ours["accuracy"]["avg"], abs=1e-12)
+    avg = utils.total(shares, [len(r) for r in items.values()], False)   # (lmms-eval's group aggregation call)
+    assert avg == pytest.approx(ours["accuracy"]["avg"], abs=1e-12)
     assert 0.2 < ours["accuracy"]["avg"] < 0.9   # some right, some wrong: the comparison can fail
 
 
@@ -137,3 +144,27 @@ def test_avg_groups_is_what_accuracy_block_averages():
     assert ev.accuracy_block(overall, list(overall))["avg"] == pytest.approx((0.7 + 0.2 + 0.5) / 3)
     weights = ev.lmms_task.avg_weights(groups)
     assert sum(weights[s] * v for s, v in overall.items()) == pytest.approx((0.7 + 0.2 + 0.5) / 3)
+
+
+def test_a_served_model_gets_the_clip_as_one_lossless_mp4(assets, tmp_path):
+    """--video-format mp4 (what lmms-eval's pass_video_url sends, as a file): one video_url part holding the clip's
+    frames exactly, every frame kept, the frame rate the container's."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeVideoServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    FakeVideoServer.requests, FakeVideoServer.refuse = [], None
+    args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "2", "--judge", "none",
+               "--video-format", "mp4")
+    args[args.index("--model") + 1] = "openai:fake-vlm"
+    try:
+        ev.main(args + ["--base-url", f"http://127.0.0.1:{server.server_address[1]}/v1"])
+    finally:
+        server.shutdown()
+    assert len(FakeVideoServer.requests) == 4 and outputs(tmp_path / "out")[1]["n_errors"] == 0
+    for body in FakeVideoServer.requests:
+        parts = body["messages"][0]["content"]
+        head, mp4 = parts[0]["video_url"]["url"].split(",", 1)
+        assert [p["type"] for p in parts] == ["video_url", "text"] and head == "data:video/mp4;base64"
+        assert body["media_io_kwargs"] == {"video": {"num_frames": -1}}   # every frame; the fps: the file's
+        (tmp_path / "sent.mp4").write_bytes(base64.b64decode(mp4))
+        sent, _, fps = video.read_clip(tmp_path / "sent.mp4")
+        assert sent.shape == (4, 56, 56, 3) and fps == pytest.approx(2.0)
