@@ -30,9 +30,21 @@ FIGURES = (("after SFT, clean", "after_sft", "clean"), ("after SFT, perturbed", 
            ("after RL, clean", "after", "clean"), ("after RL, perturbed", "after", "perturbed"))
 
 
+def same_config(run, seed, train_args):
+    """Whether a finished seed was trained as the demo trains now: its summary's config against train.py's."""
+    import train
+
+    now = vars(train.parse_args(["--out", str(run), "--seed", str(seed), *train_args]))
+    done = json.loads((run / "summary.json").read_text())["config"]
+    return all(done.get(k) == now[k] for k in (*train.DEMO, "seed", "demo_clips", "mode"))
+
+
 def run_seed(out, seed, train_args=()):
     """{figure: value} of one seed: the demo's table (summary.json) and the evaluation's Orig. and Avg."""
     run = out / f"seed{seed}"
+    if (run / "summary.json").is_file() and not same_config(run, seed, train_args):
+        raise SystemExit(f"{run} was trained with another configuration than the demo's now (train.DEMO, "
+                         f"--train-args): give another --out")
     if not (run / "summary.json").is_file():
         if seed and not (run / "tiny").exists():   # the first seed's model and benchmark
             for part in ("tiny", "synthetic"):

@@ -530,14 +530,15 @@ def test_score_sample():
     assert answers.score_sample("Option: [B]; Reason: it is nearer", u) == 1.0
 
 
-def test_official_style_reads_the_raw_output_as_the_official_scorers():
+def test_official_style_reads_the_output_as_the_official_pipelines_give_it():
     vsi, urban, r1 = _mc("vsibench"), _mc("urbanvideo"), _mc("video-r1")
     num = _mc("vsibench", options=[], answer="7", problem_type="regression", task="object_counting")
-    for text, reason, official in ((" B", 1.0, 0.0), ("  B  ", 1.0, 0.0), ("\nB", 1.0, 1.0), ("B.\n", 1.0, 0.0),
-                                   ("<answer>B</answer>", 1.0, 0.0), ("<answer>B", 1.0, 0.0), ("B. table", 1.0, 1.0)):
-        assert answers.score_sample(text, vsi) == reason, text               # lmms-eval: split(" ")[0], then strip()
+    for text, reason, official in ((" B", 1.0, 1.0), ("  B  ", 1.0, 1.0), ("\nB", 1.0, 1.0), ("B.\n", 1.0, 1.0),
+                                   ("B .", 1.0, 1.0), ("<answer>B</answer>", 1.0, 0.0), ("<answer>B", 1.0, 0.0),
+                                   ("B. table", 1.0, 1.0), ("B,C", 0.0, 0.0)):
+        assert answers.score_sample(text, vsi) == reason, text   # lmms-eval strips, then split(" ")[0] and strip()
         assert answers.score_sample(text, vsi, style="official") == official, text
-    assert answers.score_sample(" 7", num, style="official") == 0.0 and answers.score_sample(" 7", num) == 1.0
+    assert answers.score_sample(" 7", num, style="official") == 1.0 and answers.score_sample(" 7", num) == 1.0
     assert answers.score_sample("Seven", num, style="official") == 0.0 and answers.score_sample("Seven", num) == 1.0
     for text in ("\nB", "\xa0B", " B", "<answer>B</answer>", "<answer>B"):   # eval.py: the first character
         assert answers.score_sample(text, urban, style="official") == 0.0 and answers.score_sample(text, urban) == 1.0
