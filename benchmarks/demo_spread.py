@@ -63,6 +63,17 @@ def run_seed(out, seed, train_args=()):
     return figures | {"eval Orig.": accuracy["orig"], "eval Avg.": accuracy["avg"]}
 
 
+def report(per_seed):
+    """{figure: [min, max]} over the seeds, each printed with its range in points."""
+    ranges = {}
+    for name in next(iter(per_seed.values())):
+        values = [figures[name] for figures in per_seed.values()]
+        ranges[name] = [min(values), max(values)]
+        print(f"{name}: {min(values):.3f}-{max(values):.3f} over {len(values)} seeds, range "
+              f"{100 * (max(values) - min(values)):.1f} points")
+    return ranges
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="a folder for the runs (kept: the command resumes from it)")
@@ -79,12 +90,7 @@ def main(argv=None):
     for seed in sorted(seeds):   # (seed 0 first: it builds the model and the benchmark the others copy)
         per_seed[seed] = run_seed(out, seed, train_args)
         print(f"seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in per_seed[seed].items()), flush=True)
-    ranges = {}
-    for name in per_seed[seeds[0]]:
-        values = [per_seed[s][name] for s in seeds]
-        ranges[name] = [min(values), max(values)]
-        print(f"{name}: {min(values):.3f}-{max(values):.3f} over {len(seeds)} seeds, range "
-              f"{100 * (max(values) - min(values)):.1f} points")
+    ranges = report(per_seed)
     print(f"widest range: {100 * max(hi - lo for lo, hi in ranges.values()):.1f} points "
           f"({time.perf_counter() - t0:.0f} s)")
     if args.write:

@@ -413,11 +413,7 @@ def finish(run, buffer_stats, queued):
                     summary[key] = json.loads((run.out / name).read_text())
             summary["after"] = after
             print_table(summary, run.cfg.mode)
-            if Path(run.cfg.model) == Path(run.cfg.out) / "tiny" and run.cfg.mode == "rova":   # the demo itself
-                stages = (("after SFT", summary.get("after_sft")), ("after RL", after))
-                figures = {f"{st}, {k}": v[k] for st, v in stages if v for k in ("clean", "perturbed")}
-                for line in runtime.demo_range_note(figures):
-                    runtime.log(line)
+            demo_note(run.cfg, summary)
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
         runtime.log(f"final weights in {run.out / 'final'}")
     runtime.barrier()
@@ -429,6 +425,15 @@ def finish(run, buffer_stats, queued):
         # launcher then fails a run whose every file is written (seen twice on a loaded 2-core machine, in a
         # 2-process test). Everything is saved and every collective is over: leave without the teardown.
         runtime.leave()
+
+
+def demo_note(cfg, summary):
+    """The demo itself (its tiny model, ROVA): whether its figures fall inside the range measured over seeds."""
+    if Path(cfg.model) == Path(cfg.out) / "tiny" and cfg.mode == "rova":
+        stages = (("after SFT", summary.get("after_sft")), ("after RL", summary["after"]))
+        figures = {f"{st}, {k}": v[k] for st, v in stages if v for k in ("clean", "perturbed")}
+        for line in runtime.demo_range_note(figures):
+            runtime.log(line)
 
 
 def print_table(summary, mode):
