@@ -62,7 +62,7 @@ BLOCKS = {
                         keep=r"tests collected", drop=r" in [0-9.]+s"),
     "demo": Block("docs/MEASURED.md", ("benchmarks/demo_figures.py", "--out", "{tmp}"), False),
     "demo-spread": Block("docs/MEASURED.md", ("benchmarks/demo_spread.py", "--out", "runs/demo_spread", "--write"),
-                         False, drop=r" \(\d+ s\)"),
+                         False),
     "bench-perturb": Block("docs/MEASURED.md", ("benchmarks/bench_perturb.py",), False),
     "bench-rollout": Block("docs/MEASURED.md", ("benchmarks/bench_rollout.py",), False),
     "bench-depth": Block("docs/MEASURED.md", ("benchmarks/bench_depth.py",), False),
