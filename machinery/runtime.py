@@ -546,6 +546,16 @@ class StepLog:
 DEMO_RANGE = Path(__file__).resolve().parents[1] / "docs" / "results" / "demo_range.json"
 
 
+DEMO_STAGES = (("after SFT", "after_sft"), ("after RL", "after"))
+
+
+def demo_figures(summary):
+    """The demo's printed figures by name ("after RL, clean", ...) from its summary.json: what the demo compares
+    with the measured range, and what benchmarks/demo_spread.py measures."""
+    return {f"{name}, {k}": summary[key][k] for name, key in DEMO_STAGES if summary.get(key)
+            for k in ("clean", "perturbed")}
+
+
 def demo_range_note(figures):
     """Lines saying whether each of the demo's `figures` ({name: value}) falls inside the range measured over seeds
     (benchmarks/demo_spread.py wrote DEMO_RANGE); none when nothing was measured."""

@@ -279,8 +279,8 @@ def write_video(path, frames, fps: float = 8.0, quality: int = 8, lossless: bool
 
     yuv420p (what every player reads) needs even sides, so an odd height or width is padded by repeating the
     last row or column (:func:`even_size` gives the size written); ``quality`` is imageio-ffmpeg's 0-10 scale
-    (8 = crf 10). ``lossless``: H.264 in RGB at qp 0 instead (libx264rgb, any size), which decord, OpenCV
-    (vLLM's loader) and PyAV decode back to the very frames written (tests/test_video.py). Written under a
+    (8 = crf 10). ``lossless``: H.264 in RGB at qp 0 instead (libx264rgb, any size), which decord and OpenCV
+    (vLLM's loader) decode back to the very frames written (tests/test_video.py). Written under a
     temporary name and renamed at the end: a failed write leaves no empty or truncated file.
     """
     from imageio_ffmpeg import write_frames
@@ -288,17 +288,18 @@ def write_video(path, frames, fps: float = 8.0, quality: int = 8, lossless: bool
     arr = as_clip(frames)
     path = _prepare(path, fps)
     h, w = arr.shape[1:3]
-    pad = ((0, 0), (0, 0), (0, 0)) if lossless else ((0, h % 2), (0, w % 2), (0, 0))  # per frame, not the clip
+    ph, pw = (0, 0) if lossless else (h % 2, w % 2)   # the padding yuv420p needs
+    pad = ((0, ph), (0, pw), (0, 0))  # per frame: a long clip is not copied whole
     codec = dict(codec="libx264rgb", pix_fmt_out="rgb24", output_params=["-qp", "0"]) if lossless else dict(
         codec="libx264", pix_fmt_out="yuv420p", quality=quality, output_params=[])
     codec["output_params"] += ["-movflags", "+faststart"]
     with _atomic(path) as tmp:
-        writer = write_frames(str(tmp), (w + pad[1][1], h + pad[0][1]), fps=float(fps), macro_block_size=1,
+        writer = write_frames(str(tmp), (w + pw, h + ph), fps=float(fps), macro_block_size=1,
                               ffmpeg_log_level="error", **codec)
         writer.send(None)
         try:
             for frame in arr:
-                writer.send(np.ascontiguousarray(np.pad(frame, pad, mode="edge") if any(map(any, pad)) else frame))
+                writer.send(np.ascontiguousarray(np.pad(frame, pad, mode="edge") if ph or pw else frame))
         finally:
             writer.close()  # also on failure: ffmpeg is stopped before the partial file is removed
     return str(path)
