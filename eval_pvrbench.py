@@ -60,7 +60,6 @@ from machinery import synthetic
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
-SYNTH_CLIPS = 480                       # train.py's demo_clips: both build the same benchmark
 SYNTH_DEFAULTS = dict(frames=8, max_pixels=56 * 56, max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
 DEMO_CHECKPOINT = "runs/rova/final"
 CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
@@ -259,8 +258,8 @@ def load_source(name, path, root, limit):
     if name == "synthetic":
         folder = Path(path)
         if not (folder / "eval.jsonl").is_file():
-            print(f"building the synthetic benchmark ({SYNTH_CLIPS} clips) in {folder}", flush=True)
-            synthetic.make_synthetic(folder, n=SYNTH_CLIPS, seed=0, num_frames=8, size=56)
+            print(f"building the synthetic benchmark ({synthetic.DEMO_BENCHMARK['n']} clips) in {folder}", flush=True)
+            synthetic.make_synthetic(folder, **synthetic.DEMO_BENCHMARK)   # the train demo's
         samples, _ = data.load_vsibench(folder / "eval.jsonl", root or folder / "videos", require_videos=False)
     elif name == "vsibench":  # (the loaders' default video roots: next to the annotation file)
         samples, _ = data.load_vsibench(path, root or None, require_videos=False)

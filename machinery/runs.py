@@ -160,12 +160,22 @@ def prepare_demo(cfg, rank):
     use_demo_benchmark(cfg, synth)
 
 
+def demo_benchmark(cfg):
+    """The demo's synthetic.make_synthetic arguments (train.DEMO's: synthetic.DEMO_BENCHMARK)."""
+    return dict(n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56, turn=synthetic.parse_turn(cfg.demo_turn),
+                families=[f for f in cfg.demo_families.split(",") if f] or None)
+
+
 def make_demo_benchmark(cfg, synth):
+    """OUT/synthetic rendered once; one rendered with other settings (an older demo's) is refused, not reused."""
+    wanted = demo_benchmark(cfg)
     if not (synth / "summary.json").is_file():
         runtime.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
-        synthetic.make_synthetic(synth, n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56,
-                                 families=[f for f in cfg.demo_families.split(",") if f] or None,
-                                 turn=synthetic.parse_turn(cfg.demo_turn))
+        synthetic.make_synthetic(synth, **wanted)
+    built = synthetic.built_with(json.loads((synth / "summary.json").read_text()))
+    if built != synthetic.built_with(wanted):
+        raise runtime.UserError(f"{synth} was rendered with other settings ({built}) than this demo's "
+                                f"({synthetic.built_with(wanted)}): remove it, or give another --out")
 
 
 def use_demo_benchmark(cfg, synth):

@@ -280,8 +280,6 @@ def test_subtype_parsing_and_cycle_assignment():
         assert row["spec"] == perturb.static_spec(row["video_id"], row["subtype"], 0.7).to_dict()
     groups, _ = ev.make_plan({"urbanvideo": samples[:3]}, ["fog", "rain"], "all", 0.7)
     assert [c for g in groups for _, c in g.items] == [["clean", "fog", "rain"]] * 3
-    import train
-    assert ev.SYNTH_CLIPS == train.Config().demo_clips   # the same runs/rova/synthetic as the train demo
 
 
 # ----------------------------------------------------------------------------- end to end

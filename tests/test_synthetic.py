@@ -68,6 +68,20 @@ def test_same_seed_same_bytes(bench, tmp_path):
     assert (other / "train.json").read_bytes() != (out / "train.json").read_bytes()
 
 
+def test_the_demo_and_the_eval_build_one_benchmark(bench, tmp_path):
+    """train.py's demo renders synthetic.DEMO_BENCHMARK (eval_pvrbench.py's default), and refuses an OUT/synthetic
+    rendered with other settings instead of training on it."""
+    import train
+    from machinery import runs, runtime
+
+    cfg = train.parse_args(["--out", str(tmp_path / "demo")])
+    assert synthetic.built_with(runs.demo_benchmark(cfg)) == synthetic.built_with(synthetic.DEMO_BENCHMARK)
+    out, summary = bench
+    assert synthetic.built_with(summary) == synthetic.built_with(dict(n=48, seed=3, num_frames=8, size=56))
+    with pytest.raises(runtime.UserError, match="rendered with other settings"):
+        runs.make_demo_benchmark(cfg, out)   # (48 clips, seed 3, the default turn: not the demo's)
+
+
 def test_text_only_baseline_sits_at_chance(tmp_path):
     out = tmp_path / "blind"
     synthetic.make_synthetic(out, n=240, seed=5, num_frames=6, size=56, eval_fraction=0.5)
