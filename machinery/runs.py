@@ -172,10 +172,21 @@ def make_demo_benchmark(cfg, synth):
     if not (synth / "summary.json").is_file():
         runtime.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
         synthetic.make_synthetic(synth, **wanted)
-    built = synthetic.built_with(json.loads((synth / "summary.json").read_text()))
-    if built != synthetic.built_with(wanted):
+    built = synthetic_settings(json.loads((synth / "summary.json").read_text()))
+    if built != synthetic_settings(wanted):
         raise runtime.UserError(f"{synth} was rendered with other settings ({built}) than this demo's "
-                                f"({synthetic.built_with(wanted)}): remove it, or give another --out")
+                                f"({synthetic_settings(wanted)}): remove it, or give another --out")
+
+
+def synthetic_settings(kw):
+    """synthetic.make_synthetic's arguments, defaults filled in, from themselves or from the summary.json they
+    wrote: two benchmarks with equal ones hold the same bytes."""
+    if "n_clips" in kw:   # a summary
+        kw = dict(n=kw["n_clips"], seed=kw["seed"], num_frames=kw["frames"], size=kw["size"], families=kw["families"],
+                  turn=kw.get("turn", synthetic.TURN))
+    return dict(n=kw["n"], seed=kw["seed"], num_frames=kw["num_frames"], size=kw["size"],
+                families=tuple(kw.get("families") or synthetic.SYNTH_FAMILIES),
+                turn=tuple(kw.get("turn", synthetic.TURN)))
 
 
 def use_demo_benchmark(cfg, synth):

@@ -251,10 +251,8 @@ def synthetic_questions(rng, objects, visible, action, count_colour, slots):
 
 
 TURN = (0.035, 0.05)   # a turning clip's yaw rate, rad/frame, drawn uniformly in this range
-# The CPU demo's benchmark: make_synthetic's arguments as train.py's demo renders it (train.DEMO -> runs.py) and as
-# eval_pvrbench.py builds its default one. Turns of 0.06-0.09 rad/frame, a cue the tiny model learns from every seed
-# (at 0.035-0.05 two seeds in five never told left from right); the two families it learns or answers alike in
-# minutes (order and distance stay at chance there, and their few questions only moved the figures between seeds).
+# The CPU demo's benchmark (train.DEMO renders it, eval_pvrbench.py's default builds it): make_synthetic's arguments.
+# Why these turns and families: docs/MEASURED.md ("What the demo prints depends on the CPU").
 DEMO_BENCHMARK = dict(n=480, seed=0, num_frames=8, size=56, families=("next_action", "counting"), turn=(0.06, 0.09))
 
 
@@ -331,16 +329,6 @@ def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fractio
     return summary
 
 
-def built_with(settings):
-    """make_synthetic's arguments, from them (None/default filled in) or from the summary.json it wrote: two
-    benchmarks with equal ones hold the same bytes."""
-    if "n_clips" in settings:   # a summary
-        settings = dict(n=settings["n_clips"], seed=settings["seed"], num_frames=settings["frames"],
-                        size=settings["size"], families=settings["families"], turn=settings.get("turn", TURN))
-    return dict(n=settings["n"], seed=settings["seed"], num_frames=settings["num_frames"], size=settings["size"],
-                families=tuple(settings.get("families") or SYNTH_FAMILIES), turn=tuple(settings.get("turn", TURN)))
-
-
 def _option_features(sample, option):
     """What a text-only model can see about one option: its letter, whether it repeats a colour or a
     shape named in the question, whether it repeats the question's own listing."""
@@ -389,8 +377,6 @@ def text_only_baseline(train, evaluation):
         acc = float(np.mean([answers.score(p, s.answer, s.problem_type, s.source) for p, s in zip(preds, group)]))
         results[fam] = (acc, chance)
     return results
-
-
 
 
 # --------------------------------------------------------------------------- the street clip (sample footage)
@@ -683,7 +669,6 @@ def write_sample_video(path, fps: float = 8.0, **kw) -> str:
 
 # --------------------------------------------------------------------------- command line
 def main(argv=None):
-
     ap = runtime.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
                                              "Video-R1 train.json, VSI-Bench eval.jsonl).")
     ap.add_argument("--out", required=True, help="output folder")

@@ -75,9 +75,9 @@ def test_the_demo_and_the_eval_build_one_benchmark(bench, tmp_path):
     from machinery import runs, runtime
 
     cfg = train.parse_args(["--out", str(tmp_path / "demo")])
-    assert synthetic.built_with(runs.demo_benchmark(cfg)) == synthetic.built_with(synthetic.DEMO_BENCHMARK)
+    assert runs.synthetic_settings(runs.demo_benchmark(cfg)) == runs.synthetic_settings(synthetic.DEMO_BENCHMARK)
     out, summary = bench
-    assert synthetic.built_with(summary) == synthetic.built_with(dict(n=48, seed=3, num_frames=8, size=56))
+    assert runs.synthetic_settings(summary) == runs.synthetic_settings(dict(n=48, seed=3, num_frames=8, size=56))
     with pytest.raises(runtime.UserError, match="rendered with other settings"):
         runs.make_demo_benchmark(cfg, out)   # (48 clips, seed 3, the default turn: not the demo's)
 
