@@ -53,8 +53,13 @@ def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
     """`python -m extensions.embodied_r.train` after `python train.py`: the same 480 clips are not rendered twice."""
     monkeypatch.chdir(tmp_path)
     made = []
-    monkeypatch.setattr(train.synthetic, "make_synthetic", lambda out, **kw: made.append(Path(out)) or
-                        (Path(out).mkdir(parents=True) or (Path(out) / "summary.json").write_text("{}")))
+
+    def make_synthetic(out, **kw):   # its summary.json only (the demo checks its settings)
+        made.append(Path(out))
+        Path(out).mkdir(parents=True)
+        summary = {"n_clips": kw["n"], "frames": kw["num_frames"], **{k: kw[k] for k in ("seed", "size", "turn")}}
+        (Path(out) / "summary.json").write_text(json.dumps(summary | {"families": kw["families"]}))
+    monkeypatch.setattr(train.synthetic, "make_synthetic", make_synthetic)
     monkeypatch.setattr(tiny_model, "build_tiny", lambda out, **kw: Path(out).mkdir(parents=True) or
                         (Path(out) / "config.json").write_text("{}"))
     vlm, text = train.parse_args([]), er.parse_args([])
