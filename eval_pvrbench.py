@@ -60,7 +60,8 @@ from machinery import synthetic
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
-SYNTH_DEFAULTS = dict(frames=8, max_pixels=56 * 56, max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
+SYNTH_DEFAULTS = dict(frames=synthetic.DEMO_BENCHMARK["num_frames"], max_pixels=synthetic.DEMO_BENCHMARK["size"] ** 2,
+                      max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
 DEMO_CHECKPOINT = "runs/rova/final"
 CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
 QUALITY = judges.QUALITY_KEYS           # fragility, consistency, belief, recovery, attention

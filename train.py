@@ -170,10 +170,10 @@ class Config(runs.RunConfig):
 # benchmark is synthetic.DEMO_BENCHMARK, its SFT learning rate 1e-3 (at 3e-3 two seeds in five never learnt the
 # turn), and its check asks all 240 held-out questions (docs/MEASURED.md, benchmarks/demo_spread.py).
 _BENCH = synthetic.DEMO_BENCHMARK
-DEMO = dict(frames=_BENCH["num_frames"], max_pixels=56 * 56, sft_epochs=10.0, sft_batch_size=16, sft_lr=1e-3, lr=1e-4,
-            rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10,
-            unanswerable_below=0.0, answerability_epochs=1.0, video_cache=4096, eval_limit=240, micro_batch_size=0,
-            demo_clips=_BENCH["n"], demo_families=",".join(_BENCH["families"]),
+DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=10.0, sft_batch_size=16,
+            sft_lr=1e-3, lr=1e-4, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64, save_every=50,
+            reeval_period=10, unanswerable_below=0.0, answerability_epochs=1.0, video_cache=4096, eval_limit=240,
+            micro_batch_size=0, demo_clips=_BENCH["n"], demo_families=",".join(_BENCH["families"]),
             demo_turn=",".join(map(str, _BENCH["turn"])))
 MODES = ("rova", "dual", "grpo", "grpo-aug")
 

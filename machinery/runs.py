@@ -161,8 +161,10 @@ def prepare_demo(cfg, rank):
 
 
 def demo_benchmark(cfg):
-    """The demo's synthetic.make_synthetic arguments (train.DEMO's: synthetic.DEMO_BENCHMARK)."""
-    return dict(n=cfg.demo_clips, seed=0, num_frames=cfg.frames, size=56, turn=synthetic.parse_turn(cfg.demo_turn),
+    """The demo's synthetic.make_synthetic arguments: its settings' (train.DEMO's: synthetic.DEMO_BENCHMARK), the
+    seed and frame size DEMO_BENCHMARK's."""
+    return dict(n=cfg.demo_clips, seed=synthetic.DEMO_BENCHMARK["seed"], num_frames=cfg.frames,
+                size=synthetic.DEMO_BENCHMARK["size"], turn=synthetic.parse_turn(cfg.demo_turn),
                 families=[f for f in cfg.demo_families.split(",") if f] or None)
 
 
@@ -172,10 +174,11 @@ def make_demo_benchmark(cfg, synth):
     if not (synth / "summary.json").is_file():
         runtime.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
         synthetic.make_synthetic(synth, **wanted)
-    built = synthetic_settings(json.loads((synth / "summary.json").read_text()))
-    if built != synthetic_settings(wanted):
-        raise runtime.UserError(f"{synth} was rendered with other settings ({built}) than this demo's "
-                                f"({synthetic_settings(wanted)}): remove it, or give another --out")
+        return
+    built, wanted = synthetic_settings(json.loads((synth / "summary.json").read_text())), synthetic_settings(wanted)
+    if built != wanted:
+        raise runtime.UserError(f"{synth} was rendered with other settings ({built}) than this demo's ({wanted}): "
+                                f"remove it, or give another --out")
 
 
 def synthetic_settings(kw):
