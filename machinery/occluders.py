@@ -318,7 +318,7 @@ def ground_contact(ctx, walker):
         base = hor + (H - hor) * 2.5 / (6 - 4.5 * n)
     else:  # a car's roof stays at the horizon: its size grows more slowly
         base = hor + (H - hor) * (0.35 + 0.6 * n)
-    return base, max(0.25 * H, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5))
+    return base, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5)   # a pinhole's: what its distance allows
 
 
 def placed(weight, effect, top, left, H, W):
