@@ -205,7 +205,7 @@ def shade(polys, roi, roundness, light):
     computed at about 64 px across (kernels.emboss) and upscaled."""
     y0, y1, x0, x1 = roi
     q = max(1.0, max(y1 - y0, x1 - x0) / 64)
-    size = (max(1, int(math.ceil((y1 - y0) / q))), max(1, int(math.ceil((x1 - x0) / q))))
+    size = (max(1, math.ceil((y1 - y0) / q)), max(1, math.ceil((x1 - x0) / q)))
     mask = kernels.fill_polys(size, [(p - (x0, y0)) / q for p in polys])
     return cv2.resize(kernels.emboss(mask, max(0.5, roundness / q), light), (x1 - x0, y1 - y0))
 
@@ -300,7 +300,7 @@ def paint_drone(paint):
 
 def flyer_sprite(kind, unit, phase, light):
     """(img, alpha) float32 of a bird or a drone `unit` px tall, and the canvas row of its centre."""
-    h, w = int(math.ceil(1.1 * unit)) + 2, int(math.ceil(ASPECT[kind] * unit)) + 2
+    h, w = math.ceil(1.1 * unit) + 2, math.ceil(ASPECT[kind] * unit) + 2
     origin = (w / 2, 0.48 * h if kind == "bird" else 0.3 * unit + 1)
     paint = occluders.Paint(h, w, unit, origin, light)
     if kind == "bird":
@@ -341,7 +341,8 @@ def flyer_layers(ctx, kind, soft):
                                                          cache)
         frac = (t + 0.5) / T
         cx = -0.1 * W - 0.5 * ASPECT[kind] * height + speed * T * (frac if p["direction"] > 0 else 1 - frac)
-        top, left = int(round(y_path[t] - cy * k)) + oy, int(round(cx - 0.5 * alpha.shape[1] * k)) + ox
+        top = int(np.rint(y_path[t] - cy * k)) + oy
+        left = int(np.rint(cx - 0.5 * alpha.shape[1] * k)) + ox
         yield occluders.placed(weight, effect, top, left, H, W)
 
 
@@ -357,7 +358,7 @@ def foliage_layers(ctx, soft):
     side = int(rng.integers(3))  # 0 top, 1 left, 2 right: the branch grows from there toward the middle
     angle = [np.pi / 2, 0.0, np.pi][side] + rng.uniform(-0.5, 0.5)
     u, v = np.array([math.cos(angle), math.sin(angle)]), np.array([-math.sin(angle), math.cos(angle)])
-    size = int(math.ceil(2.2 * unit))
+    size = math.ceil(2.2 * unit)
     origin = np.array([size / 2, size / 2])
     paint = occluders.Paint(size, size, unit, origin - 0.5 * unit * u, np.array([0.3, -0.8, 0.5]))
     stem = [0.0, 0.0]
@@ -381,6 +382,6 @@ def foliage_layers(ctx, soft):
     slide = -0.25 * length * u * (np.arange(T) / max(T - 1, 1))[:, None]  # leaving the view by its own edge
     for t in range(T):
         at = root + slide[t] + v * sway[t]
-        top = int(round(at[1] - (origin[1] - 0.5 * unit * u[1]) * k)) + oy
-        left = int(round(at[0] - (origin[0] - 0.5 * unit * u[0]) * k)) + ox
+        top = int(np.rint(at[1] - (origin[1] - 0.5 * unit * u[1]) * k)) + oy
+        left = int(np.rint(at[0] - (origin[0] - 0.5 * unit * u[0]) * k)) + ox
         yield occluders.placed(weight, effect, top, left, H, W)
