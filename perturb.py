@@ -259,6 +259,19 @@ def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False, scene="auto")
                        params=props.spec_params(subtype, seed, scene))
 
 
+def with_scene(spec, frames, depth=None) -> PerturbSpec:
+    """`spec` with its occluders' scene, where it says "auto", resolved from the clip as apply would (props.infer_scene,
+    props.pick_style): the same pixels, and a stored spec that names its scene (a user's clip: the CLI's --scene)."""
+    if spec.subtype not in props.KINDS or spec.params["scene"] != "auto":
+        return spec
+    x, spec, depth, ops = _prepare(frames, spec, depth)
+    kind = props.infer_scene(scene.Context(x, spec, depth, ops))
+    params = {**spec.params, "scene": kind}
+    if params["style"] == "auto":
+        params["style"] = props.pick_style(spec.seed, spec.subtype, kind)
+    return PerturbSpec(spec.subtype, spec.eta, spec.seed, spec.shuffle, params)
+
+
 def temporal_permutation(T: int, seed: int) -> np.ndarray:
     """Eq. 1: pi, a uniformly random permutation of the T frames (never the identity when T > 1)."""
     perm = kernels.seeded_rng(seed, "shuffle", T).permutation(T)

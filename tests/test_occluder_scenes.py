@@ -215,3 +215,20 @@ def test_a_static_occluder_is_softer_on_a_blurrier_clip():
         return int(((C[0] > 0.05) & (C[0] < 0.6)).sum())
 
     assert edge_px(blurry) > 1.3 * edge_px(sharp)
+
+
+def test_a_user_clip_gets_its_scene_named_in_the_spec(tmp_path, capsys):
+    """with_scene resolves "auto" as apply does (the same pixels), and the CLI prints the spec with its scene."""
+    pytest.importorskip("skimage")
+    clip = synthetic.photo_clip("gravel", 6, 96)
+    for sub in ("static", "dynamic"):
+        auto = perturb.PerturbSpec(sub, seed=9)
+        named = perturb.with_scene(auto, clip)
+        assert named.params["scene"] == "aerial" and named.params["style"] in props.KINDS[sub]["aerial"]
+        assert np.array_equal(perturb.apply(clip, auto), perturb.apply(clip, named))
+    assert perturb.with_scene(perturb.PerturbSpec("fog"), clip).params == perturb.PerturbSpec("fog").params
+    out = tmp_path / "dyn.mp4"
+    perturb.main(["--subtype", "dynamic", "--scene", "indoor", "--size", "64", "--frames", "4", "--out", str(out),
+                  "--depth-model", "proxy"])
+    printed = capsys.readouterr().out
+    assert '"scene":"indoor"' in printed and '"style":"pedestrian"' in printed
