@@ -78,7 +78,7 @@ SPEC_VERSION = 1
 # a true depth map's median over every 4th row and column. 4: the fail-safe proxy (one gentle depth where no sky is
 # seen), occluders on a ground contact or entering from the lower edge, shadows as soft-edged half-planes.
 # 5: occluders by scene kind (params scene, style: indoor / aerial / street, given or inferred from the depth), static
-# kinds shaded from the covered region, birds, drones and branches, edges at the clip's own sharpness (2026-12-06).
+# kinds shaded from the covered region, birds, drones and branches, edges at the clip's own sharpness (2026-12-05).
 RENDER_VERSION = 5
 
 
@@ -426,10 +426,10 @@ def _dynamic(ctx):
     """Something crossing the view close to the camera, of a kind plausible in the clip's scene (props.KINDS:
     indoor, people walking by; aerial, a bird, another drone, a branch at the frame edge; street, pedestrians,
     vehicles, vegetation; Sec. 4: masks "conditioned on each video's content, including depth layout"). A walker
-    or a car is placed on the ground plane: its feet/wheels stand on the row of its distance, its size follows from it; shaded by one
-    light (a lit and a shadowed side), in the scene's exposure, over a soft contact shadow; out of focus by
-    its nearness (blur ~ its size) and motion-blurred. A walker's feet stay planted while the body passes
-    over them (the gait's phase advances with the distance walked)."""
+    or a car is placed on the ground plane: its feet/wheels stand on the row of its distance, its size follows
+    from it; shaded by one light (a lit and a shadowed side), in the scene's exposure, over a soft contact
+    shadow; out of focus by its nearness (blur ~ its size) and motion-blurred. A walker's feet stay planted
+    while the body passes over them (the gait's phase advances with the distance walked)."""
     p, W, T = ctx.p, ctx.W, ctx.T
     style, soft = props.resolve(ctx)[1], props.softness(ctx.ops.host(ctx.frames[T // 2]))
     if style not in ("pedestrian", "vehicle"):
