@@ -171,8 +171,11 @@ def _depth(args, frames, video_id, indices, given, what):
 
 
 def _spec(args, subtype, frames, depth):
-    """The spec of `subtype` on this clip: --scene's occluders (auto: inferred from the clip, and stored resolved)."""
+    """The spec of `subtype` on this clip: --scene's occluders (auto: inferred from the clip, and stored resolved;
+    an --engine from before scene kinds, RENDER_VERSION < 5, draws its own)."""
     engine = args.engine
+    if not hasattr(engine, "with_scene"):
+        return engine.PerturbSpec(subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
     params = engine.props.spec_params(subtype, args.seed, args.scene)
     spec = engine.PerturbSpec(subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle, params=params)
     return engine.with_scene(spec, frames, depth)
