@@ -78,7 +78,8 @@ SPEC_VERSION = 1
 # a true depth map's median over every 4th row and column. 4: the fail-safe proxy (one gentle depth where no sky is
 # seen), occluders on a ground contact or entering from the lower edge, shadows as soft-edged half-planes.
 # 5: occluders by scene kind (params scene, style: indoor / aerial / street, given or inferred from the depth), static
-# kinds shaded from the covered region, birds, drones and branches, edges at the clip's own sharpness (2026-12-05).
+# kinds shaded from the covered region, birds, drones and branches, edges at the clip's own sharpness, a ground
+# actor hidden by nearer scenery (2026-12-05).
 RENDER_VERSION = 5
 
 
@@ -428,8 +429,9 @@ def _dynamic(ctx):
     vehicles, vegetation; Sec. 4: masks "conditioned on each video's content, including depth layout"). A walker
     or a car is placed on the ground plane: its feet/wheels stand on the row of its distance, its size follows
     from it; shaded by one light (a lit and a shadowed side), in the scene's exposure, over a soft contact
-    shadow; out of focus by its nearness (blur ~ its size) and motion-blurred. A walker's feet stay planted
-    while the body passes over them (the gait's phase advances with the distance walked)."""
+    shadow; out of focus by its nearness (blur ~ its size) and motion-blurred, and hidden where the depth says
+    the scene is nearer than its ground contact. A walker's feet stay planted while the body passes over them
+    (the gait's phase advances with the distance walked)."""
     p, W, T = ctx.p, ctx.W, ctx.T
     style, soft = props.resolve(ctx)[1], props.softness(ctx.ops.host(ctx.frames[T // 2]))
     if style not in ("pedestrian", "vehicle"):
@@ -458,7 +460,7 @@ def _dynamic(ctx):
         frac = (t + 0.5) / T
         cx = (-0.1 + 1.2 * (frac if p["direction"] > 0 else 1 - frac)) * W
         top, left = int(round(base + lane - height)) + oy, int(round(cx - cx_px * k)) + ox
-        yield occluders.placed(weight, effect, top, left, ctx.H, W)
+        yield occluders.behind_nearer(ctx, occluders.placed(weight, effect, top, left, ctx.H, W), t, base + lane)
 
 
 # ----------------------------------------------------------------------------- weather

@@ -176,6 +176,23 @@ def test_on_the_street_walkers_and_cars_stand_on_the_ground():
     assert checked >= 20
 
 
+def test_a_ground_actor_walks_behind_what_is_nearer():
+    """A post 0.3 m from the lens (columns 70-89 of the true depth) hides a walker or a car crossing the street
+    behind it, on every frame, while the same actor without the post is drawn over those columns, and with it
+    is still drawn on either side (the whole crossing, not the whole actor, is hidden)."""
+    clip, depth = synthetic.sample_clip(8, 160, 160)
+    post = depth.copy()
+    post[:, :, 70:90] = 0.3
+    for style in ("pedestrian", "vehicle"):
+        for eta in (0.3, 1.0):   # its contact on the ground in view, and (a walker at 1.0) below the lower edge
+            spec = perturb.PerturbSpec("dynamic", eta=eta, seed=0, params={"style": style, "scene": "street"})
+            _, open_ = perturb.masks(clip, spec, depth)
+            _, hidden = perturb.masks(clip, spec, post)
+            assert open_[:, :, 72:88].max() > 0.5, (style, eta)
+            assert hidden[:, :, 72:88].max() < 0.02, (style, eta)
+            assert max(hidden[:, :, :60].max(), hidden[:, :, 100:].max()) > 0.5, (style, eta)
+
+
 # ----------------------------------------------------------------------------- static kinds in the clip's light
 
 def _cast(clip, gains):
