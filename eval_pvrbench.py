@@ -59,6 +59,9 @@ import perturb
 from machinery import synthetic
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
+# Each source's scene kind, which decides its occluders (perturb.static_spec(scene=), machinery/props.py): VSI-Bench
+# scans rooms, UrbanVideo-Bench flies drones over cities, the synthetic set is a ground-level agent's street.
+SCENES = {"vsibench": "indoor", "urbanvideo": "aerial", "synthetic": "street"}
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
 SYNTH_DEFAULTS = dict(frames=synthetic.DEMO_BENCHMARK["num_frames"], max_pixels=synthetic.DEMO_BENCHMARK["size"] ** 2,
                       max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
@@ -279,7 +282,8 @@ class Group:
 
 
 def make_plan(sources, subtypes, assign, eta, depth=None):
-    """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs; `depth`:
+    """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs, each with its
+    source's scene kind, SCENES, in an occlusion spec's params; `depth`:
     the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy)."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
@@ -296,7 +300,8 @@ def make_plan(sources, subtypes, assign, eta, depth=None):
             for sub in conds[1:]:
                 row = manifest.setdefault((src, vid, sub), {
                     "source": src, "video_id": vid, "subtype": sub,   # no local path: the same file everywhere
-                    "spec": perturb.static_spec(vid, sub, eta).to_dict(), "render": perturb.RENDER_VERSION,
+                    "spec": perturb.static_spec(vid, sub, eta, scene=SCENES.get(src, "auto")).to_dict(),
+                    "render": perturb.RENDER_VERSION,
                     "depth": depth.describe(s.video) if depth is not None else "proxy", "questions": []})
                 row["questions"].append(s.id)
     return list(groups.values()), list(manifest.values())

@@ -56,9 +56,9 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from machinery import kernels, occluders, perturb_cli, runtime, scene
+from machinery import kernels, occluders, perturb_cli, props, runtime, scene
 from machinery.kernels import hash48, walk
-from machinery.scene import UNCHANGED, Layer
+from machinery.scene import Layer
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),
@@ -77,7 +77,10 @@ SPEC_VERSION = 1
 # shadows, shaded occluders (2026-12-02). 3: walkers painted at <= 64 px tall before their defocus (was 80);
 # a true depth map's median over every 4th row and column. 4: the fail-safe proxy (one gentle depth where no sky is
 # seen), occluders on a ground contact or entering from the lower edge, shadows as soft-edged half-planes.
-RENDER_VERSION = 4
+# 5: occluders by scene kind (params scene, style: indoor / aerial / street, given or inferred from the depth), static
+# kinds shaded from the covered region, birds, drones and branches, edges at the clip's own sharpness, a ground
+# actor hidden by nearer scenery (2026-12-05).
+RENDER_VERSION = 5
 
 
 # ----------------------------------------------------------------------------- the effects registry
@@ -228,11 +231,12 @@ def eta_of(eta, subtype: str) -> float:
     return float(eta.get(subtype, eta.get("*", DEFAULT_ETA))) if isinstance(eta, dict) else eta
 
 
-def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
+def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuffle=False, scene="auto") -> PerturbSpec:
     """Dynamic protocol (training, Sec. 4): a fresh spec per iteration. The style is uniform over the
     four categories (Eq. 2, App. B.2.1), the subtype uniform within it, unless given. The draw never
     yields a subtype registered outside Table 8; one of them is used only when asked for by name.
-    `eta`: a number or a per-subtype table (parse_eta)."""
+    `eta`: a number or a per-subtype table (parse_eta). `scene`: the clip's kind (props.SCENES) for the
+    occluders' kinds, stored in an occlusion spec's params; "auto": inferred from the depth at render."""
     rng = seed_or_rng if isinstance(seed_or_rng, np.random.Generator) else np.random.default_rng(seed_or_rng)
     _check_subtype(subtype)
     if category is not None and category not in CATEGORIES:
@@ -240,17 +244,33 @@ def sample_spec(seed_or_rng, category=None, subtype=None, eta=DEFAULT_ETA, shuff
     if subtype is None:
         category = category or list(CATEGORIES)[int(rng.integers(len(CATEGORIES)))]
         subtype = CATEGORIES[category][int(rng.integers(len(CATEGORIES[category])))]
-    return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=int(rng.integers(2 ** 48)),
-                       shuffle=shuffle, category=category)
+    seed = int(rng.integers(2 ** 48))
+    return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=seed, shuffle=shuffle,
+                       params=props.spec_params(subtype, seed, scene), category=category)
 
 
-def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False) -> PerturbSpec:
+def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False, scene="auto") -> PerturbSpec:
     """Static protocol (PVRBench, Sec. 4): one fixed spec per (video, subtype), the same on every
     machine and Python version (the seed is a SHA-256 of the ids, never Python's salted hash()).
-    Registered extensions' subtypes get their seeds by the same rule. `eta`: a number or parse_eta's table."""
+    Registered extensions' subtypes get their seeds by the same rule. `eta`: a number or parse_eta's table.
+    `scene`: the source's kind (props.SCENES; eval_pvrbench.SCENES), stored with the occluder kind it picks."""
     _check_subtype(subtype)
-    return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=hash48("pvrbench", video_id, subtype),
-                       shuffle=shuffle)
+    seed = hash48("pvrbench", video_id, subtype)
+    return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=seed, shuffle=shuffle,
+                       params=props.spec_params(subtype, seed, scene))
+
+
+def with_scene(spec, frames, depth=None) -> PerturbSpec:
+    """`spec` with its occluders' scene, where it says "auto", resolved from the clip as apply would (props.infer_scene,
+    props.pick_style): the same pixels, and a stored spec that names its scene (a user's clip: the CLI's --scene)."""
+    if spec.subtype not in props.KINDS or spec.params["scene"] != "auto":
+        return spec
+    x, spec, depth, ops = _prepare(frames, spec, depth)
+    kind = props.infer_scene(scene.Context(x, spec, depth, ops))
+    params = {**spec.params, "scene": kind}
+    if params["style"] == "auto":
+        params["style"] = props.pick_style(spec.seed, spec.subtype, kind)
+    return PerturbSpec(spec.subtype, spec.eta, spec.seed, spec.shuffle, params)
 
 
 def temporal_permutation(T: int, seed: int) -> np.ndarray:
@@ -395,61 +415,30 @@ def _camera(ctx):
 # ----------------------------------------------------------------------------- occlusion
 
 def _static(ctx):
-    """Lens obstruction, fixed for the whole clip: an out-of-focus foreground object (a finger, a leaf,
-    a strap) entering from the lower border, rounded and shaded by one light in the scene's exposure, or a
-    lens smear that blurs and veils what is behind it."""
-    p, ops, H, W = ctx.p, ctx.ops, ctx.H, ctx.W
-    rng = ctx.rng("layout")
-    outline = kernels.blob(rng) * np.array([rng.uniform(0.7, 1.4), 1.0])
-    if p["style"] == "object":  # attached to the lens: anchored on the lower or side borders
-        side = rng.integers(3)
-        u = rng.uniform(0.1, 0.9)
-        anchor = [(u * W, H), (0.0, (0.4 + 0.6 * u) * H), (W, (0.4 + 0.6 * u) * H)][side]
-    else:
-        anchor = (rng.uniform(0.2, 0.8) * W, rng.uniform(0.25, 0.75) * H)
-    sh, sw = ctx.sh * 2, ctx.sw * 2  # find the size that covers `area` of the frame, at low resolution
-    radius = math.sqrt(p["area"] * H * W / np.pi)
-    for _ in range(3):
-        cover = kernels.fill_polys((sh, sw), [(outline * radius + anchor) * (sw / W)]).mean() / 255
-        radius *= math.sqrt(p["area"] / max(cover, 1e-3))
-    defocus = max(0.8, 0.035 * radius if p["style"] == "object" else 0.12 * radius)
-    cover = kernels.fill_polys((H, W), [outline * radius + anchor]).astype(np.float32) / 255
-    alpha = kernels.wide_blur(kernels.HOST, cover, defocus)
-    alpha[alpha < 1 / 255] = 0
-    roi = kernels.roi_of(alpha)
-    if roi is None:
-        yield from (UNCHANGED for _ in range(ctx.T))
-        return
-    y0, y1, x0, x1 = roi
-    a = alpha[y0:y1, x0:x1]
-    if p["style"] == "object":
-        base = np.array([(70, 52, 40), (38, 52, 30), (46, 46, 50), (90, 66, 52)][int(rng.integers(4))], np.float32)
-        tex = 0.9 + 0.2 * cv2.resize(kernels.noise_field(rng, 16, 16), (x1 - x0, y1 - y0))
-        light = np.array([rng.uniform(-0.8, 0.8), -0.8, 0.6])
-        shade = kernels.rounded_shade(outline * radius + anchor - (x0, y0), (y1 - y0, x1 - x0), radius,
-                               light / np.linalg.norm(light))
-        img = occluders.lit(base * (shade * tex)[..., None], occluders.scene_light(ctx.small_frame))
-        img = cv2.GaussianBlur(np.clip(img, 0, 255).astype(np.uint8), (0, 0), defocus)
-        w = a * np.float32(min(1.0, p["opacity"] + 0.45))  # an object on the lens is (almost) opaque
-        yield from (Layer(w, img, roi) for _ in range(ctx.T))
-    else:
-        smudge = 0.55 + 0.45 * cv2.resize(kernels.noise_field(rng, 24, 24, cells=3), (x1 - x0, y1 - y0))
-        w = a * smudge * np.float32(p["opacity"])
-        haze = tuple(int(v) for v in rng.integers(200, 236, 3))
-        sigma = max(1.0, 0.08 * radius)
-        for _ in range(ctx.T):
-            yield Layer(w, lambda f: ops.blend(kernels.wide_blur(ops, f, sigma), haze, 0.3), roi)
+    """Something between the lens and the scene, fixed for the whole clip, of a kind plausible in the clip's scene
+    (machinery/props.py: indoor, aerial or street, the spec's or inferred from the depth): a lens smudge that blurs
+    and veils, a raindrop on the lens, a near pillar, door frame or railing, a plant, a hand; each shaded from the
+    light of what it covers (its mean colour and brightness), out of focus, never sharper than the clip (Sec. 4:
+    "occlusions are placed at plausible foreground locations")."""
+    yield from props.static_layers(ctx, props.resolve(ctx)[1])
 
 
 def _dynamic(ctx):
-    """A pedestrian or a vehicle close to the camera crossing the view along a smooth path. Placed on the
-    ground plane: its feet/wheels stand on the row of its distance, its size follows from it; shaded by one
-    light (a lit and a shadowed side), in the scene's exposure, over a soft contact shadow; out of focus by
-    its nearness (blur ~ its size) and motion-blurred. A walker's feet stay planted while the body passes
-    over them (the gait's phase advances with the distance walked)."""
+    """Something crossing the view close to the camera, of a kind plausible in the clip's scene (props.KINDS:
+    indoor, people walking by; aerial, a bird, another drone, a branch at the frame edge; street, pedestrians,
+    vehicles, vegetation; Sec. 4: masks "conditioned on each video's content, including depth layout"). A walker
+    or a car is placed on the ground plane: its feet/wheels stand on the row of its distance, its size follows
+    from it; shaded by one light (a lit and a shadowed side), in the scene's exposure, over a soft contact
+    shadow; out of focus by its nearness (blur ~ its size) and motion-blurred, and hidden where the depth says
+    the scene is nearer than its ground contact. A walker's feet stay planted while the body passes over them
+    (the gait's phase advances with the distance walked)."""
     p, W, T = ctx.p, ctx.W, ctx.T
+    style, soft = props.resolve(ctx)[1], props.softness(ctx.ops.host(ctx.frames[T // 2]))
+    if style not in ("pedestrian", "vehicle"):
+        yield from props.foliage_layers(ctx, soft) if style == "foliage" else props.flyer_layers(ctx, style, soft)
+        return
     rng = ctx.rng("actor")
-    walker = p["style"] == "pedestrian"
+    walker = style == "pedestrian"
     look = occluders.actor_look(rng, walker)
     base, height = occluders.ground_contact(ctx, walker)
     lane = rng.uniform(-0.05, 0.05) * ctx.H
@@ -457,7 +446,7 @@ def _dynamic(ctx):
     rate = min(1.5, np.pi * speed / (occluders.STEP * height))  # gait phase per frame: the planted foot stays put
     phase0 = rng.uniform(0, 2 * np.pi)
     k = max(1.0, height / 64)  # drawn at <= 64 px tall, then upscaled: it is out of focus anyway
-    sigma, streak = max(0.6, 0.014 * height) / k, 0.15 * speed / k  # shutter open 15% of a frame interval
+    sigma, streak = math.hypot(max(0.6, 0.014 * height), soft) / k, 0.15 * speed / k  # shutter: 15% of a frame
     light, cache = occluders.scene_light(ctx.small_frame), {}
     if walker:  # lit() is linear: lighting the clothes is lighting the painted walker, at no cost per frame
         look.update({key: occluders.Paint.rgba(occluders.lit(np.asarray(look[key], np.float32), light))
@@ -471,7 +460,7 @@ def _dynamic(ctx):
         frac = (t + 0.5) / T
         cx = (-0.1 + 1.2 * (frac if p["direction"] > 0 else 1 - frac)) * W
         top, left = int(round(base + lane - height)) + oy, int(round(cx - cx_px * k)) + ox
-        yield occluders.placed(weight, effect, top, left, ctx.H, W)
+        yield occluders.behind_nearer(ctx, occluders.placed(weight, effect, top, left, ctx.H, W), t, base + lane)
 
 
 # ----------------------------------------------------------------------------- weather
@@ -573,9 +562,9 @@ _TABLE_8 = {
     "translation": (lambda d: dict(amplitude=0.06 * d.eta * d.u(0.85, 1.15)), _camera),
     "zoom": (lambda d: dict(amplitude=0.22 * d.eta * d.u(0.85, 1.15)), _camera),
     "rotation": (lambda d: dict(degrees=7.0 * d.eta * d.u(0.85, 1.15)), _camera),
-    "static": (lambda d: dict(area=(0.06 + 0.3 * d.eta) * d.u(0.85, 1.15), style=d.pick(("object", "smear")),
+    "static": (lambda d: dict(area=(0.06 + 0.3 * d.eta) * d.u(0.85, 1.15), scene="auto", style="auto",
                               opacity=0.55 + 0.43 * d.eta), _static),
-    "dynamic": (lambda d: dict(nearness=0.45 + 0.55 * d.eta * d.u(0.85, 1.0), style=d.pick(("pedestrian", "vehicle")),
+    "dynamic": (lambda d: dict(nearness=0.45 + 0.55 * d.eta * d.u(0.85, 1.0), scene="auto", style="auto",
                                direction=d.pick((-1, 1))), _dynamic),
     "fog": (lambda d: dict(beta=3.6 * d.eta * d.u(0.85, 1.15), airlight=d.u(0.75, 0.9),
                            heterogeneity=d.u(0.3, 0.6)), _fog),

@@ -8,8 +8,9 @@ A sheet is one section per (clip, eta). A section shows the clip's middle frame 
 engine used (dark = near, bright = far: the clip's true depth, normalised as the engine does, or its depth
 proxy), the strength maps C of fog and shadow (the layers where fixed-row bands and streaks would show), and
 the middle frame under each registered subtype (Table 8's twelve), each with PVRBench's static spec of
-(--video-id, subtype) at that eta; the occluders in both their styles (static: object, smear; dynamic:
-pedestrian, vehicle), with the spec's seed.
+(--video-id, subtype) at that eta (the scene kind "auto": inferred from the depth), then every occluder kind of
+the clip's scene (machinery/props.py: KINDS; an engine before them: static object, smear; dynamic pedestrian,
+vehicle), with the spec's seed.
 
 Clips (--sheet): `photo` = a smooth pan and zoom over scikit-image's bundled outdoor photographs
 (synthetic.photo_clip: `rocket`, a launch pad under a dusk sky, and `camera`, a lawn under a grey sky;
@@ -35,8 +36,9 @@ from machinery import synthetic  # noqa: E402
 
 SHEETS = {"photo": ("rocket", "camera"), "street": ("street", "street-proxy"),
           "closeup": ("coffee", "chelsea", "astronaut"), "topdown": ("grass", "gravel", "brick")}
+SCENE_OF = {"sky": "street", "close-up": "indoor", "top-down": "aerial"}  # a photo's kind -> the scene it stands for
 CLIPS = (*synthetic.PHOTO_KINDS, "street", "street-proxy")
-STYLES = {"static": ("object", "smear"), "dynamic": ("pedestrian", "vehicle")}  # each shown
+OLD_STYLES = {"static": ("object", "smear"), "dynamic": ("pedestrian", "vehicle")}  # an engine before scene kinds
 LABEL_H, TITLE_H, COLS = 16, 20, 9
 
 
@@ -63,9 +65,22 @@ def make_clip(name, frames, size):
     return clip, None, "synthetic street, depth proxy"
 
 
+def scene_of(name):
+    """The scene kind a section's clip stands for (its occluder kinds are shown)."""
+    return SCENE_OF[synthetic.PHOTO_KINDS[name]] if name in synthetic.PHOTO_KINDS else "street"
+
+
 def depth_used(engine, clip, depth, spec, t):
     """The depth map the engine conditions its effects on at frame t, [H,W] in [0,1]: its own context's."""
-    return engine._Context(clip, spec, depth, engine._HOST).depth(t)
+    return engine.scene.Context(clip, spec, depth, engine.kernels.HOST).depth(t)
+
+
+def styles(engine, sub, scene):
+    """[(params, label)] of the occluder kinds shown for `sub` in `scene` (each kind of the engine's)."""
+    props = getattr(engine, "props", None)
+    if props is None:
+        return [({"style": s}, s) for s in OLD_STYLES[sub]]
+    return [({"scene": scene, "style": s}, f"{scene[:3]}/{s}") for s in props.KINDS[sub][scene]]
 
 
 def grey(m):
@@ -74,8 +89,8 @@ def grey(m):
     return cv2.cvtColor(cv2.applyColorMap(u8, cv2.COLORMAP_MAGMA), cv2.COLOR_BGR2RGB)
 
 
-def section_tiles(engine, clip, depth, eta, video_id):
-    """[(label, RGB tile)] of one section: clean, depth, C of fog and shadow, then every subtype."""
+def section_tiles(engine, clip, depth, eta, video_id, scene):
+    """[(label, RGB tile)] of one section: clean, depth, C of fog and shadow, every subtype, every occluder kind."""
     t = len(clip) // 2
     specs = {sub: engine.static_spec(video_id, sub, eta=eta) for sub in engine.EFFECTS}
     tiles = [("clean", clip[t]), ("depth used", grey(depth_used(engine, clip, depth, specs["fog"], t)))]
@@ -83,11 +98,11 @@ def section_tiles(engine, clip, depth, eta, video_id):
         _, C = engine.masks(clip, specs[sub], depth)
         tiles.append((f"{sub} C", grey(C[t])))
     for sub, spec in specs.items():
-        for style in STYLES.get(sub, (None,)):
-            if style is not None:
-                spec = engine.PerturbSpec(sub, eta=eta, seed=spec.seed, params={"style": style})
-            label = f"{sub} ({style})" if style else f"{engine.CATEGORY_OF[sub][:5]}/{sub}"
-            tiles.append((label, engine.apply(clip, spec, depth)[t]))
+        tiles.append((f"{engine.CATEGORY_OF[sub][:5]}/{sub}", engine.apply(clip, spec, depth)[t]))
+    for sub in OLD_STYLES:
+        for params, label in styles(engine, sub, scene):
+            spec = engine.PerturbSpec(sub, eta=eta, seed=specs[sub].seed, params=params)
+            tiles.append((f"{sub[:3]} {label}", engine.apply(clip, spec, depth)[t]))
     return tiles
 
 
@@ -136,7 +151,7 @@ def main(argv=None):
         clip, depth, what = make_clip(name, args.frames, args.size)
         for eta in args.eta:
             title = f"{what}; eta={eta}, static_spec({args.video_id!r}, subtype); frame {len(clip) // 2}"
-            sections.append((title, section_tiles(engine, clip, depth, eta, args.video_id)))
+            sections.append((title, section_tiles(engine, clip, depth, eta, args.video_id, scene_of(name))))
     w, h = render(sections, args.tile, args.out, args.colors)
     print(f"wrote {args.out}: {len(sections)} sections, {w}x{h}, {os.path.getsize(args.out) / 1e6:.2f} MB "
           f"(engine {engine.__file__})")

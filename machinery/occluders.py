@@ -318,7 +318,25 @@ def ground_contact(ctx, walker):
         base = hor + (H - hor) * 2.5 / (6 - 4.5 * n)
     else:  # a car's roof stays at the horizon: its size grows more slowly
         base = hor + (H - hor) * (0.35 + 0.6 * n)
-    return base, max(0.25 * H, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5))
+    return base, (base - hor) * (1.75 / 1.5 if walker else 1.45 / 1.5)   # a pinhole's: what its distance allows
+
+
+NEARER = 0.06  # how much nearer than an actor's contact (normalised depth) the scene must be to hide it
+
+
+def behind_nearer(ctx, layer, t, contact):
+    """`layer` (an actor standing on the ground at row `contact` of frame t) hidden where the scene is nearer than
+    its contact by more than NEARER (scene.fade_behind's ramp): it walks behind a pillar, never through it. Its
+    own depth is the median of the depth used along its contact row (a flat ground's row is one distance), or
+    along the lowest row when its feet are below the frame (it is nearer than any ground in view). Where no
+    ground is seen it passes just in front of the camera, in front of everything."""
+    if layer.roi is None or ctx.ground < 0.5:
+        return layer
+    d = ctx.depth(t)
+    y0, y1, x0, x1 = layer.roi
+    own = float(np.median(d[int(np.clip(contact, 0, ctx.H - 1))]))
+    front = scene.fade_behind(d[y0:y1, x0:x1], own - NEARER)
+    return scene.Layer(layer.weight * (front.astype(np.float32) * np.float32(1 / 255)), layer.effect, layer.roi)
 
 
 def placed(weight, effect, top, left, H, W):

@@ -170,8 +170,19 @@ def _depth(args, frames, video_id, indices, given, what):
     return source(frames, video_id, indices), f"{what}; depth by {source.name}"
 
 
+def _spec(args, subtype, frames, depth):
+    """The spec of `subtype` on this clip: --scene's occluders (auto: inferred from the clip, and stored resolved;
+    an --engine from before scene kinds, RENDER_VERSION < 5, draws its own)."""
+    engine = args.engine
+    if not hasattr(engine, "with_scene"):
+        return engine.PerturbSpec(subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+    params = engine.props.spec_params(subtype, args.seed, args.scene)
+    spec = engine.PerturbSpec(subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle, params=params)
+    return engine.with_scene(spec, frames, depth)
+
+
 def _write_out(args, out, frames, fps, depth, what):
-    spec = args.engine.PerturbSpec(args.subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+    spec = _spec(args, args.subtype, frames, depth)
     video.write_video(out, args.engine.apply(frames, spec, depth), fps=fps)
     T, h, w = frames.shape[:3]
     eh, ew = video.even_size(h, w)
@@ -183,7 +194,7 @@ def _write_out(args, out, frames, fps, depth, what):
 def _write_grid(args, grid, frames, depth, what):
     rows, labels = [frames], ["clean"]
     for sub in args.engine.PROTOCOLS[args.protocol]:
-        spec = args.engine.PerturbSpec(sub, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
+        spec = _spec(args, sub, frames, depth)
         rows.append(args.engine.apply(frames, spec, depth))
         labels.append(f"{args.engine.CATEGORY_OF[sub]}/{sub}")
     cols = 4
@@ -206,6 +217,10 @@ def main(argv, engine):
     ap.add_argument("--eta", type=float, default=engine.DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
     ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
+    ap.add_argument("--scene", default="auto", choices=("auto", "indoor", "aerial", "street"),
+                    help="the clip's scene kind, which decides the occluders of static and dynamic (indoor: people, "
+                         "furniture-scale edges; aerial: birds, drones, branches; street: pedestrians, vehicles, "
+                         "vegetation); auto: inferred from its depth, and named in the spec printed")
     ap.add_argument("--out", help="output .mp4 for --subtype: the corrupted copy of INPUT (all frames, native "
                                   "size and fps unless --frames / --max-pixels)")
     ap.add_argument("--grid", help="output .png: the contact sheet of clean + the protocol's subtypes")

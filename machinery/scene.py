@@ -171,6 +171,11 @@ class Context:
         proxy's sky-seen; for a true depth map, ground_of_depth."""
         return self._maps[3]
 
+    @property
+    def true_depth(self):
+        """Whether the depth used is the caller's (else the proxy's)."""
+        return self._given is not None
+
     def rng(self, *tags):
         return kernels.seeded_rng(self.spec.seed, self.spec.subtype, *tags)
 

@@ -276,8 +276,11 @@ def test_subtype_parsing_and_cycle_assignment():
         got = [c[1] for g in groups for s, c in g.items if s.task == task]
         counts = [got.count(sub) for sub in perturb.SUBTYPES]
         assert max(counts) - min(counts) <= 1 and sum(counts) == 25
-    for row in manifest:   # one spec per (video, subtype), seeded by the video identity (Sec. 4)
-        assert row["spec"] == perturb.static_spec(row["video_id"], row["subtype"], 0.7).to_dict()
+    for row in manifest:   # one spec per (video, subtype), seeded by the video identity (Sec. 4), in its scene
+        assert row["spec"] == perturb.static_spec(row["video_id"], row["subtype"], 0.7, scene="aerial").to_dict()
+        if row["subtype"] in ("static", "dynamic"):   # UrbanVideo's drone views: the occluders of an aerial scene
+            assert row["spec"]["params"]["scene"] == "aerial"
+            assert row["spec"]["params"]["style"] in {"smudge", "raindrop", "plant", "bird", "drone", "foliage"}
     groups, _ = ev.make_plan({"urbanvideo": samples[:3]}, ["fog", "rain"], "all", 0.7)
     assert [c for g in groups for _, c in g.items] == [["clean", "fog", "rain"]] * 3
 
