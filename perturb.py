@@ -58,7 +58,7 @@ import numpy as np
 
 from machinery import kernels, occluders, perturb_cli, props, runtime, scene
 from machinery.kernels import hash48, walk
-from machinery.scene import Layer
+from machinery.scene import UNCHANGED, Layer  # noqa: F401 - UNCHANGED: for registered effects (extensions)
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),

@@ -55,8 +55,9 @@ still ranks worse) and then linearly to 1 at hi.
                clip's median) >= 2% touching the bottom or a side border, at half weight.
              A = trust x sum(weight x area) + (1 - trust) x 0.5 x sum(area of border regions);
              occlusion = 1 - exp(-A / 0.2) (a quarter of the frame covered -> 0.71).
-             Known limits (measured, see the tests' report): a translucent smear (perturb.py's static
-             "smear" style) lets the moving scene through and is hardly seen; moving occluders
+             Known limits (measured, see the tests' report): a translucent lens smudge or raindrop
+             (perturb.py's static "smudge" and "raindrop" kinds) lets the moving scene through and is
+             hardly seen; moving occluders
              (perturb.py's "dynamic") are not static and are not seen; a slow camera over large
              uniform surfaces can read as occluded (up to ~0.5 on checkerboard clips at 0.02 rad/frame).
 * noise      Immerkaer's operator N = [[1,-2,1],[-2,4,-2],[1,-2,1]] ("Fast noise variance estimation",
