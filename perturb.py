@@ -261,16 +261,13 @@ def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False, scene="auto")
 
 
 def with_scene(spec, frames, depth=None) -> PerturbSpec:
-    """`spec` with its occluders' scene, where it says "auto", resolved from the clip as apply would (props.infer_scene,
-    props.pick_style): the same pixels, and a stored spec that names its scene (a user's clip: the CLI's --scene)."""
+    """`spec` with its occluders' scene, where it says "auto", resolved from the clip as apply does (props.resolve):
+    the same pixels, and a stored spec that names its scene (a user's clip: the CLI's --scene)."""
     if spec.subtype not in props.KINDS or spec.params["scene"] != "auto":
         return spec
     x, spec, depth, ops = _prepare(frames, spec, depth)
-    kind = props.infer_scene(scene.Context(x, spec, depth, ops))
-    params = {**spec.params, "scene": kind}
-    if params["style"] == "auto":
-        params["style"] = props.pick_style(spec.seed, spec.subtype, kind)
-    return PerturbSpec(spec.subtype, spec.eta, spec.seed, spec.shuffle, params)
+    kind, style = props.resolve(scene.Context(x, spec, depth, ops))
+    return PerturbSpec(spec.subtype, spec.eta, spec.seed, spec.shuffle, {**spec.params, "scene": kind, "style": style})
 
 
 def temporal_permutation(T: int, seed: int) -> np.ndarray:

@@ -11,7 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
-from machinery import runtime, video
+from machinery import props, runtime, video
 
 
 OUT_SUFFIXES = (".mp4",)  # H.264 via video.write_video; GIF is not offered (it merges equal frames, rounds the fps)
@@ -217,7 +217,7 @@ def main(argv, engine):
     ap.add_argument("--eta", type=float, default=engine.DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
     ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
-    ap.add_argument("--scene", default="auto", choices=("auto", "indoor", "aerial", "street"),
+    ap.add_argument("--scene", default="auto", choices=("auto", *props.SCENES),
                     help="the clip's scene kind, which decides the occluders of static and dynamic (indoor: people, "
                          "furniture-scale edges; aerial: birds, drones, branches; street: pedestrians, vehicles, "
                          "vegetation); auto: inferred from its depth, and named in the spec printed")

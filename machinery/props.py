@@ -17,6 +17,7 @@ import cv2
 import numpy as np
 
 from machinery import kernels, occluders
+from machinery.scene import UNCHANGED, Layer
 
 SCENES = ("indoor", "aerial", "street")  # VSI-Bench, UrbanVideo-Bench, Video-R1's outdoor clips and the synthetic set
 KINDS = {  # subtype -> scene -> the occluder kinds plausible there (a spec's `style`)
@@ -180,7 +181,7 @@ def fit(make, power, area, H, W, small):
     for _ in range(4):
         cover = kernels.fill_polys(small, [p * k for p in make(scale)]).mean() / 255
         scale *= (area / max(cover, 1e-3)) ** power
-    return make(scale), scale
+    return make(scale)
 
 
 # ----------------------------------------------------------------------------- static kinds: the look
@@ -189,7 +190,7 @@ BASE = {"plant": (52, 86, 40), "hand": (205, 150, 120)}  # a leaf's green, a ski
 
 
 def static_look(kind, rng, cover_small, small, shape):
-    """(img float32 [h,w,3] or None, its mean colour) of a solid static kind in the clip's own light: a near
+    """The image (float32 [h,w,3]) of a solid static kind in the clip's own light: a near
     object's edge is the covered region's own mean colour, darker (a near thing in front of the lit scene is seen
     against the light) and shaded across; a plant or a hand its own colour in the scene's light (exposure, cast,
     chroma: occluders.scene_light) and as bright as the region it covers."""
@@ -202,7 +203,7 @@ def static_look(kind, rng, cover_small, small, shape):
         base = occluders.lit(np.asarray(BASE[kind], np.float32) * rng.uniform(0.85, 1.15), occluders.scene_light(small))
         base = base * np.clip(float(mean.mean()) / max(float(base.mean()), 1.0), 0.5, 1.4) ** 0.6
         base = base * np.clip(mean / max(float(mean.mean()), 1.0), 0.6, 1.5) ** 0.35  # the light's cast there
-    return (base * tex[..., None]).astype(np.float32), mean
+    return (base * tex[..., None]).astype(np.float32)
 
 
 def shade(polys, roi, roundness, light):
@@ -218,12 +219,10 @@ def shade(polys, roi, roundness, light):
 def static_layers(ctx, kind):
     """The Layers of a static occluder of `kind` (KINDS["static"]), the same in every frame: fitted to cover
     `area` of the frame, out of focus by its nearness and never sharper than the clip (softness)."""
-    from machinery.scene import UNCHANGED, Layer
-
     p, ops, H, W = ctx.p, ctx.ops, ctx.H, ctx.W
     rng = ctx.rng("layout", kind)
     make, power = outline(kind, rng, H, W)
-    polys, _ = fit(make, power, p["area"], H, W, (ctx.sh * 2, ctx.sw * 2))
+    polys = fit(make, power, p["area"], H, W, (ctx.sh * 2, ctx.sw * 2))
     radius = math.sqrt(p["area"] * H * W / np.pi)
     focus = {"smudge": 0.12, "raindrop": 0.04}.get(kind, 0.03) * radius  # a smudge is a veil, a drop a lens
     defocus = math.hypot(focus, softness(ops.host(ctx.frames[ctx.T // 2])))
@@ -245,7 +244,7 @@ def static_layers(ctx, kind):
     if kind == "raindrop":
         return [Layer(a * np.float32(min(1.0, p["opacity"] + 0.3)), raindrop(ops, a, radius), roi)] * ctx.T
     light = np.array([rng.uniform(-0.8, 0.8), -0.8, 0.6])
-    img, _ = static_look(kind, rng, cover_small, ctx.small_frame, a.shape)
+    img = static_look(kind, rng, cover_small, ctx.small_frame, a.shape)
     img *= shade(polys, roi, 0.3 * radius, light / np.linalg.norm(light))[..., None]
     img = cv2.GaussianBlur(np.clip(img, 0, 255).astype(np.uint8), (0, 0), defocus)
     return [Layer(a * np.float32(min(1.0, p["opacity"] + 0.45)), img, roi)] * ctx.T  # a solid thing is opaque

@@ -1,5 +1,5 @@
-"""Occluders that belong to the scene (issue 45; machinery/props.py). What is checked, each computed here from the
-clip as built, not from the engine's own numbers:
+"""Occluders that belong to the scene (machinery/props.py: a clip's scene kind decides which occluders it gets).
+What is checked, each computed here from the clip as built, not from the engine's own numbers:
 
 - The scene kind: close-ups read as indoor, surfaces seen from above as aerial, scenes under a sky as street; with a
   true depth map, a room (a ceiling and walls nearer than the middle) is indoor and a far, flat ground aerial.
