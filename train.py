@@ -496,8 +496,8 @@ class RL:
             if not due:
                 return 0, 0
             per_entry = self.reeval_rollouts() or 1   # sequences per entry
-            up, out = self.buffer.reevaluate(assess_batch=self.assess_entries,
-                                             batch_size=max(1, self.cfg.batch_size * self.cfg.group_size // per_entry))
+            up, out = self.buffer.reevaluate(self.assess_entries,
+                                             max(1, self.cfg.batch_size * self.cfg.group_size // per_entry))
         self.queue.extend((e.sample_id, e.spec) for e in up)
         return len(up), len(out)
 
