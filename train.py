@@ -49,7 +49,6 @@ from machinery import policy
 from machinery import synthetic
 
 
-
 _arg = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE)
 
 
@@ -440,18 +439,19 @@ class RL:
             judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
             alpha_a=w_al * self.cfg.alpha_a, source=s.source)
 
-    def loss(self, logp, old, ref, adv, mask):
-        """Eq. 7 on a micro-batch of the step's completions, as a sum (grpo.step_loss)."""
-        return grpo.step_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm)
+    def loss(self, logp, old, ref, adv, mask, denominator, world, share=1.0):
+        """Eq. 7 on a micro-batch of the step's completions: its term of the step's loss (grpo.aggregate)."""
+        return grpo.grpo_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm,
+                              denominator, world, share)
 
-    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, denominator=None):
-        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`): the sum over every rank over
-        the ranks' summed `denominator` (default: grpo.loss_denominator's), times `share`; `kept`: old and reference
+    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, count=None):
+        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`), times `share`: `count` is this
+        rank's part of the step's denominator (default: grpo.count of these rows); `kept`: old and reference
         log-probs of several updates per generation. Returns (this rank's mean loss and stats, all ranks' rows)."""
-        if denominator is None:
+        if count is None:
             masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
-            denominator = grpo.loss_denominator(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.backward(self.loss, rollout, rows, adv, denominator, share, kept)
+            count = grpo.count(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.backward(lambda *a: self.loss(*a, share=share), rollout, rows, adv, count, kept)
 
     def advantages(self, selected):
         """Eq. 8 for the selected samples' groups, per completion: of R_j (summed), or of each component, weighted
@@ -472,16 +472,16 @@ class RL:
         return learner.stand_in(self.cfg, self.processor, self.observer, self.shard[0])
 
     def update(self, draws):
-        """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one
-        sum over every draw divided once (grpo.loss_denominator); mu = updates_per_generation optimiser steps on
-        these rollouts (TRL's num_iterations: F_theta_old of Eq. 7 generated them, so the clip binds from the
-        second). Returns (loss stats, the mean over the mu steps; trained completions of this rank)."""
+        """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one sum
+        over every draw divided once (grpo.count); mu = updates_per_generation optimiser steps on these rollouts (TRL's
+        num_iterations: F_theta_old of Eq. 7 generated them, so the clip binds from the second). Returns (loss stats,
+        the mean over the mu steps; trained completions of this rank)."""
         parts = [(d.rollout, [r for it in d.selected for r in range(it.rows.start, it.rows.stop)],
                   self.advantages(d.selected)) for d in draws]
         tokens = [ro.completion_mask[torch.as_tensor(rows)].sum(1) for ro, rows, _ in parts if rows]
-        den = grpo.loss_denominator(self.cfg.loss_norm, torch.cat(tokens) if tokens else None,
-                                    self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.update(self.grpo_backward, parts, den, self.optim, self.cfg.updates_per_generation,
+        count = grpo.count(self.cfg.loss_norm, torch.cat(tokens) if tokens else None,
+                           self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.update(self.grpo_backward, parts, count, self.optim, self.cfg.updates_per_generation,
                                    draws=1 + self.cfg.fill_rounds)
 
     def reevaluate(self, step):

@@ -113,12 +113,13 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     adv = torch.randn(group_size)
     model.train()
 
-    def backward(part, weight):
+    def backward(part, denominator):
         r = rows[part]
         logp = policy.token_logprobs(model, out.row_inputs(r), out.completion_ids[r], out.completion_mask[r])
         loss, _ = grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv[part].to(logp.device),
-                                 out.completion_mask[r].to(logp.device), beta=0.0)
-        (loss * len(r) * weight).backward()
+                                 out.completion_mask[r].to(logp.device), beta=0.0, denominator=denominator,
+                                 world=parallel.world())
+        loss.backward()
 
     parallel.backward_micro_batches(len(rows), micro_batch_size, backward, device)
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)

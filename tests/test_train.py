@@ -502,24 +502,21 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
 
 
 def test_loss_norm_sets_what_a_steps_sum_is_divided_by():
-    """loss_norm: sequence divides Eq. 7's sum by the completions kept (a full-size update however few), fixed by
-    batch_size x group_size (2 of 8 kept: a quarter of the update), token by the kept completions' tokens."""
-    from types import SimpleNamespace
-
+    """loss_norm, through grpo.count, the machinery's sum over ranks and grpo.aggregate: sequence divides Eq. 7's
+    sum by the completions kept (a full-size update however few), fixed by batch_size x group_size (2 of 8 kept: a
+    quarter of the update), token by the kept completions' tokens."""
     import grpo
     from machinery import parallel
 
-    rollout = SimpleNamespace(completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]] + [[1, 1, 1]] * 6))
-    rows = torch.tensor([0, 1])
-
-    def den(norm):
-        return grpo.loss_denominator(norm, rollout.completion_mask[rows], 4 * 2)
-
-    assert den("sequence") is None and den("fixed") == 8.0 and den("token") == 3.0
-    for norm, weight in (("sequence", 1 / 2), ("fixed", 1 / 8), ("token", 1 / 3)):
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])   # the 2 completions kept of B x G = 4 x 2
+    per_token = torch.tensor([[2.0, 4.0, 9.0], [6.0, 9.0, 9.0]])   # token means 3 and 6 (9: not a token)
+    for norm, want in (("sequence", (3 + 6) / 2), ("fixed", (3 + 6) / 8), ("token", (2 + 4 + 6) / 3)):
         seen = []
-        parallel.backward_micro_batches(2, 0, lambda r, w: seen.append(w), torch.device("cpu"), 1.0, den(norm))
-        assert seen == [pytest.approx(weight)]
+
+        def term(rows, denominator, norm=norm):   # a micro-batch's term of the step's loss
+            seen.append(grpo.aggregate(per_token[rows], mask[rows], norm, denominator)[0].item())
+        parallel.backward_micro_batches(2, 0, term, torch.device("cpu"), grpo.count(norm, mask, 4 * 2))
+        assert seen == [pytest.approx(want)]
     with pytest.raises(SystemExit):
         train.parse_args(["--set", "loss_norm=mean"])
 
