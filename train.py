@@ -23,7 +23,7 @@ sees of a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
 import gc
 import json
 import math

@@ -212,7 +212,7 @@ def checksum(model, device) -> float:
     return local
 
 
-# ----------------------------------------------------------------------------- checkpoints (torch.distributed.checkpoint)
+# --------------------------------------------------------------------------- checkpoints (torch.distributed.checkpoint)
 
 def _options(strict=True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions

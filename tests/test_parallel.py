@@ -244,8 +244,8 @@ def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
     torchrun(2, "train.py", "--model", tiny, "--data", data_json, "--out", out, "--frames", "4",
              "--max-pixels", 56 * 56, "--sft-epochs", "0", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
              "--max-new-tokens", "8", "--save-every", "1", "--mode", mode, "--reeval-period", "1",
-             "--set", f"eval_data={data_json.parent / 'eval.jsonl'}", "--set", f"eval_video_root={data_json.parent / 'videos'}",
-             "--set", "eval_limit=4", *extra, timeout=300)
+             "--set", f"eval_data={data_json.parent / 'eval.jsonl'}",
+             "--set", f"eval_video_root={data_json.parent / 'videos'}", "--set", "eval_limit=4", *extra, timeout=300)
     summary = json.loads((out / "summary.json").read_text())
     checksums = summary["rank_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]   # replicas (DDP) / one sharded model (FSDP2)

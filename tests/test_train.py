@@ -76,7 +76,8 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
         assert recs[0]["defer_rate"] + recs[0]["discard_rate"] + recs[0]["rho"] == pytest.approx(1.0)
     assert (out / "final" / "model.safetensors").is_file() and (out / "summary.json").is_file()
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())  # --keep-checkpoints 2 (default)
-    assert ckpts == ["rl-0000001", "rl-0000002"] and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts)
+    assert (ckpts == ["rl-0000001", "rl-0000002"]
+            and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts))
 
 
 def test_resume_gives_the_weights_of_an_uninterrupted_run(assets, tmp_path):
@@ -286,7 +287,8 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
         a1, a2 = 0.5 / (0.5 ** 0.5 + 1e-4), 1 / (2 ** 0.5 + 1e-4)   # Eq. 8 by hand: rewards (1, 0) and (0, 2)
         a = torch.tensor([a1, -a1, -a2, a2]).unsqueeze(1)
         r = torch.exp(logp - old)
-        per_token = -torch.min(r * a, r.clamp(0.8, 1.2) * a) + 0.01 * (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1)
+        per_token = (-torch.min(r * a, r.clamp(0.8, 1.2) * a)
+                     + 0.01 * (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1))
         m = mask.float()
         clipped = (((r < 0.8) & (a < 0)) | ((r > 1.2) & (a > 0))).float()
         return ((per_token * m).sum(1) / m.sum(1)).mean(), (clipped * m).sum() / m.sum()
@@ -445,7 +447,8 @@ def test_the_verdict_rule_selects_from_the_answerability_confidence_alone(assets
     train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1"), assess="verdict", fill_rounds=0)
     recs = records(out)
     assert [(r["rho"], r["defer_rate"], r["discard_rate"]) for r in recs] == [rates, rates]
-    assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)   # one rollout call per step, none to re-assess
+    # one rollout call per step, none to re-assess
+    assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)
 
 
 def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_resumes(assets, tmp_path):
@@ -462,7 +465,8 @@ def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_res
     train.main(args(assets, tmp_path / "b", *common), answerability_epochs=1.0, stop_after=task + 2)
     labels = json.loads((tmp_path / "b" / "answerability_labels_rank0.json").read_text())
     train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"), answerability_epochs=1.0)
-    assert len(records(tmp_path / "a", "sft")) == task + 2 * n and len(labels) == 2 * n   # (1 example + 1 task per step)
+    # (1 example + 1 task per step)
+    assert len(records(tmp_path / "a", "sft")) == task + 2 * n and len(labels) == 2 * n
     assert [x["spec"] is None for x in labels] == [True, False] * n and {x["target"] for x in labels} <= {"YES", "NO"}
     assert json.loads((tmp_path / "a" / "answerability_labels_rank0.json").read_text()) == labels
     a, b = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final")

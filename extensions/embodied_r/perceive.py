@@ -103,11 +103,13 @@ _BULLET = re.compile(r"^[ \t]*(?:[-*•+>]+|\d+[.)](?=\s)|#+)[ \t]*", re.MULTILI
 # Keyword rules for an action outside the vocabulary, first match wins: rotation and tilt before the
 # bare directions ("turn left" is a rotation, "look up" a tilt), vertical before horizontal.
 _ACTION_RULES = (
-    ("rotate left", r"\b(?:turn(?:s|ed|ing)?|rotat\w*|pan(?:s|ned|ning)?|yaw\w*|spin\w*)\b.*\b(?:left|counter-?clockwise|anti-?clockwise)\b"),
+    ("rotate left", (r"\b(?:turn(?:s|ed|ing)?|rotat\w*|pan(?:s|ned|ning)?|yaw\w*|spin\w*)\b.*"
+                     r"\b(?:left|counter-?clockwise|anti-?clockwise)\b")),
     ("rotate right", r"\b(?:turn(?:s|ed|ing)?|rotat\w*|pan(?:s|ned|ning)?|yaw\w*|spin\w*)\b.*\b(?:right|clockwise)\b"),
     ("tilt up", r"\b(?:tilt\w*|pitch\w*|look(?:s|ed|ing)?)\b.*\bup(?:ward)?s?\b"),
     ("tilt down", r"\b(?:tilt\w*|pitch\w*|look(?:s|ed|ing)?)\b.*\bdown(?:ward)?s?\b"),
-    ("stay", r"\b(?:stay\w*|stop\w*|static|still|stationary|hover\w*|no (?:motion|movement|change)|none|idle|pause\w*)\b"),
+    ("stay", (r"\b(?:stay\w*|stop\w*|static|still|stationary|hover\w*|no (?:motion|movement|change)|none|idle|"
+              r"pause\w*)\b")),
     ("move up", r"\b(?:up(?:ward)?s?|ascend\w*|ris(?:e|es|ing)|climb\w*|higher|elevat\w*)\b"),
     ("move down", r"\b(?:down(?:ward)?s?|descend\w*|lower\w*|drop\w*|sink\w*)\b"),
     ("move forward", r"\b(?:forwards?|ahead|advanc\w*|straight|approach\w*|onward)\b"),
@@ -301,7 +303,8 @@ class HFPerceiver:
         from transformers import GenerationConfig
 
         frames = [Image.fromarray(self._resize(im)) for im in as_images(images)]
-        messages = [{"role": "user", "content": [{"type": "image"} for _ in frames] + [{"type": "text", "text": prompt}]}]
+        messages = [{"role": "user",
+                     "content": [{"type": "image"} for _ in frames] + [{"type": "text", "text": prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         inputs = self.processor(text=[text], images=frames or None, return_tensors="pt").to(self.device)
         gen = self.model.generation_config
