@@ -213,27 +213,19 @@ class MemoryBuffer:
         """Alg. 2 l.13: re-evaluate only when the memory is full or every `period` steps."""
         return bool(self.entries) and (len(self.entries) >= self.capacity or (step > 0 and step % self.period == 0))
 
-    def reevaluate(self, assess_fn=None, *, assess_batch=None, batch_size: int = 16):
-        """Alg. 2 l.14-21 over every entry, with `assess_fn(entry) -> "easy" | "informative" |
-        "difficult"` (the policy's re-assessment d' of the regenerated video, Eq. 5), or batched
-        (Table 14: "Yes (batched)") with `assess_batch(entries) -> [label or Exception, ...]` on
-        chunks of `batch_size` entries in buffer order.
-        Returns (promoted, evicted): the entries to train on now, and those removed. An entry whose
-        assessment raises or returns an Exception (e.g. its video can no longer be read) is evicted
-        and logged, never fatal; a chunk whose `assess_batch` raises is re-assessed entry by entry."""
-        if (assess_fn is None) == (assess_batch is None):
-            raise ValueError("give exactly one of assess_fn and assess_batch")
-        entries = list(self.entries)
-        if assess_batch is None:
-            labels = [_call(lambda e=e: assess_fn(e)) for e in entries]
-        else:
-            labels = []
-            for i in range(0, len(entries), max(1, int(batch_size))):
-                chunk = entries[i:i + max(1, int(batch_size))]
-                got = _call(lambda: list(assess_batch(chunk)))
-                if isinstance(got, Exception) or len(got) != len(chunk):
-                    got = [_call(lambda e=e: assess_batch([e])[0]) for e in chunk]
-                labels += got
+    def reevaluate(self, assess, batch_size: int = 16):
+        """Alg. 2 l.14-21 over every entry, batched (Table 14: "Yes (batched)"): `assess(entries) -> [label or
+        Exception, ...]` on chunks of `batch_size` entries in buffer order, a label being "easy", "informative" or
+        "difficult" (the policy's re-assessment d' of the regenerated video, Eq. 5). Returns (promoted, evicted): the
+        entries to train on now, and those removed. An entry whose assessment raises or is an Exception (its video
+        unreadable) is evicted and logged, never fatal; a chunk whose `assess` raises is re-assessed entry by entry."""
+        entries, labels, size = list(self.entries), [], max(1, int(batch_size))
+        for i in range(0, len(entries), size):
+            chunk = entries[i:i + size]
+            got = _call(lambda: list(assess(chunk)))
+            if isinstance(got, Exception) or len(got) != len(chunk):
+                got = [_call(lambda e=e: assess([e])[0]) for e in chunk]
+            labels += got
         promoted, evicted, kept = [], [], []
         self.counters["rounds"] += 1
         for entry, label in zip(entries, labels):
@@ -243,7 +235,7 @@ class MemoryBuffer:
                 evicted.append(entry)
                 continue
             if label not in LABELS:
-                raise ValueError(f"assess_fn returned {label!r} for {entry.sample_id}; expected one of {LABELS}")
+                raise ValueError(f"assess returned {label!r} for {entry.sample_id}; expected one of {LABELS}")
             entry.k += 1  # l.15: n <- n + 1
             entry.labels.append(label)
             self.counters["reevaluations"] += 1

@@ -41,7 +41,7 @@ with its model schemes, load_benchmark, evaluate with its models, reports, frame
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
 import hashlib
 import json
 import re
@@ -313,7 +313,8 @@ def make_plan(sources, subtypes, assign, eta, depth=None):
 MODELS = {  # --model SCHEME:PATH -> factory(args, path); "" = a checkpoint folder or hub id
     "": lambda args, path: evaluation.HFModel(path, args.adapter or None, args.batch_size),
     "openai": lambda args, name: evaluation.APIModel(name, args.base_url, args.api_retries, args.api_timeout,
-                                          args.api_concurrency, evaluation.video_format(args.video_format, args.base_url)),
+                                                     args.api_concurrency,
+                                                     evaluation.video_format(args.video_format, args.base_url)),
 }
 
 
@@ -391,7 +392,8 @@ def parser():
     """The command line's parser (an extension adds its own argument group to it, then calls parse_args)."""
     ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
                                  usage="%(prog)s [--model M] [--benchmark SRC=PATH,...] [--video-root ...] [options]")
-    g = ap.add_argument_group("benchmark", "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
+    g = ap.add_argument_group("benchmark",
+                              "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
     g("--benchmark", default="synthetic", help="vsibench=PATH,urbanvideo=PATH (native files) or synthetic[=DIR] "
       f"(default {DEFAULT_SYNTH}; built with synthetic.make_synthetic when it has no eval.jsonl)")
     g("--video-root", default="", help="DIR for all, or vsibench=DIR,urbanvideo=DIR (default: next to the file)")

@@ -165,64 +165,71 @@ def component_advantages(components, weights, eps: float = 1e-4) -> torch.Tensor
     return sum(w * group_advantages(components[k], eps) for k, w in weights.items())
 
 
-LOSS_NORMS = ("sequence", "fixed", "token")   # train.py's `loss_norm` (step_loss, loss_denominator)
+LOSS_NORMS = ("sequence", "fixed", "token")   # train.py's `loss_norm`: what `aggregate` divides Eq. 7's sum by
 
 
-def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2, beta: float = 0.01,
-              normalize: str = "sequence"):
-    """Eq. 7 as a loss to minimise, for N completions of T tokens (logp, old_logp, ref_logp, mask:
-    [N, T]; advantages: [N], one per completion).
-
-    Per token: r = exp(logp - old_logp) (the ratio F_theta / F_theta_old), surrogate
-    -min(r A, clip(r, 1 - eps, 1 + eps) A), plus beta * KL(F_theta || F_ref) by the k3 estimator
-    exp(ref - logp) - (ref - logp) - 1 (App. D: eps = 0.2, beta = 0.01). `normalize="sequence"` (the
-    default; DeepSeekMath's GRPO and TRL's loss_type="grpo"): masked mean over each completion's
-    tokens, then the mean over completions. Options: "token" (sum over all tokens / number of
-    tokens, DAPO) and "constant" (sum / (N * T), Dr. GRPO).
-    Returns (loss, stats) with stats: "kl" (mean per-token KL), "clip_fraction" (tokens where the
-    clip is active), "ratio" (mean ratio), all over unmasked tokens."""
+def token_losses(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2, beta: float = 0.01):
+    """Eq. 7's summand as a loss to minimise, per token of N completions of T tokens (logp, old_logp, ref_logp, mask:
+    [N, T]; advantages: [N]): -min(r A, clip(r, 1 - eps, 1 + eps) A) + beta KL(F_theta || F_ref), r = exp(logp -
+    old_logp) being the ratio F_theta / F_theta_old and the KL the k3 estimator exp(ref - logp) - (ref - logp) - 1
+    (App. D: eps = 0.2, beta = 0.01). Returns ([N, T] losses, stats: the means of "kl", "clip_fraction" (the clip
+    active) and "ratio" over the unmasked tokens)."""
     mask = mask.to(logp.dtype)
     adv = advantages.to(logp.dtype).unsqueeze(1)
     ratio = torch.exp(logp - old_logp)
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     delta = ref_logp - logp
     kl = torch.exp(delta) - delta - 1  # k3: unbiased, always >= 0
-    per_token = -surrogate + beta * kl
-    if normalize == "sequence":
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
-    elif normalize == "token":
-        loss = (per_token * mask).sum() / mask.sum().clamp(min=1)
-    elif normalize == "constant":
-        loss = (per_token * mask).sum() / (mask.shape[0] * mask.shape[1])
-    else:
-        raise ValueError(f"normalize must be 'sequence', 'token' or 'constant', got {normalize!r}")
     with torch.no_grad():
         n_tok = mask.sum().clamp(min=1)
         clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + clip_eps) & (adv > 0))
         stats = {"kl": float((kl * mask).sum() / n_tok), "clip_fraction": float((clipped * mask).sum() / n_tok),
                  "ratio": float((ratio * mask).sum() / n_tok)}
-    return loss, stats
+    return -surrogate + beta * kl, stats
 
 
-# Eq. 7 over a step's trained completions, in micro-batches and over ranks: each micro-batch's loss is a SUM
-# (step_loss); the update divides the sum over every rank by the count loss_denominator gives (summed over the
-# ranks by the machinery: learner.Learner.backward). Together: the step's loss of `loss_norm`.
+# ----------------------------------------------------------------------------- Eq. 7's normalisation (loss_norm)
+# The paper writes Eq. 7 for one group (1/G sum_j 1/|o_j| sum_t) and is silent on how a step's groups combine when
+# the curriculum keeps only some (docs/DESIGN.md, "What Eq. 7 is averaged over"). Over the completions i a step
+# trains on all W ranks (T_i tokens each, counted as at least 1; losses l_it: token_losses), its loss L is
+#   sequence  L = sum_i (1/T_i sum_t l_it) / N         N = the completions trained (DeepSeekMath; TRL "grpo")
+#   fixed     L = sum_i (1/T_i sum_t l_it) / (W B G)   B x G per rank (App. D's batch) however few were kept: the
+#                                                      update shrinks with them (Dr. GRPO's constant)
+#   token     L = sum_i sum_t l_it / sum_i T_i         every trained token alike (DAPO)
+# A step runs in micro-batches on W ranks; its denominator sums the ranks' `count`. A micro-batch's term is its part
+# of the sum on top x W / denominator: the learner adds its micro-batches' backward passes and FSDP2 / DDP average
+# the ranks' gradients, which gives L's. (A part is computed as the batch's mean x its size, as earlier versions
+# did: the same floats.)
 
-def step_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, beta, loss_norm):
-    """Eq. 7 on a micro-batch of completions as a sum: of each completion's token mean (loss_norm sequence or
-    fixed) or of every token's loss (token). Returns (the sum, grpo_loss's stats)."""
-    token = loss_norm == "token"
-    loss, stats = grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps, beta,
-                            normalize="token" if token else "sequence")
-    return loss * (mask.sum() if token else len(logp)), stats
-
-
-def loss_denominator(loss_norm, masks, fixed: int):
-    """What a rank's part of the step's sum counts (summed over the ranks, it divides the sum): its completions
-    (None: sequence, the rows), `fixed` = batch_size x group_size (fixed, Dr. GRPO's constant), or its
-    completions' tokens (token; `masks`: their completion masks, None when it trains none)."""
+def count(loss_norm: str, tokens, fixed: int) -> float:
+    """A rank's part of its step's denominator: its completions (sequence), `fixed` = B x G (fixed) or their tokens
+    (token). `tokens`: each completion's token count [N], or the masks [N, T]; None: the rank trains none."""
     if loss_norm == "fixed":
         return float(fixed)
-    if loss_norm == "token":
-        return float(masks.sum()) if masks is not None else 0.0
-    return None
+    return 0.0 if tokens is None else float(tokens.sum() if loss_norm == "token" else len(tokens))
+
+
+def aggregate(per_token, mask, loss_norm: str, denominator=None, world: int = 1, share: float = 1.0):
+    """Eq. 7 normalised by `loss_norm` (above) on a batch of N completions (`per_token` [N, T] from token_losses,
+    `mask` [N, T]). `denominator` None: the batch is a whole step on one process (fixed: a full one, N = B x G) and
+    this is L; else it is a micro-batch of a step on `world` ranks whose counts sum to `denominator`, and this is its
+    term of L, times `share` (a part of a loss of several). Returns (the loss, the batch's part of L's sum)."""
+    mask = mask.to(per_token.dtype)
+    if loss_norm == "token":   # the mean of its tokens' losses; their number
+        mean, size = (per_token * mask).sum() / mask.sum().clamp(min=1), mask.sum()
+    elif loss_norm in ("sequence", "fixed"):   # the mean of its completions' token means; their number
+        mean, size = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean(), len(per_token)
+    else:
+        raise ValueError(f"loss_norm must be one of {', '.join(LOSS_NORMS)}, got {loss_norm!r}")
+    part = mean * size
+    return (mean if denominator is None else part * (share * world / denominator)), part.item()
+
+
+def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2, beta: float = 0.01,
+              loss_norm: str = "sequence", denominator: float | None = None, world: int = 1, share: float = 1.0):
+    """Eq. 7 as a loss to minimise: token_losses normalised by aggregate (the defaults: DeepSeekMath's GRPO, TRL's
+    loss_type="grpo", on a whole step). Returns (the loss, stats: token_losses' and the log's "loss", the batch's
+    part of L's sum per completion)."""
+    per_token, stats = token_losses(logp, old_logp, ref_logp, advantages, mask, clip_eps, beta)
+    loss, part = aggregate(per_token, mask, loss_norm, denominator, world, share)
+    return loss, {**stats, "loss": part / len(per_token)}

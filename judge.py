@@ -451,8 +451,9 @@ def stand_in_note(spec, n_params=None):
     model (`n_params` >= STAND_IN_ABOVE, or None: a served one, its size unknown); None otherwise."""
     real = n_params is None or n_params >= STAND_IN_ABOVE
     if str(spec).strip().partition(":")[0].lower() == "local" and real:
-        return ("note: --judge local is an offline stand-in (MiniLM embeddings) for the paper's GPT-4o judge (App. C.1); "
-                "--judge openai:MODEL (OpenAI's API, or a served model at $OPENAI_BASE_URL) or hf:PATH asks a real one")
+        return ("note: --judge local is an offline stand-in (MiniLM embeddings) for the paper's GPT-4o judge "
+                "(App. C.1); --judge openai:MODEL (OpenAI's API, or a served model at $OPENAI_BASE_URL) or hf:PATH "
+                "asks a real one")
     return None
 
 

@@ -23,7 +23,7 @@ sees of a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (runtime.GOMP_SPINCOUNT)
+from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
 import gc
 import json
 import math
@@ -49,8 +49,7 @@ from machinery import policy
 from machinery import synthetic
 
 
-
-_arg = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE)
+option = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE); extensions use it too
 
 
 GROUPS = {  # --help shows the flags in these groups, in this order
@@ -70,97 +69,97 @@ class Config(runs.RunConfig):
     """Every default is App. D's unless said otherwise; each field with a group is a command-line flag (the
     run's plumbing, its folder, process layout, demo and caches, is runs.RunConfig's)."""
     # model
-    model: str = _arg("", "policy: any AutoModelForImageTextToText path or hub id (Qwen2.5-VL, Qwen2-VL, "
-                          "Qwen3-VL); empty with --data empty: the demo's tiny model", "model")
-    lora_r: int = _arg(0, "LoRA rank on the language model (0: full fine-tune)", "model")
-    load_in_4bit: bool = _arg(False, "NF4 4-bit base weights (needs --lora-r > 0)", "model")
-    micro_batch_size: int = _arg(8, "rows per forward/backward: a step's completions (RL) or samples (SFT) are "
-                                    "accumulated in micro-batches of this many; 0: all at once", "model")
+    model: str = option("", "policy: any AutoModelForImageTextToText path or hub id (Qwen2.5-VL, Qwen2-VL, "
+                            "Qwen3-VL); empty with --data empty: the demo's tiny model", "model")
+    lora_r: int = option(0, "LoRA rank on the language model (0: full fine-tune)", "model")
+    load_in_4bit: bool = option(False, "NF4 4-bit base weights (needs --lora-r > 0)", "model")
+    micro_batch_size: int = option(8, "rows per forward/backward: a step's completions (RL) or samples (SFT) are "
+                                      "accumulated in micro-batches of this many; 0: all at once", "model")
     # data
-    data: str = _arg("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python -m machinery.subset "
-                         "make-subset`); empty: the demo", "data")
-    video_root: str = _arg("", "folder the data's video paths are relative to (default: the JSON's folder)", "data")
-    frames: int = _arg(16, "frames per video (App. D: 16 in training)", "data")
-    max_pixels: int = _arg(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
-    seed: int = _arg(0, "seed of data order, corruption specs and sampling", "data")
-    depth_model: str = _arg("auto", "depth of the depth-graded corruptions: auto (a clip's own, the synthetic "
-                                    "benchmark's; else Depth-Anything-V2-Small-hf, cached per clip: depth.py), proxy "
-                                    "(perturb.py's, no model), or a depth-estimation model's hub id or folder", "data")
+    data: str = option("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python -m "
+                           "machinery.subset make-subset`); empty: the demo", "data")
+    video_root: str = option("", "folder the data's video paths are relative to (default: the JSON's folder)", "data")
+    frames: int = option(16, "frames per video (App. D: 16 in training)", "data")
+    max_pixels: int = option(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
+    seed: int = option(0, "seed of data order, corruption specs and sampling", "data")
+    depth_model: str = option("auto", "depth of the depth-graded corruptions: auto (a clip's own, the synthetic "
+                              "benchmark's; else Depth-Anything-V2-Small-hf, cached per clip: depth.py), proxy "
+                              "(perturb.py's, no model), or a depth-estimation model's hub id or folder", "data")
     # SFT
-    sft_epochs: float = _arg(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
-    sft_batch_size: int = _arg(8, "videos per SFT step per process", "SFT")
-    sft_lr: float = _arg(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)", "SFT")
-    sft_jitter: float = _arg(0.0, "photometric jitter of the SFT clips: contrast and brightness each scaled by "
-                             "U(1 - x, 1 + x) per clip (0: none; reproduce.py's toy sets it, for the lighting "
-                             "invariance a pretrained VLM brings and a tiny model trained from scratch lacks)")
+    sft_epochs: float = option(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
+    sft_batch_size: int = option(8, "videos per SFT step per process", "SFT")
+    sft_lr: float = option(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)", "SFT")
+    sft_jitter: float = option(0.0, "photometric jitter of the SFT clips: contrast and brightness each scaled by "
+                               "U(1 - x, 1 + x) per clip (0: none; reproduce.py's toy sets it, for the lighting "
+                               "invariance a pretrained VLM brings and a tiny model trained from scratch lacks)")
     # RL
-    mode: str = _arg("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
-                             "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL")
-    rl_steps: int = _arg(300, "RL steps (App. D: 300)", "RL")
-    batch_size: int = _arg(4, "videos per RL step per process (Table 14: N = 4 per GPU)", "RL")
-    group_size: int = _arg(8, "G: rollouts per video and branch (App. D: 8)", "RL")
-    temporal_grpo: int = _arg(0, "G~: add T-GRPO's group of this many rollouts on the shuffled video (Video-R1; "
-                                 "App. D: G~ = 4); 0: off", "RL")
-    eta: str = _arg("0.7", "perturbation intensity: a number (App. D: 0.7), or per subtype, e.g. '0.7,fog=0.4' "
-                           "(the first number is the other subtypes')", "RL")
-    lr: float = _arg(1e-5, "AdamW learning rate of RL, cosine schedule (App. D: 1e-5)", "RL")
-    clip_eps: float = _arg(0.2, "PPO clip epsilon of Eq. 7 (App. D: 0.2)", "RL")
-    beta: float = _arg(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)", "RL")
-    alpha_r: float = _arg(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)", "RL")
-    alpha_a: float = _arg(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)", "RL")
-    judge: str = _arg("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; GPT-4o in the paper)", "RL")
-    max_new_tokens: int = _arg(256, "tokens per rollout", "RL")
-    rollout_engine: str = _arg("hf", "rollouts by hf (transformers generate, shared prefix) or vllm (a colocated vLLM "
-                               "engine per rank, its weights synced after every update: requirements-vllm.txt)", "RL")
+    mode: str = option("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
+                               "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL")
+    rl_steps: int = option(300, "RL steps (App. D: 300)", "RL")
+    batch_size: int = option(4, "videos per RL step per process (Table 14: N = 4 per GPU)", "RL")
+    group_size: int = option(8, "G: rollouts per video and branch (App. D: 8)", "RL")
+    temporal_grpo: int = option(0, "G~: add T-GRPO's group of this many rollouts on the shuffled video (Video-R1; "
+                                   "App. D: G~ = 4); 0: off", "RL")
+    eta: str = option("0.7", "perturbation intensity: a number (App. D: 0.7), or per subtype, e.g. '0.7,fog=0.4' "
+                             "(the first number is the other subtypes')", "RL")
+    lr: float = option(1e-5, "AdamW learning rate of RL, cosine schedule (App. D: 1e-5)", "RL")
+    clip_eps: float = option(0.2, "PPO clip epsilon of Eq. 7 (App. D: 0.2)", "RL")
+    beta: float = option(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)", "RL")
+    alpha_r: float = option(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)", "RL")
+    alpha_a: float = option(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)", "RL")
+    judge: str = option("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; the paper's GPT-4o)", "RL")
+    max_new_tokens: int = option(256, "tokens per rollout", "RL")
+    rollout_engine: str = option("hf", "rollouts by hf (transformers generate, shared prefix) or vllm (a colocated "
+                                 "vLLM engine per rank, synced after every update: requirements-vllm.txt)", "RL")
     # curriculum
-    tau: float = _arg(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
-                      "curriculum")
-    a_min: float = _arg(0.3, "perturbed accuracy below a_min: difficult (App. D)", "curriculum")
-    a_max: float = _arg(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)", "curriculum")
-    buffer_capacity: int = _arg(1000, "memory buffer size |M|_max (App. D: 1000)")
-    n_max: int = _arg(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
-                      "curriculum")
-    reeval_period: int = _arg(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
+    tau: float = option(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
+                        "curriculum")
+    a_min: float = option(0.3, "perturbed accuracy below a_min: difficult (App. D)", "curriculum")
+    a_max: float = option(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)", "curriculum")
+    buffer_capacity: int = option(1000, "memory buffer size |M|_max (App. D: 1000)")
+    n_max: int = option(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
+                        "curriculum")
+    reeval_period: int = option(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
     # settings without a flag of their own (App. D's fixed values and plumbing): --set NAME=VALUE
-    w_format: float = _arg(1.0, "weight of the format reward (App. D: w_F = 1)")
-    w_acc: float = _arg(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
-    max_grad_norm: float = _arg(1.0, "gradient norm clip (App. D: 1.0)")
-    weight_decay: float = _arg(0.0, "AdamW weight decay")
-    top_p: float = _arg(1.0, "nucleus sampling of rollouts")
-    temperature: float = _arg(1.0, "sampling temperature of rollouts")
-    unanswerable_below: float = _arg(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
-                                          "difficult (Sec. 3.2); 0 ignores it")
-    reeval_rollouts: int = _arg(0, "perturbed rollouts per buffered sample at re-evaluation by the accuracy rule "
-                                "(0: G, as at assessment)")
-    answerability_epochs: float = _arg(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
-                                       "training clip, clean and corrupted, the target YES where the SFT model's "
-                                       "greedy answer on that clip is right, else NO (0: none)")
-    assess: str = _arg("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
-                       "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
-                       "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
-                       "defer, YES with c > tau -> discard, else train)")
-    random_keep: float = _arg(0.87, "assess=random (Fig. 4c's control): the share trained, the rest discarded at "
-                              "random (set it to a ROVA run's measured rho)")
-    reassess: str = _arg("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
-                         "`assess`) or verdict (one answerability forward per entry, App. G's cost, 1.5% of a step in "
-                         "Table 14: YES with c' <= tau promotes, NO keeps, YES with c' > tau evicts)")
-    assess_after_update: bool = _arg(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
-                                     "before the self-assessment (l.6), which then only fills the buffer; default "
-                                     "App. G's order (assessed first, only the selected trained)")
-    temporal_corruption: float = _arg(0.0, "share of the perturbed clips whose frames are also permuted before the "
-                                      "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
-    loss_norm: str = _arg("sequence", "Eq. 7's normalisation over a step's trained completions: sequence (each "
-                          "completion's token mean, then the mean over the completions the curriculum kept: a "
-                          "full-size update however few; DeepSeekMath, TRL loss_type='grpo'), fixed (the same sum "
-                          "over batch_size x group_size per rank: the update shrinks with the completions kept; Dr. "
-                          "GRPO's constant denominator) or token (every kept token's loss over their number, DAPO)")
-    advantage: str = _arg("summed", "Eq. 8 on R_j, the components added first (summed: App. H.1's 'single combined "
-                          "reward') or per_component (format, accuracy, alignment and any other term each normalised "
-                          "in its group, then added with its weight: App. H.1's multi-component reading)")
-    fill_rounds: int = _arg(4, "--mode rova: draws from the stream after a step's first while its selection is short "
-                            "of batch_size (samples arrive sequentially; 0: a step trains what its one draw selects)")
-    updates_per_generation: int = _arg(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
-                                       "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
+    w_format: float = option(1.0, "weight of the format reward (App. D: w_F = 1)")
+    w_acc: float = option(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
+    max_grad_norm: float = option(1.0, "gradient norm clip (App. D: 1.0)")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    top_p: float = option(1.0, "nucleus sampling of rollouts")
+    temperature: float = option(1.0, "sampling temperature of rollouts")
+    unanswerable_below: float = option(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
+                                            "difficult (Sec. 3.2); 0 ignores it")
+    reeval_rollouts: int = option(0, "perturbed rollouts per buffered sample at re-evaluation by the accuracy rule "
+                                  "(0: G, as at assessment)")
+    answerability_epochs: float = option(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
+                                         "training clip, clean and corrupted, the target YES where the SFT model's "
+                                         "greedy answer on that clip is right, else NO (0: none)")
+    assess: str = option("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
+                         "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
+                         "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
+                         "defer, YES with c > tau -> discard, else train)")
+    random_keep: float = option(0.87, "assess=random (Fig. 4c's control): the share trained, the rest discarded at "
+                                "random (set it to a ROVA run's measured rho)")
+    reassess: str = option("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
+                           "`assess`) or verdict (one answerability forward per entry, App. G's cost, 1.5% of a step "
+                           "in Table 14: YES with c' <= tau promotes, NO keeps, YES with c' > tau evicts)")
+    assess_after_update: bool = option(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
+                                       "before the self-assessment (l.6), which then only fills the buffer; default "
+                                       "App. G's order (assessed first, only the selected trained)")
+    temporal_corruption: float = option(0.0, "share of the perturbed clips whose frames are also permuted before the "
+                                        "masks (Eq. 2: V' = {f_pi(t) (.) P_t}; 1: Eq. 2 as written; 0: spatial only)")
+    loss_norm: str = option("sequence", "Eq. 7's normalisation over a step's trained completions: sequence (each "
+                            "completion's token mean, then the mean over the completions the curriculum kept: a "
+                            "full-size update however few; DeepSeekMath, TRL loss_type='grpo'), fixed (the same sum "
+                            "over batch_size x group_size per rank: the update shrinks with the completions kept; Dr. "
+                            "GRPO's constant denominator) or token (every kept token's loss over their number, DAPO)")
+    advantage: str = option("summed", "Eq. 8 on R_j, the components added first (summed: App. H.1's 'single combined "
+                            "reward') or per_component (format, accuracy, alignment and any other term each normalised "
+                            "in its group, then added with its weight: App. H.1's multi-component reading)")
+    fill_rounds: int = option(4, "--mode rova: draws from the stream after a step's first while its selection is short "
+                              "of batch_size (samples arrive sequentially; 0: a step trains what its one draw selects)")
+    updates_per_generation: int = option(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
+                                         "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
 
 
 # The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. These replace the defaults
@@ -440,18 +439,19 @@ class RL:
             judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
             alpha_a=w_al * self.cfg.alpha_a, source=s.source)
 
-    def loss(self, logp, old, ref, adv, mask):
-        """Eq. 7 on a micro-batch of the step's completions, as a sum (grpo.step_loss)."""
-        return grpo.step_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm)
+    def loss(self, logp, old, ref, adv, mask, denominator, world, share=1.0):
+        """Eq. 7 on a micro-batch of the step's completions: its term of the step's loss (grpo.aggregate)."""
+        return grpo.grpo_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm,
+                              denominator, world, share)
 
-    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, denominator=None):
-        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`): the sum over every rank over
-        the ranks' summed `denominator` (default: grpo.loss_denominator's), times `share`; `kept`: old and reference
+    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, count=None):
+        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`), times `share`: `count` is this
+        rank's part of the step's denominator (default: grpo.count of these rows); `kept`: old and reference
         log-probs of several updates per generation. Returns (this rank's mean loss and stats, all ranks' rows)."""
-        if denominator is None:
+        if count is None:
             masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
-            denominator = grpo.loss_denominator(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.backward(self.loss, rollout, rows, adv, denominator, share, kept)
+            count = grpo.count(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.backward(lambda *a: self.loss(*a, share=share), rollout, rows, adv, count, kept)
 
     def advantages(self, selected):
         """Eq. 8 for the selected samples' groups, per completion: of R_j (summed), or of each component, weighted
@@ -472,16 +472,16 @@ class RL:
         return learner.stand_in(self.cfg, self.processor, self.observer, self.shard[0])
 
     def update(self, draws):
-        """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one
-        sum over every draw divided once (grpo.loss_denominator); mu = updates_per_generation optimiser steps on
-        these rollouts (TRL's num_iterations: F_theta_old of Eq. 7 generated them, so the clip binds from the
-        second). Returns (loss stats, the mean over the mu steps; trained completions of this rank)."""
+        """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one sum
+        over every draw divided once (grpo.count); mu = updates_per_generation optimiser steps on these rollouts (TRL's
+        num_iterations: F_theta_old of Eq. 7 generated them, so the clip binds from the second). Returns (loss stats,
+        the mean over the mu steps; trained completions of this rank)."""
         parts = [(d.rollout, [r for it in d.selected for r in range(it.rows.start, it.rows.stop)],
                   self.advantages(d.selected)) for d in draws]
         tokens = [ro.completion_mask[torch.as_tensor(rows)].sum(1) for ro, rows, _ in parts if rows]
-        den = grpo.loss_denominator(self.cfg.loss_norm, torch.cat(tokens) if tokens else None,
-                                    self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.update(self.grpo_backward, parts, den, self.optim, self.cfg.updates_per_generation,
+        count = grpo.count(self.cfg.loss_norm, torch.cat(tokens) if tokens else None,
+                           self.cfg.batch_size * self.cfg.group_size)
+        return self.learner.update(self.grpo_backward, parts, count, self.optim, self.cfg.updates_per_generation,
                                    draws=1 + self.cfg.fill_rounds)
 
     def reevaluate(self, step):
@@ -496,8 +496,8 @@ class RL:
             if not due:
                 return 0, 0
             per_entry = self.reeval_rollouts() or 1   # sequences per entry
-            up, out = self.buffer.reevaluate(assess_batch=self.assess_entries,
-                                             batch_size=max(1, self.cfg.batch_size * self.cfg.group_size // per_entry))
+            up, out = self.buffer.reevaluate(self.assess_entries,
+                                             max(1, self.cfg.batch_size * self.cfg.group_size // per_entry))
         self.queue.extend((e.sample_id, e.spec) for e in up)
         return len(up), len(out)
 

@@ -75,7 +75,8 @@ def main(argv=None):
           f"{statistics.pstdev(c):.3f}, min {min(c):.3f}, max {max(c):.3f}; YES (c >= 0.5) {yes:.2f}; "
           f"mean c on right answers {statistics.mean(right) if right else float('nan'):.3f}, on wrong "
           f"{statistics.mean(wrong) if wrong else float('nan'):.3f}; accuracy clean "
-          f"{statistics.mean([r[1] for r in rows if not r[2]]):.3f}, corrupted {statistics.mean([r[1] for r in cor]):.3f}")
+          f"{statistics.mean([r[1] for r in rows if not r[2]]):.3f}, corrupted "
+          f"{statistics.mean([r[1] for r in cor]):.3f}")
     print(f"c_std={statistics.pstdev(c):.3f} c_yes_share={yes:.2f} corr={corr:.3f} corr_corrupted={corr_c:.3f}")
 
 

@@ -3,7 +3,8 @@
     python benchmarks/bench_eval.py            # ~2 min on 2 cores
 
 Both parts run eval_pvrbench.main on one benchmark built here (the synthetic scenes, 32 frames of 224x224:
-App. D's 32 frames, at the tiny processor's largest size; each video asked several questions) and compare the two runs' records.
+App. D's 32 frames, at the tiny processor's largest size; each video asked several questions) and compare the
+two runs' records.
 
 API: a local OpenAI-compatible server (threads, a fixed latency per request, 200 ms by default) answers the
 model and the judge (openai:, 4 frames), at the real-benchmark defaults (--assign cycle: every question clean
@@ -17,12 +18,12 @@ sample asked exactly once in each run, none lost (each run's store holds every s
 after 60 samples with 64 requests in flight and run again, must ask nothing it had stored.
 
 transformers: the tiny Qwen2.5-VL (its matrices redrawn with std 0.2 so that greedy tokens depend on the
-prompt: 0.1 is not enough beside 1024 video tokens), 16 questions per (video, condition) (--assign all --subtypes fog), official prompts with 16 new
-tokens, --batch-size 8. Before (HFModel.share_clips off): batches of 8 prompts, each with its own copy of the
-video through the processor, the ViT and the prefill. After: each clip's video encoded and its prefix
-prefilled once, its 16 questions decoded from copies of that KV cache, 8 at a time. Greedy texts must be
-identical. Long answers shrink the gain (decoding dominates): the --reason line measures 256-token
-reasoning prompts.
+prompt: 0.1 is not enough beside 1024 video tokens), 16 questions per (video, condition) (--assign all
+--subtypes fog), official prompts with 16 new tokens, --batch-size 8. Before (HFModel.share_clips off):
+batches of 8 prompts, each with its own copy of the video through the processor, the ViT and the prefill.
+After: each clip's video encoded and its prefix prefilled once, its 16 questions decoded from copies of that KV
+cache, 8 at a time. Greedy texts must be identical. Long answers shrink the gain (decoding dominates): the
+--reason line measures 256-token reasoning prompts.
 
 Speed is a ratio of two runs on the same machine (questions per second, each run's whole wall time), never an
 absolute. The last line is `api_speedup=<x> hf_speedup=<x> identical=<True|False>`; identical is True when

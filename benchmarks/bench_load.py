@@ -32,7 +32,8 @@ LIBGOMP_DEFAULT = "300000"  # libgomp's GOMP_SPINCOUNT when neither it nor OMP_W
 
 def worker(assets: Path, repeats: int, busy: bool):
     sys.path.insert(0, str(ROOT))
-    from machinery import runtime  # noqa: F401 - before torch, as the scripts do (it leaves a given GOMP_SPINCOUNT alone)
+    # before torch, as the scripts do (it leaves a given GOMP_SPINCOUNT alone)
+    from machinery import runtime  # noqa: F401
     import numpy as np
     import torch
 
@@ -49,7 +50,8 @@ def worker(assets: Path, repeats: int, busy: bool):
     clips, observer = clips_mod.Clips(cfg, [], len(samples), perturb.apply), train.Observer(cfg)
     batch = samples[:16]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    prompts = policy.make_inputs(processor, [data.build_messages(s) for s in batch[:4]], [clips.get(s) for s in batch[:4]])
+    prompts = policy.make_inputs(processor, [data.build_messages(s) for s in batch[:4]],
+                                 [clips.get(s) for s in batch[:4]])
     if busy:
         print("ready", flush=True)
     sft, roll = [], []
@@ -95,7 +97,8 @@ def main(argv=None):
     from machinery import runtime
     with tempfile.TemporaryDirectory() as tmp:
         assets = Path(tmp)
-        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from machinery import synthetic; "
+        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                        "from machinery import synthetic; "
                         "from machinery import tiny as tiny_model; tiny_model.build_tiny(sys.argv[2] + '/tiny'); "
                         "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)

@@ -54,7 +54,8 @@ def clips(n, frames=16, size=96):
     rng = np.random.default_rng(0)
     out = []
     for k in range(n):
-        objs = [{"colour": str(rng.choice(list(synthetic.SYNTH_COLOURS))), "shape": str(rng.choice(list(synthetic.SYNTH_SHAPES))),
+        objs = [{"colour": str(rng.choice(list(synthetic.SYNTH_COLOURS))),
+                 "shape": str(rng.choice(list(synthetic.SYNTH_SHAPES))),
                  "pos": (float(rng.uniform(-3, 3)), float(rng.uniform(4, 12)))} for _ in range(4)]
         yaw = (-1, 0, 1)[k % 3] * float(rng.uniform(0.035, 0.05))
         out.append(synthetic.render_synthetic(objs, yaw, float(rng.uniform(0.15, 0.25)), frames, size)[0])
@@ -101,7 +102,8 @@ def main(argv=None):
           "mean 1-reliability at eta 0 .. 1")
     for sub, r in rows.items():
         a, u = r.get("axis"), r["unrel"]
-        ax = f"{r['axis']['pooled']:9.2f} {r['axis']['per_clip_median']:10.2f}" if isinstance(a, dict) else f"{'–':>9} {'':>10}"
+        ax = (f"{r['axis']['pooled']:9.2f} {r['axis']['per_clip_median']:10.2f}" if isinstance(a, dict)
+              else f"{'–':>9} {'':>10}")
         print(f"{sub:<13} {str(r['axis'] if not isinstance(a, dict) else AXIS[sub]):<11} {ax} {u['pooled']:9.2f} "
               f"{u['per_clip_median']:10.2f}   " + " ".join(f"{v:.2f}" for v in u["mean_by_eta"]))
     robust = [rows[s]["unrel"]["pooled"] for s in perturb.PROTOCOLS["robust-to"] if s in rows]

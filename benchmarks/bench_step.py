@@ -152,7 +152,8 @@ def report(out):
     for mode in MODES:
         r = m[mode]
         lines.append(f"  {mode:<6} {r['sec_per_step']:8.3f} +- {r['sec_std']:.3f} "
-                     f"{r['sec_per_step'] / m['dual']['sec_per_step']:7.2f} {r['rho']:5.2f}   {PAPER_TABLE13[mode]:.0f}")
+                     f"{r['sec_per_step'] / m['dual']['sec_per_step']:7.2f} {r['rho']:5.2f}   "
+                     f"{PAPER_TABLE13[mode]:.0f}")
     lines.append("Component shares of a step, % (Table 14 is ROVA's):")
     lines.append(f"  {'component':<20}" + "".join(f"{x:>8}" for x in MODES) + f"{'paper':>8}")
     for c in COMPONENTS + ("other",):

@@ -2,8 +2,9 @@
 clips exactly as PVRBench's static protocol corrupts them (perturb.static_spec, the clip's own depth):
 
 - an oracle: hand-written estimators that read the answer off the pixels (next action: the median horizontal
-  optical flow of the textured pixels; counting: blobs of the colour's hue after a per-channel contrast stretch), so "does the information
-  survive?" has an answer that does not depend on any trained model (target: >= 0.8 under every subtype);
+  optical flow of the textured pixels; counting: blobs of the colour's hue after a per-channel contrast
+  stretch), so "does the information survive?" has an answer that does not depend on any trained model
+  (target: >= 0.8 under every subtype);
 - the model (--model, e.g. the reproduction's SFT start): its format rate (an `<answer>` it can parse; target
   >= 0.9) and its accuracy, whose drop per category relative to the clean clips should fall in Table 2's range
   (15-45% for Qwen2.5-VL-7B).

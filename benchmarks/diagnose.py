@@ -103,8 +103,10 @@ def measure(args):
             spec = perturb.sample_spec(spec_rng, eta=args.eta)
             batch.append((s, spec, frames, perturb.apply(frames, spec)))
         prompts = [data.build_messages(s) for s, *_ in batch]
-        clean = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[2] for b in batch]), n=G, **gen)
-        pert = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[3] for b in batch]), n=G, **gen)
+        clean = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[2] for b in batch]), n=G,
+                               **gen)
+        pert = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[3] for b in batch]), n=G,
+                              **gen)
         asked = policy.make_inputs(processor, buffer.answerability_messages([data.question_text(b[0]) for b in batch]),
                                    [b[3] for b in batch])
         conf = buffer.answerability(model, asked, policy.tokenizer_of(processor))
@@ -183,8 +185,8 @@ def report(d):
               f"corr(r^A, r^Acc) = {f(d['corr_align_acc_within'])}; corr(advantages with r^A, without) = "
               f"{f(d['corr_adv_with_without_align'])}",
               f"  curriculum (accuracy rule): train {f(d['curriculum']['train'])}, defer "
-              f"{f(d['curriculum']['defer'])}, discard {f(d['curriculum']['discard'])}; of the deferred, mixed {f(d['deferred_mixed'])}, any rollout "
-              f"right {f(d['deferred_any_right'])}"]
+              f"{f(d['curriculum']['defer'])}, discard {f(d['curriculum']['discard'])}; of the deferred, mixed "
+              f"{f(d['deferred_mixed'])}, any rollout right {f(d['deferred_any_right'])}"]
     v = d.get("curriculum_verdict")
     if v:
         lines.append(f"  curriculum (verdict rule, App. C.2): train {f(v['train'])} (corrupted accuracy "

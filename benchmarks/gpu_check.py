@@ -113,12 +113,13 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     adv = torch.randn(group_size)
     model.train()
 
-    def backward(part, weight):
+    def backward(part, denominator):
         r = rows[part]
         logp = policy.token_logprobs(model, out.row_inputs(r), out.completion_ids[r], out.completion_mask[r])
         loss, _ = grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv[part].to(logp.device),
-                                 out.completion_mask[r].to(logp.device), beta=0.0)
-        (loss * len(r) * weight).backward()
+                                 out.completion_mask[r].to(logp.device), beta=0.0, denominator=denominator,
+                                 world=parallel.world())
+        loss.backward()
 
     parallel.backward_micro_batches(len(rows), micro_batch_size, backward, device)
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -176,7 +177,8 @@ def main(argv=None):
     device = torch.device(args.device)
     report, failures = {}, 0
     tmp = Path(tempfile.mkdtemp())
-    objects = [{"colour": "red", "shape": "pillar", "pos": (-2.0, 6.0)}, {"colour": "blue", "shape": "cube", "pos": (1.5, 8.0)}]
+    objects = [{"colour": "red", "shape": "pillar", "pos": (-2.0, 6.0)},
+               {"colour": "blue", "shape": "cube", "pos": (1.5, 8.0)}]
     clip, _, _ = synthetic.render_synthetic(objects, 0.045, 0.2, num_frames=8, size=56)
 
     def check(name, fn):
@@ -192,13 +194,15 @@ def main(argv=None):
 
     vlm_dir = tiny_model.build_tiny(tmp / "vlm")
     text_dir = tiny_model.build_tiny(tmp / "text", arch="qwen2")
-    prompt = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "Which way does the camera turn?"}]}]
+    prompt = [{"role": "user", "content": [{"type": "video"},
+                                           {"type": "text", "text": "Which way does the camera turn?"}]}]
 
     def vlm_bf16():
         model, proc = policy.load_policy(vlm_dir, device=device)  # default dtype: bf16 on a bf16 GPU
         inputs = policy.make_inputs(proc, [prompt, prompt], [clip, clip[:6]])
         diff = _generate_vs_logprobs(model, proc, inputs)
-        return diff < 0.1 and model.dtype == torch.bfloat16, f"dtype {model.dtype}, max |logp diff| {diff:.4f} (< 0.1 in bf16)"
+        return (diff < 0.1 and model.dtype == torch.bfloat16,
+                f"dtype {model.dtype}, max |logp diff| {diff:.4f} (< 0.1 in bf16)")
 
     def vlm_lora():
         model, proc = policy.load_policy(vlm_dir, device=device, lora_r=4)
@@ -219,8 +223,8 @@ def main(argv=None):
         from extensions.robust_to import orchestrate
         model, proc = policy.load_policy(vlm_dir, device=device)
         s = data.Sample(id="q", source="synthetic", video="", question="Which action is the agent taking?",
-                        answer="A", problem_type="multiple choice", options=["A. Turn left", "B. Turn right", "C. Go ahead"],
-                        task="route_planning")
+                        answer="A", problem_type="multiple choice",
+                        options=["A. Turn left", "B. Turn right", "C. Go ahead"], task="route_planning")
         traces = orchestrate.Agent(model, proc, k=4, decompose_tokens=16, synthesis_tokens=16).run([s, s], [clip, clip])
         ev = [e.to_dict() for t in traces for e in t.evidence]
         return len(traces) == 2 and bool(ev), f"{len(ev)} evidence records, tools {sorted({e['tool'] for e in ev})}"
@@ -271,7 +275,8 @@ def main(argv=None):
         t = engine_steps(tmp, vlm_dir, args.engine_layers)
         return t["vllm_gap"] < 0.1, (f"one ROVA step of a 7B-wide Qwen2.5-VL ({args.engine_layers} of 28 layers, 4 "
                                      f"videos x 2 x G=8): hf {t['hf']:.1f} s, vllm {t['vllm']:.1f} s, hf/vllm "
-                                     f"{t['hf'] / t['vllm']:.2f}x; engine log-prob gap {t['vllm_gap']:.3f} (< 0.1, bf16)")
+                                     f"{t['hf'] / t['vllm']:.2f}x; engine log-prob gap {t['vllm_gap']:.3f} "
+                                     "(< 0.1, bf16)")
 
     for name, fn in (("vlm_bf16_logprobs", vlm_bf16), ("vlm_lora_step", vlm_lora), ("text_policy_bf16", text_bf16),
                      ("robust_to_agent", agent), ("perturb_torch_backend", perturb_torch),

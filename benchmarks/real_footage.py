@@ -14,9 +14,9 @@ clip gets without a depth model). Three figures, each a property a reviewer chec
   ~0 whatever the picture; a haze that stops at a straight line gives about half its step. (The increment in
   grey levels itself also follows the picture's own rows: a dark row gains more from the same haze.)
 - **floating occluders**: the share of frames in which a dynamic occluder (a walker or a car) is in view, clear
-  of the side edges, and its lowest pixel stands neither on the frame's lower edge nor on ground: ground is where the depth used recedes
-  upward (its vertical gradient below -0.002 per row over the occluder's columns, at the working scale, in this
-  checkout's depth proxy, for every engine measured).
+  of the side edges, and its lowest pixel stands neither on the frame's lower edge nor on ground: ground is
+  where the depth used recedes upward (its vertical gradient below -0.002 per row over the occluder's columns,
+  at the working scale, in this checkout's depth proxy, for every engine measured).
 - **shadow blobs**: the connected dark regions of the shadow layer (C above half its clip maximum) that touch no
   frame edge and no depth edge (|grad depth| above 0.02 per pixel at the working scale, within 2 px of the
   region): shadows of nothing.

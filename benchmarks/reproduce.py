@@ -543,7 +543,8 @@ def collapsed(rec):
 def start_gate(rec):
     """RULES["gate"] on the SFT start's evaluation record: the tasks whose clean margin is not above 2 SE."""
     failed = [f"{t}: clean {c['clean']['accuracy']:.3f} vs {c['clean']['constant_accuracy']:.3f} for "
-              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin'] or 0:+.3f} ± {c['clean']['se'] or 0:.3f})"
+              f"'{c['clean']['best_constant']}' (margin {c['clean']['margin'] or 0:+.3f} ± "
+              f"{c['clean']['se'] or 0:.3f})"
               for t, c in rec["tasks"].items() if c.get("clean") and within_noise(c["clean"])]
     return {"failed": failed, "rule": RULES["gate"]}
 

@@ -95,7 +95,8 @@ def claims(summary):
     claim("App. H.1: per-component advantages' Avg. above the summed reward's (rova+h1 - rova)",
           per_seed(summary, "rova+h1", "avg", ab), per_seed(summary, "rova", "avg", ab))
     for row, what in DEFAULTS.items():   # each default of train.py against its alternative (the ablation row)
-        claim(f"default: {what} (rova - {row})", per_seed(summary, "rova", "avg", ab), per_seed(summary, row, "avg", ab))
+        claim(f"default: {what} (rova - {row})", per_seed(summary, "rova", "avg", ab),
+              per_seed(summary, row, "avg", ab))
     cost = summary.get("cost")
     if cost:
         r = cost["rova_over_dual"]

@@ -197,7 +197,8 @@ def _curriculum_table(s):
 
 
 def _costs_table(s):
-    rows = ["| row | seeds | Avg. | Orig. | updates | samples seen | s/step | CPU s per run |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| row | seeds | Avg. | Orig. | updates | samples seen | s/step | CPU s per run |",
+            "|---|---|---|---|---|---|---|---|"]
     for row in dict.fromkeys(r["row"] for r in s["runs"].values()):
         rs = rows_of(s, row)
 

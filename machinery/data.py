@@ -502,9 +502,11 @@ QUESTION_TEMPLATE = (
     "answer between the <answer> </answer> tags."
 )
 TYPE_TEMPLATE = {
-    "multiple choice": " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the <answer> </answer> tags.",
+    "multiple choice": " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the "
+                       "<answer> </answer> tags.",
     "numerical": " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
-    "OCR": " Please transcribe text from the image/video clearly and provide your text answer within the <answer> </answer> tags.",
+    "OCR": " Please transcribe text from the image/video clearly and provide your text answer within the "
+           "<answer> </answer> tags.",
     "free-form": " Please provide your text answer within the <answer> </answer> tags.",
     "regression": " Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.",
 }

@@ -98,13 +98,13 @@ class Learner:
         ref = logp.detach() if ref is None else ref.to(logp.device)
         return logp, old, ref
 
-    def backward(self, loss, rollout, rows, adv, denominator=None, share=1.0, kept=None):
-        """`loss(logp, old, ref, adv, mask) -> (sum over the rows, stats)` on the completions `rows` of `rollout`
-        (advantages `adv`, one per row), backward in micro-batches: the gradient is `share` x the loss summed over
-        every rank's rows and divided by the sum of every rank's `denominator` (None: its rows). `kept`
-        (several updates per generation): a dict the first update fills with each micro-batch's old and
-        reference log-probs, and the later ones read. Returns (this rank's mean loss and stats, the rows of
-        all ranks)."""
+    def backward(self, loss, rollout, rows, adv, count, kept=None):
+        """`loss(logp, old, ref, adv, mask, denominator, world) -> (its term of the step's loss, stats)` (train.RL.loss:
+        Eq. 7 normalised by grpo.aggregate) on the completions `rows` of `rollout` (advantages `adv`, one per row),
+        backward in micro-batches, the terms added; `count`: this rank's part of the step's denominator, which sums
+        every rank's. `kept` (several updates per generation): a dict the first update fills with each
+        micro-batch's old and reference log-probs, and the later ones read. Returns (this rank's mean loss and
+        stats, the rows of all ranks)."""
         self.train_model.train()
         rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
         base = parallel.unwrap(self.train_model)
@@ -116,43 +116,41 @@ class Learner:
             r = rows[part]
             return rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r], adv[part]
 
-        def backward(part, weight):
+        def backward(part, denominator):
             x, ids, mask, a = batch(part)
             reuse = kept is not None and part is not None and part.start in kept
             old, ref = kept[part.start] if reuse else (None, None)
             logp, old, ref = self.logprobs(policy._to(x, policy.model_device(base)), ids, mask, old, ref)
-            total, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device))
+            term, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device), denominator, parallel.world())
             if part is not None and not reuse and rollout.engine_logprobs is not None and self.temperature == 1:
                 gap = engine.logprob_gap(logp, rollout.engine_logprobs[rows[part]], mask)   # (the sync check)
                 self.engine_gap = max(self.engine_gap, gap)
-            (total * weight).backward()
+            (term if part is not None else term * 0.0).backward()   # (a stand-in adds nothing)
             if kept is not None and part is not None and not reuse:
                 kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
             if part is not None:
-                for key, v in {"loss": total.item() / len(ids), **stats}.items():
+                for key, v in stats.items():
                     sums[key] += v * len(ids)
 
-        n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, share,
-                                            denominator)
+        n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, count)
         return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
 
-    def update(self, backward, parts, denominator, optim, mu, draws):
+    def update(self, backward, parts, count, optim, mu, draws):
         """`mu` optimiser steps, each on one gradient of the step's `parts` [(rollout, rows, advantages)]:
-        `backward(rollout, rows, adv, kept=, denominator=)` per part, all with the step's `denominator` (None: this
-        rank's rows), so the parts sum to one loss divided once. Each rank pads its parts to the most any rank has
-        (at most `draws`), so every rank runs as many backward passes. Returns (the stats' means over the rows and
-        the mu steps, this rank's rows)."""
+        `backward(rollout, rows, adv, kept=, count=)` per part, all with `count`, this rank's part of the step's
+        denominator (grpo.count of all its parts), so the parts sum to one loss divided once. Each rank pads its
+        parts to the most any rank has (at most `draws`), so every rank runs as many backward passes. Returns (the
+        stats' means over the rows and the mu steps, this rank's rows)."""
         ranks_with = runtime.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
         parts = list(parts) + [(None, [], torch.zeros(0))] * (sum(n > 0 for n in ranks_with) - len(parts))
         n_rows = sum(len(rows) for _, rows, _ in parts)
-        denominator = float(n_rows) if denominator is None else denominator
         kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
         if self.engine is not None:
             self.engine.sleep()   # (CUDA: the engine's memory is the update's)
         for _ in range(mu):
             total = 0
             for (rollout, rows, adv), keep in zip(parts, kept):
-                stats, n = backward(rollout, rows, adv, kept=keep, denominator=denominator)
+                stats, n = backward(rollout, rows, adv, kept=keep, count=count)
                 total += n
                 for key, v in stats.items():
                     sums[key] += v * len(rows) / n_rows / mu
@@ -186,13 +184,13 @@ def sft_backward(cfg, model, processor, inputs, targets, blank):
             return policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1]
         return (blank(), *policy.target_ids(processor, [""]))  # no rows at all: a blank video, at weight 0
 
-    def backward(rows, weight):
+    def backward(rows, denominator):
         nonlocal nll_sum
         x, i, m = batch(rows)
         nll = -(policy.token_logprobs(model, x, i, m) * m.to(policy.model_device(model))).sum()
-        (nll * weight).backward()
+        (nll * (0.0 if rows is None else parallel.world() / denominator)).backward()   # (W: FSDP2/DDP average)
         nll_sum += nll.item() if rows is not None else 0.0
 
     parallel.backward_micro_batches(len(targets), cfg.micro_batch_size, backward, policy.model_device(model),
-                                    denominator=tokens)
+                                    count=tokens)
     return (nll_sum / tokens if tokens else None), tokens

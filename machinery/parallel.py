@@ -21,7 +21,8 @@ else none (one CPU process: the demo and the tests, fp32 throughout).
 Exact gradients with uneven curricula: the curriculum selects a different number of completions on each rank
 (possibly none), but FSDP2 and DDP need every rank to run the same forward/backward passes. So every rank runs
 as many micro-batches as the busiest one (a rank with fewer runs zero-weight ones), and each micro-batch's loss is
-weighed so that the gradient, averaged over ranks by FSDP2/DDP, is the mean over all trained rows of all ranks.
+divided by the step's denominator summed over every rank (Eq. 7's: grpo.aggregate), times W, so that the gradient
+averaged over ranks by FSDP2/DDP is the step's, as one big batch on one process would give.
 """
 from __future__ import annotations
 
@@ -165,22 +166,24 @@ def micro_batches(n_rows: int, size: int, device) -> list:
     return mine + [None] * (all_max(len(mine), device) - len(mine))
 
 
-def backward_micro_batches(n_rows: int, micro_batch_size: int, backward, device, share: float = 1.0,
-                           denominator: float | None = None) -> float:
-    """Gradient accumulation over micro-batches with exact global normalisation.
+def world() -> int:
+    """W, the processes whose gradients FSDP2 and DDP average (1 without a process group)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
 
-    `backward(rows, weight)` computes the loss of this rank's `rows` (a slice; None: a zero-weight stand-in,
-    since this rank has fewer micro-batches than another) as a sum of per-row (or per-token) losses and calls
-    `(loss * weight).backward()`. The weight makes the gradient `share` times the mean over every rank's rows
-    (or over the units counted by `denominator`, this rank's count, e.g. target tokens): FSDP2 and DDP average
-    gradients over the W ranks, so weight = share * W / sum_r denominator_r.
+
+def backward_micro_batches(n_rows: int, micro_batch_size: int, backward, device, count: float | None = None) -> float:
+    """Gradient accumulation over micro-batches, every rank running as many as the busiest.
+
+    `backward(rows, denominator)` backpropagates the loss of this rank's `rows` (a slice; None: a stand-in, since
+    this rank has fewer micro-batches than another, whose loss it multiplies by 0) normalised by `denominator`: the
+    sum over every rank of `count` (this rank's; None: its rows). How it normalises is the caller's (Eq. 7:
+    grpo.aggregate, with W = world() since FSDP2 and DDP average the ranks' gradients).
     Returns sum_r n_r (0: nothing was trained anywhere, and no backward ran)."""
-    total, units = runtime.all_sum([float(n_rows), float(n_rows if denominator is None else denominator)], device)
-    if total == 0 or units == 0:
+    total, denominator = runtime.all_sum([float(n_rows), float(n_rows if count is None else count)], device)
+    if total == 0 or denominator == 0:
         return 0.0
-    world = dist.get_world_size() if dist.is_initialized() else 1
     for rows in micro_batches(n_rows, micro_batch_size, device):
-        backward(rows, 0.0 if rows is None else share * world / units)
+        backward(rows, denominator)
     return total
 
 
@@ -209,7 +212,7 @@ def checksum(model, device) -> float:
     return local
 
 
-# ----------------------------------------------------------------------------- checkpoints (torch.distributed.checkpoint)
+# --------------------------------------------------------------------------- checkpoints (torch.distributed.checkpoint)
 
 def _options(strict=True):
     from torch.distributed.checkpoint.state_dict import StateDictOptions

@@ -582,8 +582,8 @@ def answer_same_video(model, processor, prompts, video, fps=None, max_new_tokens
             ids, mask = batch["input_ids"], batch["attention_mask"]
             if ids.shape[1] - size > 1:   # the suffixes but their last token, after the prefix
                 rows = model(input_ids=ids[:, size:-1], attention_mask=mask[:, :-1], cache=rows, use_cache=True,
-                             position_ids=positions[..., size:-1], mm_token_type_ids=batch["mm_token_type_ids"][:, size:-1],
-                             logits_to_keep=1).cache
+                             position_ids=positions[..., size:-1],
+                             mm_token_type_ids=batch["mm_token_type_ids"][:, size:-1], logits_to_keep=1).cache
             seq = model.generate(input_ids=ids, attention_mask=mask, cache=rows, synced_gpus=False,
                                  position_ids=positions, generation_config=config)
             texts += _completions(processor, seq, ids.shape[1], eos, pad)[2]

@@ -1,12 +1,13 @@
 """Two GRPO updates of one fixed global batch, split over however many processes run this (tests/test_parallel.py).
 
-    python tests/distributed_update.py OUT TINY DATA [--lora] [--micro-batch K]   # one process, unsharded
+    python tests/distributed_update.py OUT TINY DATA [--lora] [--micro-batch K] [--loss-norm N]   # one process
     torchrun --nproc_per_node 2 tests/distributed_update.py OUT TINY DATA     # FSDP2 (DDP with --lora)
 
 Every rank builds the same global batch (3 prompts x G = 2 greedy completions, fixed advantages) and trains
 its own rows of it through train.RL.grpo_backward (micro-batches of 2) and Optim.step: in the first update
 rank 0 has rows 0-3 and rank 1 rows 4-5; in the second rank 0 has all six and rank 1 none (its curriculum
-selected nothing). The full weights after both updates are written to OUT/weights.pt by rank 0.
+selected nothing). The full weights after both updates are written to OUT/weights.pt by rank 0. Eq. 7 is
+normalised by --loss-norm (default sequence); fixed divides by B x G x W = 4 prompts x G, however many ranks.
 """
 import sys
 from pathlib import Path
@@ -36,14 +37,20 @@ def gathered_grads(model, lora):
     return out
 
 
+def option(name, default):
+    """The value after `name` on the command line, else `default`."""
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def main():
     out, tiny, data_json = sys.argv[1:4]
     lora = "--lora" in sys.argv
-    micro = sys.argv[sys.argv.index("--micro-batch") + 1] if "--micro-batch" in sys.argv else "2"
+    micro, norm = option("--micro-batch", "2"), option("--loss-norm", "sequence")
     rank, world, device = runtime.setup_distributed()
     cfg = train.parse_args(["--model", tiny, "--data", data_json, "--out", out, "--frames", "4", "--max-pixels",
                             str(56 * 56), "--group-size", "2", "--micro-batch-size", micro, "--lr", "1e-4",
-                            "--lora-r", "4" if lora else "0"])
+                            "--lora-r", "4" if lora else "0", "--batch-size", str(4 // world),
+                            "--set", f"loss_norm={norm}"])
     sharding = parallel.choose(cfg.sharding, world, lora)
     torch.manual_seed(0)  # the same initial adapters on every rank (LoRA)
     model, processor = runs.load_model(cfg, sharding, world, device, None)

@@ -11,15 +11,14 @@ def spec(i):
     return perturb.sample_spec(i).to_dict()
 
 
-def scripted(plan):
-    """assess_fn answering from a per-sample list of labels, one per re-evaluation round."""
-    calls = []
+def each(assess):
+    """MemoryBuffer.reevaluate's batched `assess(entries)` from a per-entry one."""
+    return lambda entries: [assess(e) for e in entries]
 
-    def assess(entry):
-        calls.append(entry.sample_id)
-        return plan[entry.sample_id][entry.k]
-    assess.calls = calls
-    return assess
+
+def scripted(plan):
+    """An assessor answering from a per-sample list of labels, one per re-evaluation round."""
+    return each(lambda entry: plan[entry.sample_id][entry.k])
 
 
 def test_add_is_eq4():
@@ -60,7 +59,7 @@ def test_n_max_is_a_parameter():
         buf.add("s", spec(0))
         rounds = 0
         while len(buf):
-            buf.reevaluate(lambda e: "difficult")
+            buf.reevaluate(each(lambda e: "difficult"))
             rounds += 1
         assert rounds == survives + 1  # kept while k <= N_max, evicted on the re-evaluation that makes k > N_max
 
@@ -79,8 +78,8 @@ def test_full_buffer_evicts_the_most_reevaluated_oldest():
     buf = MemoryBuffer(capacity=3, n_max=10)
     for sid in "abc":
         buf.add(sid, spec(ord(sid)))
-    buf.reevaluate(lambda e: "difficult")                     # all k = 1
-    buf.reevaluate(lambda e: "difficult" if e.sample_id in "bc" else "easy")  # a evicted; b, c: k = 2
+    buf.reevaluate(each(lambda e: "difficult"))                # all k = 1
+    buf.reevaluate(each(lambda e: "difficult" if e.sample_id in "bc" else "easy"))  # a evicted; b, c: k = 2
     buf.add("d", spec(9))                                      # k: b=2, c=2, d=0
     buf.add("e", spec(10))                                     # full: b (k=2, oldest) makes room
     assert [e.sample_id for e in buf] == ["c", "d", "e"] and buf.stats()["evicted_capacity"] == 1
@@ -97,12 +96,12 @@ def test_failing_assessment_evicts_that_entry_only(caplog):
         if e.sample_id == "broken":
             raise FileNotFoundError("video gone")
         return "informative"
-    promoted, evicted = buf.reevaluate(assess)
+    promoted, evicted = buf.reevaluate(each(assess))   # (the chunk raises: retried entry by entry)
     assert [e.sample_id for e in promoted] == ["ok"] and [e.sample_id for e in evicted] == ["broken"]
     assert "broken" in caplog.text and buf.stats()["evicted_error"] == 1
     buf.add("x", spec(2))
     with pytest.raises(ValueError, match="expected one of"):
-        buf.reevaluate(lambda e: "hard")
+        buf.reevaluate(each(lambda e: "hard"))
     assert set(LABELS) == {"easy", "informative", "difficult"}
 
 
@@ -125,7 +124,7 @@ def test_state_round_trip_through_json():
         MemoryBuffer(capacity=0)
 
 
-def test_batched_reevaluation_matches_the_per_entry_one():
+def test_reevaluation_in_chunks_matches_one_chunk():
     plan = {f"s{i}": lab for i, lab in enumerate(["easy", "informative", "difficult", "difficult", "informative"])}
     a, b = MemoryBuffer(), MemoryBuffer()
     for buf in (a, b):
@@ -136,13 +135,11 @@ def test_batched_reevaluation_matches_the_per_entry_one():
     def assess_batch(entries):
         calls.append([e.sample_id for e in entries])
         return [plan[e.sample_id] for e in entries]
-    one = a.reevaluate(lambda e: plan[e.sample_id])
-    many = b.reevaluate(assess_batch=assess_batch, batch_size=2)
+    one = a.reevaluate(each(lambda e: plan[e.sample_id]), batch_size=16)
+    many = b.reevaluate(assess_batch, batch_size=2)
     assert calls == [["s0", "s1"], ["s2", "s3"], ["s4"]]
     assert [[e.sample_id for e in x] for x in one] == [[e.sample_id for e in x] for x in many] == [["s1", "s4"], ["s0"]]
     assert a.state_dict() == b.state_dict()
-    with pytest.raises(ValueError, match="exactly one"):
-        b.reevaluate()
 
 
 def test_batched_reevaluation_evicts_only_the_failing_entries(caplog):
@@ -154,7 +151,7 @@ def test_batched_reevaluation_evicts_only_the_failing_entries(caplog):
         if any(e.sample_id == "boom" for e in entries):  # a whole chunk fails: retried entry by entry
             raise RuntimeError("generation failed")
         return [FileNotFoundError("video gone") if e.sample_id == "gone" else "informative" for e in entries]
-    promoted, evicted = buf.reevaluate(assess_batch=assess_batch, batch_size=4)
+    promoted, evicted = buf.reevaluate(assess_batch, batch_size=4)
     assert [e.sample_id for e in promoted] == ["ok", "ok2"] and [e.sample_id for e in evicted] == ["gone", "boom"]
     assert buf.stats()["evicted_error"] == 2 and "video gone" in caplog.text and "generation failed" in caplog.text
 

@@ -208,7 +208,8 @@ def test_cache_reads_a_file_written_before_the_move(tmp_path):
     db.commit()
     db.close()
     key = chat.ReplyCache.key("openai", "gpt-4o", "temperature=0|max_tokens=16\nhi")
-    assert key == hashlib.sha256(json.dumps(["openai", "gpt-4o", "temperature=0|max_tokens=16\nhi"]).encode()).hexdigest()
+    want = hashlib.sha256(json.dumps(["openai", "gpt-4o", "temperature=0|max_tokens=16\nhi"]).encode())
+    assert key == want.hexdigest()
     cache = chat.ReplyCache(path)
     assert cache.get(key) == "Score: 1" and len(cache) == 1 and repr(cache) == f"ReplyCache({path})"
     cache.close()

@@ -71,7 +71,8 @@ f = open(sys.argv[1], "a"); fcntl.flock(f, fcntl.LOCK_SH); print("held", flush=T
 
 def test_a_folder_another_runs_process_holds_is_refused(tmp_path):
     fake_checkpoint(tmp_path, "sft-0000002")
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / ".lock")], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / ".lock")], stdout=subprocess.PIPE,
+                              text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(UserError, match="another run's processes are still at work"):

@@ -47,14 +47,17 @@ VSI_ROWS = [
 
 URBAN_ROWS = [
     {"Question_id": 0, "video_id": "AerialVLN_1.mp4", "question_category": "Action Generation",
-     "question": "You are a drone. What is your next action? choose: A. Turn left B. Fly up C. Go straight D. Land E. Hover",
+     "question": "You are a drone. What is your next action? choose: A. Turn left B. Fly up C. Go straight D. Land "
+                 "E. Hover",
      "answer": "C"},
     {"Question_id": 1, "video_id": "RealCity_2", "question_category": "Trajectory Captioning",
-     "question": "Which choice better summarizes your movement route?\nChoices:\nA.  I go from the square to the roof.\n"
-                 "B. I go from the roof to the gate.\nC. I go from the gate to the square.\nD. I hover.",
+     "question": "Which choice better summarizes your movement route?\nChoices:\n"
+                 "A.  I go from the square to the roof.\nB. I go from the roof to the gate.\n"
+                 "C. I go from the gate to the square.\nD. I hover.",
      "answer": "A"},
     {"Question_id": 2, "video_id": "EmbodiedCity_3.mp4", "question_category": "Proximity",
-     "question": "How does the distance between you and the building change?\nchoose:\nA. It increases\nB. It decreases\nC. It stays the same",
+     "question": "How does the distance between you and the building change?\nchoose:\nA. It increases\n"
+                 "B. It decreases\nC. It stays the same",
      "answer": "B"},
 ]
 
@@ -341,12 +344,15 @@ def _mc(source="video-r1", **kw):
 
 
 def test_reason_prompt_is_video_r1_template():
-    assert data.QUESTION_TEMPLATE.startswith("{Question}\nPlease think about this question as if you were a human pondering deeply. ")
+    assert data.QUESTION_TEMPLATE.startswith("{Question}\nPlease think about this question as if you were a human "
+                                             "pondering deeply. ")
     assert data.QUESTION_TEMPLATE.endswith("Provide your detailed reasoning between the <think> </think> tags, "
                                            "and then give your final answer between the <answer> </answer> tags.")
     p = data.build_prompt(_mc())
-    assert p == ("Which object is closest to the tv?Options:\nA. chair\nB. table\n\n" + data.QUESTION_TEMPLATE[len("{Question}\n"):]
-                 + " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the <answer> </answer> tags.")
+    assert p == ("Which object is closest to the tv?Options:\nA. chair\nB. table\n\n"
+                 + data.QUESTION_TEMPLATE[len("{Question}\n"):]
+                 + " Please provide only the single option letter (e.g., A, B, C, D, etc.) within the "
+                   "<answer> </answer> tags.")
     num = data.build_prompt(_mc(options=[], answer="4", problem_type="regression"))
     assert num.startswith("Which object is closest to the tv?\nPlease think") and "Options:" not in num
     assert num.endswith(" Please provide the numerical value (e.g., 42 or 3.14) within the <answer> </answer> tags.")
@@ -544,13 +550,15 @@ def test_official_style_reads_the_output_as_the_official_pipelines_give_it():
         assert answers.score_sample(text, urban, style="official") == 0.0 and answers.score_sample(text, urban) == 1.0
     assert answers.extract_answer("\nB", "urbanvideo", style="official") == "\n"
     assert answers.score_sample("Option: [B]; Reason: near", urban, style="official") == 1.0
-    assert answers.score_sample("<answer>B", r1, style="official") == 0.0 and answers.score_sample("<answer>B", r1) == 1.0
+    assert (answers.score_sample("<answer>B", r1, style="official") == 0.0
+            and answers.score_sample("<answer>B", r1) == 1.0)
     assert answers.score_sample(" B \n", r1, style="official") == 1.0        # eval_bench strips before comparing
     assert answers.extract_answer("<answer></answer> x", "video-r1", style="official") == "<answer></answer> x"
     numerical = _mc(options=[], answer="7", problem_type="numerical")
     assert answers.score_sample("<answer>Seven</answer>", numerical, style="official") == 0.0
     ocr = _mc(options=[], answer="KEEP LEFT", problem_type="OCR")
-    assert answers.score_sample("KEEP LEFT", ocr) == 1.0 and answers.score_sample("KEEP LEFT", ocr, style="official") == 0.0
+    assert (answers.score_sample("KEEP LEFT", ocr) == 1.0
+            and answers.score_sample("KEEP LEFT", ocr, style="official") == 0.0)
     with pytest.raises(ValueError, match="style"):
         answers.score_sample("B", vsi, style="lmms")
     with pytest.raises(ValueError, match="strict"):

@@ -1,7 +1,8 @@
 """depth.py: a monocular depth model for the depth-conditioned corruptions (Sec. 3.1, Table 1), its rule
 (larger = farther, the sky farthest), the disk cache (computed once per clip, keyed by model, video, frame
-indices and content), float16 throughout, and its plumbing: perturb.apply, machinery.clips.Clips, eval_pvrbench's manifest,
-run hash and --export (Eq. 4: the exported depth regenerates the evaluated clips bit for bit), perturb.py's CLI.
+indices and content), float16 throughout, and its plumbing: perturb.apply, machinery.clips.Clips,
+eval_pvrbench's manifest, run hash and --export (Eq. 4: the exported depth regenerates the evaluated clips bit for
+bit), perturb.py's CLI.
 The model is a random-weight Depth Anything of ~25k parameters built here (no download)."""
 import hashlib
 import json
@@ -237,7 +238,8 @@ def test_eval_records_the_depth_hashes_it_and_export_regenerates_bit_identically
     ev.main(eval_cli(bench, tiny, tmp_path / "out"))   # the default (auto): the synthetic set's own depth, a third
     runs = sorted((tmp_path / "out" / Path(tiny).name).glob("run_*"))
     assert len(runs) == 3
-    rows = {json.dumps(json.loads(line)["depth"]) for r in runs for line in (r / "manifest.jsonl").read_text().splitlines()}
+    rows = {json.dumps(json.loads(line)["depth"]) for r in runs
+            for line in (r / "manifest.jsonl").read_text().splitlines()}
     own = {json.dumps({"own": f"depth/{Path(p).stem}.npy"}) for p in (bench / "videos" / "synthetic").glob("*.mp4")}
     assert rows == {json.dumps({"model": tiny}), json.dumps("proxy")} | own
     assert sorted(json.loads((r / "config.json").read_text())["depth"].split(":")[0] for r in runs) == \
@@ -311,7 +313,8 @@ def test_auto_grades_a_real_video_by_the_recommended_model_when_it_is_cached(tin
     got = [video.read_frames(tmp_path / f, 4, 56 * 56)[0] for f in ("auto.mp4", "named.mp4")]
     assert np.array_equal(*got)
     proxy = cli(tmp_path / "proxy.mp4", "--depth-model", "proxy")
-    assert proxy.returncode == 0 and not np.array_equal(video.read_frames(tmp_path / "proxy.mp4", 4, 56 * 56)[0], got[0])
+    assert (proxy.returncode == 0
+            and not np.array_equal(video.read_frames(tmp_path / "proxy.mp4", 4, 56 * 56)[0], got[0]))
     shutil.rmtree(repo)
     gone = cli(tmp_path / "gone.mp4")
     assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1 and "hf download" in gone.stderr

@@ -92,7 +92,8 @@ def scored(source, rows):
     out = []
     for i, task, answer, cond, text, verdict in rows:
         error = None if text is not None else "VideoError"
-        out.append(dict(evaluation.record(g, fake(source, i, task, answer), cond, "prompt", text, error), judge=verdict))
+        out.append(dict(evaluation.record(g, fake(source, i, task, answer), cond, "prompt", text, error),
+                        judge=verdict))
     return out
 
 
@@ -296,14 +297,16 @@ def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
         assert key in res
     assert res["n_samples"] == 16 and res["n_errors"] == 0 and counted["n"] == 16   # 8 questions x (clean + 1)
     assert res["raw_question_rows"] == {"synthetic": 0}  # (UrbanVideo rows asked with their raw question)
-    assert "lmms-eval <= 0.7.2" in res["scoring"]["vsibench_numeric"] and "<answer>" in res["scoring"]["answer_extraction"]
+    assert ("lmms-eval <= 0.7.2" in res["scoring"]["vsibench_numeric"]
+            and "<answer>" in res["scoring"]["answer_extraction"])
     assert res["config"]["max_pixels"] == 56 * 56 and res["config"]["fps"] == 2.0   # the synthetic defaults
     pvr = res["results"]["pvrbench"]
     for key in ("categories", "avg", "orig", "drop"):
         assert key in pvr["accuracy"]
     assert pvr["accuracy"]["categories"]["camera"] is None   # no camera subtype chosen
     diag = res["results"]["diagnostics"]["sources"]["synthetic"]   # collapse diagnostics (diagnostics.py)
-    assert set(diag["format_rate"]) == {"clean", "dusk", "fog", "rain", "static"} and diag["one_answer_share"] is not None
+    assert (set(diag["format_rate"]) == {"clean", "dusk", "fog", "rain", "static"}
+            and diag["one_answer_share"] is not None)
     assert all(b["clean"]["n"] + b["perturbed"]["n"] > 0 for b in diag["tasks"].values())
     assert pvr["reasoning"]["avg_dagger"] == 3.0 and pvr["reasoning"]["orig_dagger"] == 3.0
     assert pvr["reasoning"]["metrics"]["fragility"] == 1.0 and stub.items == 16
@@ -588,8 +591,9 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
             assert body["media_io_kwargs"] == {"video": {"fps": 2.0, "num_frames": -1}}
         assert outputs(tmp_path / "out")[1]["n_errors"] == 0
         FakeVideoServer.refuse = {"error": "video_url is not supported by this model"}
-        with pytest.raises(runtime.UserError, match=r"refused a request with the clip as one video part \(HTTP 400: "
-                                                    r"video_url is not supported by this model\): .*--video-format images"):
+        refused = (r"refused a request with the clip as one video part \(HTTP 400: "
+                   r"video_url is not supported by this model\): .*--video-format images")
+        with pytest.raises(runtime.UserError, match=refused):
             ev.main(args + ["--base-url", url, "--out", str(tmp_path / "refused"), "--api-retries", "0"])
         words = ("Per-request media_io_kwargs are disabled by default because they can change multimodal media "
                  "loading resource usage. Start the server with --trust-request-mm-kwargs only when clients are "

@@ -243,21 +243,92 @@ def test_grpo_loss_gradient_by_finite_differences():
     ref = (logp + 0.2 * torch.randn(3, 4, generator=g, dtype=torch.float64)).detach()
     adv = torch.tensor([1.0, -0.5, 2.0], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.float64)
-    for norm in ("sequence", "token", "constant"):
+    for norm in grpo.LOSS_NORMS:
         assert torch.autograd.gradcheck(lambda x: grpo.grpo_loss(x, old, ref, adv, mask, beta=0.05,
-                                                                  normalize=norm)[0], (logp,))
+                                                                  loss_norm=norm)[0], (logp,))
 
 
-def test_normalisation_options():
-    logp = torch.zeros(2, 4)
-    mask = torch.tensor([[1.0, 0, 0, 0], [1, 1, 1, 1]])
-    adv = torch.tensor([1.0, 1.0])
-    # every token's loss is -1 (ratio 1, A = 1)
-    assert grpo.grpo_loss(logp, logp, logp, adv, mask)[0].item() == pytest.approx(-1.0)
-    assert grpo.grpo_loss(logp, logp, logp, adv, mask, normalize="token")[0].item() == pytest.approx(-1.0)
-    assert grpo.grpo_loss(logp, logp, logp, adv, mask, normalize="constant")[0].item() == pytest.approx(-5 / 8)
-    with pytest.raises(ValueError, match="normalize"):
-        grpo.grpo_loss(logp, logp, logp, adv, mask, normalize="bogus")
+# ----------------------------------------------------------------------------- Eq. 7's normalisation (aggregate)
+# Two completions of T = 3 with the losses below; the first has 2 tokens (token means 1.5 and 5; sums 3 and 15).
+PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
+
+
+@pytest.mark.parametrize("norm,alone,part", [("sequence", (1.5 + 5) / 2, 1.5 + 5), ("fixed", (1.5 + 5) / 2, 1.5 + 5),
+                                             ("token", (3 + 15) / 5, 3 + 15)])
+def test_aggregate_on_a_batch_that_is_its_step(norm, alone, part):
+    """A batch that is the whole step on one process: the mean of the token means (sequence; fixed: a full step),
+    or of every token (token); the part of the sum (for the log) is their sum."""
+    loss, got = grpo.aggregate(PER_TOKEN, MASK, norm)
+    assert loss.item() == pytest.approx(alone) and got == pytest.approx(part)
+
+
+@pytest.mark.parametrize("norm,denominator,world,share,want", [
+    ("sequence", 4.0, 1, 1.0, (1.5 + 5) / 4),        # 2 more completions in another micro-batch: N = 4
+    ("sequence", 4.0, 2, 1.0, 2 * (1.5 + 5) / 4),    # ... on the other rank: x W (FSDP2/DDP halve it back)
+    ("sequence", 4.0, 2, 0.5, (1.5 + 5) / 4),        # half of a loss of two parts
+    ("fixed", 16.0, 2, 1.0, 2 * (1.5 + 5) / 16),     # B x G = 8 per rank, 2 ranks: / 16 however few are kept
+    ("token", 10.0, 2, 1.0, 2 * (3 + 15) / 10),      # 5 more tokens on the other rank
+])
+def test_aggregate_of_a_micro_batch_of_a_step(norm, denominator, world, share, want):
+    loss, _ = grpo.aggregate(PER_TOKEN, MASK, norm, denominator, world, share)
+    assert loss.item() == pytest.approx(want)
+
+
+def test_count_is_a_ranks_part_of_the_denominator():
+    assert [grpo.count(n, MASK, 8) for n in grpo.LOSS_NORMS] == [2.0, 8.0, 5.0]   # sequence, fixed, token
+    assert grpo.count("token", MASK.sum(1), 8) == 5.0   # (each completion's token count)
+    assert [grpo.count(n, None, 8) for n in grpo.LOSS_NORMS] == [0.0, 8.0, 0.0]   # a rank that trains none
+    with pytest.raises(ValueError, match="loss_norm"):
+        grpo.aggregate(PER_TOKEN, MASK, "constant")
+
+
+def step_loss_by_hand(logp, old, ref, adv, mask, norm, fixed_total, beta=0.05, eps=0.2):
+    """L of one step (float64, loop by loop, beside grpo.py's table): sum_i mean_t l_it / N (sequence) or / W B G
+    (fixed: `fixed_total`), or sum_i sum_t l_it / sum_i T_i (token)."""
+    means, sums, tokens = [], [], 0
+    for i in range(logp.shape[0]):
+        ls = []
+        for t in range(logp.shape[1]):
+            if mask[i, t]:
+                r, d = math.exp(logp[i, t] - old[i, t]), ref[i, t] - logp[i, t]
+                ls.append(-min(r * adv[i], min(max(r, 1 - eps), 1 + eps) * adv[i]) + beta * (math.exp(d) - d - 1))
+        means.append(sum(ls) / max(len(ls), 1))
+        sums.append(sum(ls))
+        tokens += len(ls)
+    return {"sequence": sum(means) / len(means), "fixed": sum(means) / fixed_total, "token": sum(sums) / tokens}[norm]
+
+
+@pytest.mark.parametrize("norm", grpo.LOSS_NORMS)
+def test_a_step_split_over_micro_batches_and_ranks_has_the_gradient_of_one_batch(norm):
+    """Six completions of one step on W = 2 ranks (rows 0-3 and 4-5, micro-batches of 2; B x G = 8 per rank for
+    fixed), each rank's counts summed into the denominator and its terms added, the ranks' gradients averaged as
+    FSDP2/DDP do: L's value and gradient, as a loop-by-loop L on one batch and aggregate on one batch give them."""
+    g = torch.Generator().manual_seed(2)
+    logp = -torch.rand(6, 5, generator=g, dtype=torch.float64) * 2
+    old = (logp + 0.3 * torch.randn(6, 5, generator=g, dtype=torch.float64)).detach()
+    ref = (logp + 0.2 * torch.randn(6, 5, generator=g, dtype=torch.float64)).detach()
+    adv = torch.randn(6, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 0, 0, 0, 0],
+                         [1, 1, 1, 1, 0]])
+    want = step_loss_by_hand(logp.numpy(), old.numpy(), ref.numpy(), adv.numpy(), mask.numpy(), norm, 16)
+
+    one = logp.clone().requires_grad_(True)   # one batch on one process (fixed: B x G = 16)
+    loss, _ = grpo.grpo_loss(one, old, ref, adv, mask, beta=0.05, loss_norm=norm,
+                             denominator=grpo.count(norm, mask, 16))
+    loss.backward()
+    split, ranks = logp.clone().requires_grad_(True), ([0, 1, 2, 3], [4, 5])
+    denominator = sum(grpo.count(norm, mask[rows], 8) for rows in ranks)
+    value = 0.0
+    for rows in ranks:
+        for mb in (rows[:2], rows[2:]):
+            if mb:
+                term = grpo.grpo_loss(split[mb], old[mb], ref[mb], adv[mb], mask[mb], beta=0.05, loss_norm=norm,
+                                      denominator=denominator, world=2)[0]
+                term.backward()
+                value += term.item() / 2   # (FSDP2/DDP: the mean over the ranks)
+    assert loss.item() == pytest.approx(want, abs=1e-12) and value == pytest.approx(want, abs=1e-12)
+    assert torch.allclose(split.grad / 2, one.grad, atol=1e-12, rtol=0)
 
 
 # ----------------------------------------------------------------------------- learning

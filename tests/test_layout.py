@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import layout_targets  # noqa: E402
 CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").glob("*.py"))
+EXTENSIONS = sorted(p for p in (ROOT / "extensions").rglob("*.py") if "tests" not in p.parts)
 
 
 STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
@@ -21,14 +22,13 @@ STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
 
 def imported_modules(path):
     """Every module `path` imports, at module level or inside a function (`from machinery import x` is
-    machinery.x)."""
+    machinery.x, and so is any name `from a.b import name` imports: a.b.name, a module or not)."""
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             yield node.module
-            if node.module == "machinery":
-                yield from (f"machinery.{a.name}" for a in node.names)
+            yield from (f"{node.module}.{a.name}" for a in node.names)
 
 
 def module_name(path):
@@ -41,9 +41,11 @@ def test_the_machinery_never_imports_a_stage_script():
     assert edges == []
 
 
-def test_the_core_has_no_import_cycle():
-    names = {module_name(p) for p in CORE}
-    graph = {module_name(p): {m for m in imported_modules(p) if m in names and m != module_name(p)} for p in CORE}
+def test_no_module_imports_in_a_cycle():
+    """Neither the core nor an extension: no import, at the top or inside a function, closes a loop."""
+    names = {module_name(p) for p in CORE + EXTENSIONS}
+    graph = {module_name(p): {m for m in imported_modules(p) if m in names and m != module_name(p)}
+             for p in CORE + EXTENSIONS}
     done, stack = set(), []
 
     def visit(node):  # depth-first: a node met again on the current path closes a cycle

@@ -47,17 +47,19 @@ def test_every_rank_runs_as_many_micro_batches_as_the_busiest():
     assert parallel.micro_batches(5, 0, dev) == [slice(0, 5)]
     assert parallel.micro_batches(0, 2, dev) == []
     seen = []
-    total = parallel.backward_micro_batches(4, 3, lambda rows, w: seen.append((rows, w)), dev, share=0.5)
-    assert total == 4 and seen == [(slice(0, 3), 0.5 / 4), (slice(3, 4), 0.5 / 4)]
+    total = parallel.backward_micro_batches(4, 3, lambda rows, den: seen.append((rows, den)), dev, count=7)
+    assert total == 4 and seen == [(slice(0, 3), 7.0), (slice(3, 4), 7.0)]   # the step's denominator, summed
     assert parallel.backward_micro_batches(0, 3, lambda rows, w: seen.append(1), dev) == 0 and len(seen) == 2
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["fsdp2", "ddp-lora"])
-def test_two_processes_end_with_the_weights_of_one(assets, tmp_path, lora):
+@pytest.mark.parametrize("lora,norm", [(False, "sequence"), (True, "sequence"), (False, "token"), (False, "fixed")],
+                         ids=["fsdp2", "ddp-lora", "fsdp2-token", "fsdp2-fixed"])
+def test_two_processes_end_with_the_weights_of_one(assets, tmp_path, lora, norm):
     """The same global batch on 1 process and on 2 (FSDP2 full fine-tuning, or DDP with LoRA), including an
-    update in which rank 1's curriculum selected nothing: fp32 weights equal to 1e-6."""
+    update in which rank 1's curriculum selected nothing: fp32 weights equal to 1e-6, whatever Eq. 7's loss_norm
+    (token: the ranks' denominators differ; fixed: B x G per rank)."""
     root, tiny, data_json = assets
-    extra = ["--lora"] if lora else []
+    extra = (["--lora"] if lora else []) + ["--loss-norm", norm]
     one, two = tmp_path / "one", tmp_path / "two"
     for out in (one, two):
         out.mkdir()
@@ -133,15 +135,17 @@ def test_a_kill_at_any_point_of_save_prune_and_setup_resumes_to_the_uninterrupte
     assert changed, "training changed nothing"
 
 
-def test_micro_batches_give_the_gradient_of_one_batch(assets, tmp_path):
-    """One process: an RL update in micro-batches of 1 and of 3 equals the update of all rows at once."""
+@pytest.mark.parametrize("norm", ["sequence", "token", "fixed"])
+def test_micro_batches_give_the_gradient_of_one_batch(assets, tmp_path, norm):
+    """One process: an RL update in micro-batches of 1 and of 3 equals the update of all rows at once, whatever
+    Eq. 7's loss_norm."""
     root, tiny, data_json = assets
     out = []
     for mb in (0, 1, 3):
         d = tmp_path / f"mb{mb}"
         d.mkdir()
-        subprocess.run([sys.executable, "tests/distributed_update.py", d, tiny, data_json, "--micro-batch", str(mb)],
-                       cwd=ROOT, check=True, env=ENV, capture_output=True)
+        subprocess.run([sys.executable, "tests/distributed_update.py", d, tiny, data_json, "--micro-batch", str(mb),
+                        "--loss-norm", norm], cwd=ROOT, check=True, env=ENV, capture_output=True)
         out.append(torch.load(d / "weights.pt", weights_only=True))
     for other in out[1:]:
         assert max((out[0][k] - other[k]).abs().max().item() for k in out[0]) <= 1e-6
@@ -240,8 +244,8 @@ def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
     torchrun(2, "train.py", "--model", tiny, "--data", data_json, "--out", out, "--frames", "4",
              "--max-pixels", 56 * 56, "--sft-epochs", "0", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
              "--max-new-tokens", "8", "--save-every", "1", "--mode", mode, "--reeval-period", "1",
-             "--set", f"eval_data={data_json.parent / 'eval.jsonl'}", "--set", f"eval_video_root={data_json.parent / 'videos'}",
-             "--set", "eval_limit=4", *extra, timeout=300)
+             "--set", f"eval_data={data_json.parent / 'eval.jsonl'}",
+             "--set", f"eval_video_root={data_json.parent / 'videos'}", "--set", "eval_limit=4", *extra, timeout=300)
     summary = json.loads((out / "summary.json").read_text())
     checksums = summary["rank_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]   # replicas (DDP) / one sharded model (FSDP2)

@@ -1,4 +1,5 @@
-"""perturb.py on content that is not the procedural street: the artifacts a reviewer would reject, and the rules that keep them out.
+"""perturb.py on content that is not the procedural street: the artifacts a reviewer would reject, and the rules
+that keep them out.
 
 The rules tested, each on clips built here (smooth skies with no edges, textured ground, a uniform wall) or on
 scikit-image's bundled outdoor photographs (skipped without scikit-image):

@@ -15,9 +15,10 @@ def vlm_smoke(tmp_path_factory):
     """One `reproduce.py --smoke` run (grpo-aug and rova), shared by the tests that read it."""
     tmp_path = tmp_path_factory.mktemp("reproduce")
     results = tmp_path / "RESULTS.md"
-    results.write_text("# Results\n\nhand-written discussion\n\n<!-- reproduce:begin -->\nold\n<!-- reproduce:end -->\n\ntail\n")
-    cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--modes", "grpo-aug,rova", "--out", str(tmp_path / "r"),
-           "--results", str(results), "--summary", str(tmp_path / "v4.json")]
+    results.write_text("# Results\n\nhand-written discussion\n\n<!-- reproduce:begin -->\nold\n"
+                       "<!-- reproduce:end -->\n\ntail\n")
+    cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--modes", "grpo-aug,rova",
+           "--out", str(tmp_path / "r"), "--results", str(results), "--summary", str(tmp_path / "v4.json")]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     return tmp_path, results, cmd, first
 
@@ -98,8 +99,9 @@ def test_render_writes_the_page_from_the_summary_alone(vlm_smoke, tmp_path):
     summary = json.loads((smoke / "v4.json").read_text())
     (tmp_path / "v4.json").write_text(json.dumps(summary))
     page = tmp_path / "RESULTS.md"
-    done = subprocess.run([sys.executable, "benchmarks/reproduce.py", "--render", "--summary", str(tmp_path / "v4.json"),
-                           "--results", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "benchmarks/reproduce.py", "--render",
+                           "--summary", str(tmp_path / "v4.json"), "--results", str(page)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     text = page.read_text()
     assert "| + rova |" in text and "### Commands" in text and summary["commands"][0] in text
@@ -109,7 +111,8 @@ def test_render_writes_the_page_from_the_summary_alone(vlm_smoke, tmp_path):
 
 def lines_of(folder):
     """The conditions of an evaluation's stored samples."""
-    return {json.loads(x)["condition"] for f in folder.glob("run_*/samples_*.jsonl") for x in f.read_text().splitlines()}
+    return {json.loads(x)["condition"] for f in folder.glob("run_*/samples_*.jsonl")
+            for x in f.read_text().splitlines()}
 
 
 def test_paired_claims_follow_the_stated_rule():
@@ -132,7 +135,8 @@ def test_collapse_rule_by_hand():
     def task(acc, const, se):
         return {"accuracy": acc, "best_constant": "A", "constant_accuracy": const, "margin": acc - const, "se": se,
                 "collapsed": acc - const <= 2 * se, "top_share": 0.5}   # as diagnostics.constant_margin sets it
-    rec = {"one_answer_share": 0.1, "tasks": {"t": {"clean": task(0.9, 0.33, 0.05), "perturbed": task(0.6, 0.33, 0.05)}}}
+    rec = {"one_answer_share": 0.1,
+           "tasks": {"t": {"clean": task(0.9, 0.33, 0.05), "perturbed": task(0.6, 0.33, 0.05)}}}
     assert reproduce.collapsed(rec) == []
     rec["tasks"]["t"]["perturbed"] = task(0.42, 0.33, 0.05)       # margin .09 <= 2 SE
     assert len(reproduce.collapsed(rec)) == 1

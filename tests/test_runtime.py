@@ -86,7 +86,8 @@ def test_bitsandbytes_is_quiet_and_the_spin_count_is_set():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "gemm_4bit" not in out.stderr and "kernels" not in out.stderr
     assert out.stdout.strip() == runtime.GOMP_SPINCOUNT
-    mine = run_py("from machinery import runtime; import os; print(os.environ['GOMP_SPINCOUNT'])", env={"GOMP_SPINCOUNT": "7"})
+    mine = run_py("from machinery import runtime; import os; print(os.environ['GOMP_SPINCOUNT'])",
+                  env={"GOMP_SPINCOUNT": "7"})
     assert mine.stdout.strip() == "7"  # a user's own setting wins
 
 

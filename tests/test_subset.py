@@ -42,12 +42,13 @@ SUBSET_RECORDS = [
          "LLaVA-Video-178K/30_60_s_youtube_v0_1"), False, "indoor terms"),
     (_r1(7, "How tall is the building across the road?", "./Spatial/SR_91k/img_7.jpg", "SR-91k", data_type="image",
          problem_type="regression", options=[], solution="<answer>12.5</answer>"), False, "image"),
-    (_r1(8, "What does the person pick up from the road?", "./STAR/Charades_v1_480/6H78U.mp4", "STAR"), False, "source"),
+    (_r1(8, "What does the person pick up from the road?", "./STAR/Charades_v1_480/6H78U.mp4", "STAR"),
+     False, "source"),
     (_r1(9, "What is the cartoon character holding?", YT + "ytb_9.mp4", "LLaVA-Video-178K/0_30_s_youtube_v0_1"),
      False, "no outdoor term"),
     (_r1(10, "Is it snowing on the mountain road?", "./PerceptionTest/video_1007.mp4", ""), False, "source"),
-    (_r1(11, "In which direction does the drone fly over the city?", YT + "ytb_11.mp4", "LLaVA-Video-178K/1_2_m_youtube_v0_1"),
-     True, "kept"),
+    (_r1(11, "In which direction does the drone fly over the city?", YT + "ytb_11.mp4",
+         "LLaVA-Video-178K/1_2_m_youtube_v0_1"), True, "kept"),
 ]
 
 
@@ -89,7 +90,8 @@ def test_make_subset_writes_loadable_video_r1_json(video_r1_data, tmp_path):
     again = subset.make_subset(video_r1_data, tmp_path / "again.json")  # deterministic, byte for byte
     assert (tmp_path / "again.json").read_bytes() == out.read_bytes() and again["kept"] == 3
     jl = subset.make_subset(video_r1_data, tmp_path / "subset.jsonl", rule="video")
-    assert jl["kept"] == 10 and len(data.load_video_r1(tmp_path / "subset.jsonl", video_root=video_r1_data.parent)[0]) == 10
+    assert (jl["kept"] == 10
+            and len(data.load_video_r1(tmp_path / "subset.jsonl", video_root=video_r1_data.parent)[0]) == 10)
 
 
 def test_make_subset_video_root_and_refusals(video_r1_data, tmp_path):

@@ -76,7 +76,8 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
         assert recs[0]["defer_rate"] + recs[0]["discard_rate"] + recs[0]["rho"] == pytest.approx(1.0)
     assert (out / "final" / "model.safetensors").is_file() and (out / "summary.json").is_file()
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())  # --keep-checkpoints 2 (default)
-    assert ckpts == ["rl-0000001", "rl-0000002"] and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts)
+    assert (ckpts == ["rl-0000001", "rl-0000002"]
+            and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts))
 
 
 def test_resume_gives_the_weights_of_an_uninterrupted_run(assets, tmp_path):
@@ -286,7 +287,8 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
         a1, a2 = 0.5 / (0.5 ** 0.5 + 1e-4), 1 / (2 ** 0.5 + 1e-4)   # Eq. 8 by hand: rewards (1, 0) and (0, 2)
         a = torch.tensor([a1, -a1, -a2, a2]).unsqueeze(1)
         r = torch.exp(logp - old)
-        per_token = -torch.min(r * a, r.clamp(0.8, 1.2) * a) + 0.01 * (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1)
+        per_token = (-torch.min(r * a, r.clamp(0.8, 1.2) * a)
+                     + 0.01 * (torch.exp(ref_logp - logp) - (ref_logp - logp) - 1))
         m = mask.float()
         clipped = (((r < 0.8) & (a < 0)) | ((r > 1.2) & (a > 0))).float()
         return ((per_token * m).sum(1) / m.sum(1)).mean(), (clipped * m).sum() / m.sum()
@@ -445,7 +447,8 @@ def test_the_verdict_rule_selects_from_the_answerability_confidence_alone(assets
     train.main(args(assets, out, "--mode", "rova", "--reeval-period", "1"), assess="verdict", fill_rounds=0)
     recs = records(out)
     assert [(r["rho"], r["defer_rate"], r["discard_rate"]) for r in recs] == [rates, rates]
-    assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)   # one rollout call per step, none to re-assess
+    # one rollout call per step, none to re-assess
+    assert len(calls) == 2 and (c != 0.2 or recs[-1]["buffer_size"] == 4)
 
 
 def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_resumes(assets, tmp_path):
@@ -462,7 +465,8 @@ def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_res
     train.main(args(assets, tmp_path / "b", *common), answerability_epochs=1.0, stop_after=task + 2)
     labels = json.loads((tmp_path / "b" / "answerability_labels_rank0.json").read_text())
     train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"), answerability_epochs=1.0)
-    assert len(records(tmp_path / "a", "sft")) == task + 2 * n and len(labels) == 2 * n   # (1 example + 1 task per step)
+    # (1 example + 1 task per step)
+    assert len(records(tmp_path / "a", "sft")) == task + 2 * n and len(labels) == 2 * n
     assert [x["spec"] is None for x in labels] == [True, False] * n and {x["target"] for x in labels} <= {"YES", "NO"}
     assert json.loads((tmp_path / "a" / "answerability_labels_rank0.json").read_text()) == labels
     a, b = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final")
@@ -502,24 +506,21 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
 
 
 def test_loss_norm_sets_what_a_steps_sum_is_divided_by():
-    """loss_norm: sequence divides Eq. 7's sum by the completions kept (a full-size update however few), fixed by
-    batch_size x group_size (2 of 8 kept: a quarter of the update), token by the kept completions' tokens."""
-    from types import SimpleNamespace
-
+    """loss_norm, through grpo.count, the machinery's sum over ranks and grpo.aggregate: sequence divides Eq. 7's
+    sum by the completions kept (a full-size update however few), fixed by batch_size x group_size (2 of 8 kept: a
+    quarter of the update), token by the kept completions' tokens."""
     import grpo
     from machinery import parallel
 
-    rollout = SimpleNamespace(completion_mask=torch.tensor([[1, 1, 0], [1, 0, 0]] + [[1, 1, 1]] * 6))
-    rows = torch.tensor([0, 1])
-
-    def den(norm):
-        return grpo.loss_denominator(norm, rollout.completion_mask[rows], 4 * 2)
-
-    assert den("sequence") is None and den("fixed") == 8.0 and den("token") == 3.0
-    for norm, weight in (("sequence", 1 / 2), ("fixed", 1 / 8), ("token", 1 / 3)):
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])   # the 2 completions kept of B x G = 4 x 2
+    per_token = torch.tensor([[2.0, 4.0, 9.0], [6.0, 9.0, 9.0]])   # token means 3 and 6 (9: not a token)
+    for norm, want in (("sequence", (3 + 6) / 2), ("fixed", (3 + 6) / 8), ("token", (2 + 4 + 6) / 3)):
         seen = []
-        parallel.backward_micro_batches(2, 0, lambda r, w: seen.append(w), torch.device("cpu"), 1.0, den(norm))
-        assert seen == [pytest.approx(weight)]
+
+        def term(rows, denominator, norm=norm):   # a micro-batch's term of the step's loss
+            seen.append(grpo.aggregate(per_token[rows], mask[rows], norm, denominator)[0].item())
+        parallel.backward_micro_batches(2, 0, term, torch.device("cpu"), grpo.count(norm, mask, 4 * 2))
+        assert seen == [pytest.approx(want)]
     with pytest.raises(SystemExit):
         train.parse_args(["--set", "loss_norm=mean"])
 

@@ -10,7 +10,8 @@ from PIL import Image
 
 from machinery import video
 from machinery.synthetic import sample_clip
-from machinery.video import VideoError, contact_sheet, read_frames, smart_resize, uniform_indices, write_gif, write_video
+from machinery.video import (VideoError, contact_sheet, read_frames, smart_resize, uniform_indices, write_gif,
+                             write_video)
 
 MAX_PIXELS, MIN_PIXELS = 128 * 28 * 28, 4 * 28 * 28
 

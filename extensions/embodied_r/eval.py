@@ -107,7 +107,8 @@ def debias(sources, answerer, cache_path, name):
                 for s, a in zip(todo, replies):
                     done[(src, s.id)] = a
                     f.write(json.dumps({"source": src, "id": s.id, "answer": a}) + "\n")
-        blind = {s.id for s in mc if done[(src, s.id)] is not None and answers.score_sample(done[(src, s.id)], s) >= 1.0}
+        blind = {s.id for s in mc
+                 if done[(src, s.id)] is not None and answers.score_sample(done[(src, s.id)], s) >= 1.0}
         kept[src] = [s for s in samples if s.id not in blind]
         report["sources"][src] = {"checked": len(mc), "dropped": len(blind)}
         report["checked"] += len(mc)

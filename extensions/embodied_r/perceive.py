@@ -12,7 +12,7 @@ the paper) walks through the key frames f_{k_0}, ..., f_{k_n} (Sec. 2.1, ``keyfr
 The sequence s = [s_{k_0}, ..., s_{k_n}] is rendered as plain text (:func:`render`) and handed to a
 text-only LM, which Embodied-R trains with GRPO (Sec. 2.3). The paper runs the VLM zero-shot and does
 not print its prompts; ours (:data:`FIRST_FRAME_PROMPT`, :data:`PAIR_PROMPT`) are written from Sec. 2.2's
-description, with a fixed action vocabulary (:data:`ACTIONS`) so that actions are comparable across
+description, with a fixed action vocabulary (:data:`ACTIONS`, backend.py) so that actions are comparable across
 frames, videos and backends.
 
 Backends are callables ``backend(prompt, images) -> str | None`` with a ``name`` (part of the cache
@@ -47,16 +47,12 @@ import re
 
 import numpy as np
 
+from extensions.embodied_r.backend import ACTIONS, as_images
+from extensions.embodied_r.perceive_cv import CVPerceiver, cv_corpus
+
 log = logging.getLogger(__name__)
 
-# --------------------------------------------------------------------------- action vocabulary
-# The camera/agent motions a pair of key frames can show: translations along the three axes, yaw
-# (rotate) and pitch (tilt) - the moves of UrbanVideo-Bench's drones and VSI-Bench's walk-throughs.
-# "stay" (no motion between the frames) is our addition: the paper names no vocabulary at all, and a
-# hovering drone or a paused walker otherwise has to be forced into a motion it did not make.
-ACTIONS = ("move forward", "move backward", "move left", "move right", "move up", "move down",
-           "rotate left", "rotate right", "tilt up", "tilt down", "stay")
-UNKNOWN_ACTION = "unknown"  # what parse_pair returns for an action it cannot map onto ACTIONS
+UNKNOWN_ACTION = "unknown"  # what parse_pair returns for an action it cannot map onto ACTIONS (backend.py)
 
 # --------------------------------------------------------------------------- prompts (Sec. 2.2)
 # Bump PROMPT_VERSION whenever a prompt, the parser or the rendering changes: it is part of the cache
@@ -107,11 +103,13 @@ _BULLET = re.compile(r"^[ \t]*(?:[-*•+>]+|\d+[.)](?=\s)|#+)[ \t]*", re.MULTILI
 # Keyword rules for an action outside the vocabulary, first match wins: rotation and tilt before the
 # bare directions ("turn left" is a rotation, "look up" a tilt), vertical before horizontal.
 _ACTION_RULES = (
-    ("rotate left", r"\b(?:turn(?:s|ed|ing)?|rotat\w*|pan(?:s|ned|ning)?|yaw\w*|spin\w*)\b.*\b(?:left|counter-?clockwise|anti-?clockwise)\b"),
+    ("rotate left", (r"\b(?:turn(?:s|ed|ing)?|rotat\w*|pan(?:s|ned|ning)?|yaw\w*|spin\w*)\b.*"
+                     r"\b(?:left|counter-?clockwise|anti-?clockwise)\b")),
     ("rotate right", r"\b(?:turn(?:s|ed|ing)?|rotat\w*|pan(?:s|ned|ning)?|yaw\w*|spin\w*)\b.*\b(?:right|clockwise)\b"),
     ("tilt up", r"\b(?:tilt\w*|pitch\w*|look(?:s|ed|ing)?)\b.*\bup(?:ward)?s?\b"),
     ("tilt down", r"\b(?:tilt\w*|pitch\w*|look(?:s|ed|ing)?)\b.*\bdown(?:ward)?s?\b"),
-    ("stay", r"\b(?:stay\w*|stop\w*|static|still|stationary|hover\w*|no (?:motion|movement|change)|none|idle|pause\w*)\b"),
+    ("stay", (r"\b(?:stay\w*|stop\w*|static|still|stationary|hover\w*|no (?:motion|movement|change)|none|idle|"
+              r"pause\w*)\b")),
     ("move up", r"\b(?:up(?:ward)?s?|ascend\w*|ris(?:e|es|ing)|climb\w*|higher|elevat\w*)\b"),
     ("move down", r"\b(?:down(?:ward)?s?|descend\w*|lower\w*|drop\w*|sink\w*)\b"),
     ("move forward", r"\b(?:forwards?|ahead|advanc\w*|straight|approach\w*|onward)\b"),
@@ -257,21 +255,10 @@ def tokenizer_corpus() -> list[str]:
     corpus = [OBSERVATIONS_HEADER, "Frame 0: Observe: (no description)",
               "Frame 1: After move forward, Observe: nothing new. Relevant: none",
               ", ".join(ACTIONS), "After " + ", After ".join(ACTIONS)]
-    from extensions.embodied_r.perceive_cv import cv_corpus   # (it reads this module's ACTIONS)
     return corpus + list(cv_corpus())
 
 
 # --------------------------------------------------------------------------- backends
-def as_images(images) -> list[np.ndarray]:
-    out = []
-    for im in images or []:
-        a = np.asarray(im)
-        if a.ndim != 3 or a.shape[-1] != 3 or a.dtype != np.uint8:
-            raise ValueError(f"images must be uint8 [H, W, 3] arrays, got {a.dtype} {a.shape}")
-        out.append(np.ascontiguousarray(a))
-    return out
-
-
 class HFPerceiver:
     """A local transformers VLM (Qwen2.5-VL style, e.g. Qwen2.5-VL-72B-Instruct, the paper's choice).
 
@@ -316,7 +303,8 @@ class HFPerceiver:
         from transformers import GenerationConfig
 
         frames = [Image.fromarray(self._resize(im)) for im in as_images(images)]
-        messages = [{"role": "user", "content": [{"type": "image"} for _ in frames] + [{"type": "text", "text": prompt}]}]
+        messages = [{"role": "user",
+                     "content": [{"type": "image"} for _ in frames] + [{"type": "text", "text": prompt}]}]
         text = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         inputs = self.processor(text=[text], images=frames or None, return_tensors="pt").to(self.device)
         gen = self.model.generation_config
@@ -363,7 +351,6 @@ def make_perceiver(spec, **kwargs):
     kind, sep, arg = str(spec or "").strip().partition(":")
     kind, arg = kind.lower(), arg.strip()
     if kind == "cv" and not sep:
-        from extensions.embodied_r.perceive_cv import CVPerceiver   # (it reads this module's ACTIONS)
         return CVPerceiver(**kwargs)
     if sep and arg and kind == "hf":
         return HFPerceiver(arg, **kwargs)

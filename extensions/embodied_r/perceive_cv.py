@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from extensions.embodied_r.perceive import ACTIONS, as_images
+from extensions.embodied_r.backend import ACTIONS, as_images
 
 # --------------------------------------------------------------------------- classical-vision backend (CPU stand-in)
 # A model-free backend with the interface above, so that Embodied-R's pipeline (perception text -> small

@@ -39,24 +39,24 @@ TEXT_DEMO_OUT = "runs/rova-text"  # the text demo's OUT (it shares the VLM demo'
 @dataclass
 class Config(train.Config):
     not_results: ClassVar[tuple] = ("perception_cache",)   # (changes nothing a run computes)
-    policy: str = train._arg("text", "text: the model reads --perceiver's text of the video (clean and corrupted "
-                                     "alike) | vlm: train.py's VLM, with the key frames and reward weights below",
-                             "Embodied-R")
-    perceiver: str = train._arg("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv "
-                                    "(classical vision, a CPU stand-in; the demo's default); Embodied-R: "
-                                    "Qwen2.5-VL-72B-Instruct", "Embodied-R")
-    perception_cache: str = train._arg("", "SQLite cache of perception texts (default: OUT/perception_cache.sqlite; "
-                                           "keyed by frame content, question, perceiver)", "Embodied-R")
-    reward_weights: str = train._arg("", "format:accuracy:consistency[:alignment] weights, normalised to sum 1, or "
-                                         "a schedule by data epoch: 'embodied-r' (Embodied-R Sec. 2.3: 7:3:0 epochs "
-                                         "1-2, 3:7:0 epochs 3-4, 1:7:2 from 5) or '1-2=7:3:0,3-=1:7:2'; consistency "
-                                         "= Embodied-R's logical-consistency reward (asks --judge); without an "
-                                         "alignment weight r^A gets the accuracy weight (App. D's ratio). Empty: "
-                                         "App. D's w_F = w_Acc = 1", "Embodied-R")
-    frame_sampler: str = train._arg("uniform", "uniform (qwen-vl-utils) | keyframes (Embodied-R Sec. 2.1: ORB + "
-                                               "RANSAC overlap < eps at 1 fps; at most --frames)", "Embodied-R")
-    keyframe_eps: float = train._arg(0.5, "overlap threshold of --frame-sampler keyframes (Embodied-R's code: 0.5)",
-                                     "Embodied-R")
+    policy: str = train.option("text", "text: the model reads --perceiver's text of the video (clean and corrupted "
+                                       "alike) | vlm: train.py's VLM, with the key frames and reward weights below",
+                               "Embodied-R")
+    perceiver: str = train.option("", "--policy text: the frozen perception model, hf:PATH | openai:MODEL | cv "
+                                      "(classical vision, a CPU stand-in; the demo's default); Embodied-R: "
+                                      "Qwen2.5-VL-72B-Instruct", "Embodied-R")
+    perception_cache: str = train.option("", "SQLite cache of perception texts (default: OUT/perception_cache.sqlite; "
+                                             "keyed by frame content, question, perceiver)", "Embodied-R")
+    reward_weights: str = train.option("", "format:accuracy:consistency[:alignment] weights, normalised to sum 1, or "
+                                           "a schedule by data epoch: 'embodied-r' (Embodied-R Sec. 2.3: 7:3:0 epochs "
+                                           "1-2, 3:7:0 epochs 3-4, 1:7:2 from 5) or '1-2=7:3:0,3-=1:7:2'; consistency "
+                                           "= Embodied-R's logical-consistency reward (asks --judge); without an "
+                                           "alignment weight r^A gets the accuracy weight (App. D's ratio). Empty: "
+                                           "App. D's w_F = w_Acc = 1", "Embodied-R")
+    frame_sampler: str = train.option("uniform", "uniform (qwen-vl-utils) | keyframes (Embodied-R Sec. 2.1: ORB + "
+                                                 "RANSAC overlap < eps at 1 fps; at most --frames)", "Embodied-R")
+    keyframe_eps: float = train.option(0.5, "overlap threshold of --frame-sampler keyframes (Embodied-R's code: 0.5)",
+                                       "Embodied-R")
 
 
 def check(ap, cfg):

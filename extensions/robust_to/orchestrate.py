@@ -251,7 +251,8 @@ class Context:
         return float(np.mean(np.asarray(self.disturbance)[list(frame_ids)]))
 
 
-_MOTION_WORDS = r"\b(turn|turning|move|moving|go|going|heading|direction|rotate|rotating|forward|ahead|left|right|action)\b"
+_MOTION_WORDS = (r"\b(turn|turning|move|moving|go|going|heading|direction|rotate|rotating|forward|ahead|left|right|"
+                 r"action)\b")
 _COUNT_WORDS = r"\b(how many|count|number of)\b"
 
 

@@ -36,14 +36,14 @@ from extensions.robust_to.rewards import confidence_cost_reward
 
 @dataclass
 class Config(train.Config):
-    agent_k: int = train._arg(4, "frames the agent selects by reliability-relevance (of --frames)", "Robust-TO")
-    max_subqueries: int = train._arg(4, "sub-queries kept from a decomposition", "Robust-TO")
-    synthesis_tokens: int = train._arg(0, "new tokens of the agent's synthesis in rollouts (0: --max-new-tokens); "
-                                          "an answer that cites the evidence first needs more than a direct one",
-                                       "Robust-TO")
-    w_reliability: float = train._arg(0.5, "weight of the reliability of the evidence the answer rests on",
-                                      "Robust-TO")
-    w_cost: float = train._arg(0.1, "cost per sub-query beyond the frozen estimator's count", "Robust-TO")
+    agent_k: int = train.option(4, "frames the agent selects by reliability-relevance (of --frames)", "Robust-TO")
+    max_subqueries: int = train.option(4, "sub-queries kept from a decomposition", "Robust-TO")
+    synthesis_tokens: int = train.option(0, "new tokens of the agent's synthesis in rollouts (0: --max-new-tokens); "
+                                            "an answer that cites the evidence first needs more than a direct one",
+                                         "Robust-TO")
+    w_reliability: float = train.option(0.5, "weight of the reliability of the evidence the answer rests on",
+                                        "Robust-TO")
+    w_cost: float = train.option(0.1, "cost per sub-query beyond the frozen estimator's count", "Robust-TO")
 
 
 def check(ap, cfg):

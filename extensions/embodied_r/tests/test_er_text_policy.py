@@ -55,7 +55,8 @@ def test_text_model_rejects_videos_and_its_log_probs_match_generate(assets):
     inputs = policy.make_inputs(tok, msgs, None)
     assert set(inputs) == {"input_ids", "attention_mask"} and (inputs["attention_mask"][1, 0] == 0)  # left-padded
     rep = policy.repeat_for(model, inputs, 2)
-    assert torch.equal(rep["input_ids"][0], rep["input_ids"][1]) and torch.equal(rep["input_ids"][2], inputs["input_ids"][1])
+    assert (torch.equal(rep["input_ids"][0], rep["input_ids"][1])
+            and torch.equal(rep["input_ids"][2], inputs["input_ids"][1]))
     _, eos, pad = policy._token_ids(tok, model)
     torch.manual_seed(0)
     with torch.no_grad():

@@ -125,12 +125,14 @@ def test_confidence_cost_reward_by_hand():
     ev = [Evidence("ego_motion", "q", "rotate left (turn left)", [0, 1], 0.8, 0.25),
           Evidence("vlm", "q", "turn left, I think", [0], 0.4, 0.5),
           Evidence("vlm", "q", "right", [0], 0.9, 0.0)]
-    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>A</answer>", "A", "multiple choice", ev, 3, 1, options=OPTS)
+    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>A</answer>", "A", "multiple choice", ev, 3, 1,
+                                          options=OPTS)
     # 1 + 0.5 * max(0.8 * 0.75, 0.4 * 0.5) - 0.1 * (3 - 1)
     assert r == pytest.approx({"total": 1 + 0.5 * 0.6 - 0.2, "accuracy": 1.0, "reliability": 0.6,
                                "extra_subqueries": 2})
     # a wrong answer that no evidence states: nothing; fewer sub-queries than expected cost nothing
-    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>C</answer>", "A", "multiple choice", ev, 1, 2, options=OPTS)
+    r = rt_rewards.confidence_cost_reward("<think>x</think><answer>C</answer>", "A", "multiple choice", ev, 1, 2,
+                                          options=OPTS)
     assert r == {"total": 0.0, "accuracy": 0.0, "reliability": 0.0, "extra_subqueries": 0}
     # a wrong answer the evidence states still earns its reliability (the term is additive, not gated)
     r = rt_rewards.confidence_cost_reward("<think>x</think><answer>A</answer>", "B", "multiple choice", ev, 1, None,
@@ -146,9 +148,12 @@ def test_confidence_cost_reward_by_hand():
 def test_supports():
     from extensions.robust_to import rewards as rt_rewards
     assert rt_rewards.supports("rotate right (turn right)", "B", "multiple choice", OPTS)
-    assert rt_rewards.supports("(B)", "B", "multiple choice", OPTS) and not rt_rewards.supports("right", "B", "multiple choice", OPTS)
-    assert rt_rewards.supports("about 3.5 m", "3.5", "numerical") and not rt_rewards.supports("35 m", "3.5", "numerical")
-    assert rt_rewards.supports("The sign says EXIT", "exit", "free-form") and not rt_rewards.supports("", "exit", "free-form")
+    assert (rt_rewards.supports("(B)", "B", "multiple choice", OPTS)
+            and not rt_rewards.supports("right", "B", "multiple choice", OPTS))
+    assert (rt_rewards.supports("about 3.5 m", "3.5", "numerical")
+            and not rt_rewards.supports("35 m", "3.5", "numerical"))
+    assert (rt_rewards.supports("The sign says EXIT", "exit", "free-form")
+            and not rt_rewards.supports("", "exit", "free-form"))
 
 
 # --------------------------------------------------------------------------- the agent on the tiny model
@@ -246,7 +251,8 @@ def test_train_agent_takes_grpo_steps(tiny, tmp_path, mode, monkeypatch):
                                                                         real(self, *a, **k))[1])
     synthetic.make_synthetic(tmp_path / "synth", n=4, seed=5, num_frames=8, size=56, eval_fraction=0.25)
     out = tmp_path / "run"
-    rt.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--mode", mode, "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
+    rt.main(["--model", path, "--data", str(tmp_path / "synth" / "train.json"), "--out", str(out), "--mode", mode,
+                "--frames", "8", "--agent-k", "4", "--max-pixels", str(56 * 56),
                 "--sft-epochs", "1" if mode == "grpo-aug" else "0", "--sft-batch-size", "2", "--rl-steps", "2",
                 "--batch-size", "2", "--group-size", "2", "--max-new-tokens", "8", "--save-every", "1",
                 "--lr", "1e-3", "--sft-lr", "1e-3", "--synthesis-tokens", "5"])

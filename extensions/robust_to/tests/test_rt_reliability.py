@@ -517,8 +517,8 @@ def test_cli_mistakes_are_one_line_exit_2(tmp_path):
     root = Path(__file__).resolve().parents[3]
     for args, phrase in (([bad], "cannot be decoded as a video"), ([tmp_path / "missing.mp4"], "does not exist"),
                          ([bad, "--alpha", "2"], "--alpha must be in [0, 1]")):
-        run = subprocess.run([sys.executable, "-m", "extensions.robust_to.reliability", *map(str, args)], cwd=root, capture_output=True,
-                             text=True)
+        run = subprocess.run([sys.executable, "-m", "extensions.robust_to.reliability", *map(str, args)], cwd=root,
+                             capture_output=True, text=True)
         lines = run.stderr.strip().splitlines()
         assert run.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and phrase in lines[0], \
             run.stderr

@@ -14,10 +14,11 @@ torch, rouge_score and openpyxl (pandas and openpyxl are no dependencies of the 
     /tmp/official/bin/python tests/data/official_scores/generate.py ...
 
 How each scorer runs: lmms-eval's and thinking-in-space's vsibench utils.py (given the output stripped, as their
-pipeline gives it: ConfigurableTask.process_results strips a generated output first, checked in each pinned api/task.py), Video-R1's eval_bench.py and grpo.py
-are parsed, and the functions and constants they need are taken out by name (their modules import GPU and hub
-packages at import time) and run as they are: vsibench_process_results and the aggregators, eval_bench's reward_fn,
-grpo.py's accuracy_reward and format_reward. UrbanVideo-Bench's eval.py runs whole, as a script, on a CSV written
+pipeline gives it: ConfigurableTask.process_results strips a generated output first, checked in each pinned
+api/task.py), Video-R1's eval_bench.py and grpo.py are parsed, and the functions and constants they need are
+taken out by name (their modules import GPU and hub packages at import time) and run as they are:
+vsibench_process_results and the aggregators, eval_bench's reward_fn, grpo.py's accuracy_reward and
+format_reward. UrbanVideo-Bench's eval.py runs whole, as a script, on a CSV written
 as its run.py writes one (the MCQ columns plus Output, DataFrame.to_csv); its per-output letters are its own
 extract_option_letter on that CSV read back, as eval.py reads it.
 """
