@@ -231,7 +231,7 @@ def sft_step(cfg, model, processor, batch, clips, observer):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
     items = [(s, clips.get(s)) for s in batch]
     if cfg.sft_jitter > 0:
-        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, [cfg.seed, perturb.hash48("sft-jitter", s.id)]))
+        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, runtime.Seeds(cfg.seed).sft_jitter(s.id)))
                  for s, f in items]
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
@@ -279,7 +279,7 @@ class RL:
         self.model, self.processor, self.judge, self.optim, self.observer = model, processor, judge, optim, observer
         self.learner = learner.Learner(model, processor, device, cfg.micro_batch_size, cfg.temperature, cfg.beta,
                                        train_model, ref_model, stand_in=self.stand_in)  # (train_model: DDP's wrapper)
-        self.cursor = runtime.Cursor(len(shard), cfg.seed * 1000 + 2 * rank + 1)
+        self.cursor = runtime.Cursor(len(shard), runtime.Seeds(cfg.seed, rank).rl_order)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.dual, self.corrupt = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
@@ -581,7 +581,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     task, half = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size)), max(1, cfg.sft_batch_size // 2)
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
-    cursor = runtime.Cursor(len(run.shard), cfg.seed * 1000 + 2 * run.rank)
+    cursor = runtime.Cursor(len(run.shard), runtime.Seeds(cfg.seed, run.rank).sft_order)
     warm_up = answerability_warm_up(run, per_rank[0] if ckpt else {})
     if ckpt:
         run.resume(per_rank, optim, ckpt)
@@ -615,10 +615,10 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
 def answerability_warm_up(run, saved):
     """The answerability warm-up (machinery/warmup.py) with this run's corruptions (one spec per clip, seeded by
     (seed, rank, index): the same on a rerun) and Fig. 10's prompt."""
-    cfg = run.cfg
+    cfg, seeds = run.cfg, runtime.Seeds(run.cfg.seed, run.rank)
 
     def draw(i):
-        return perturb.sample_spec(np.random.default_rng([cfg.seed, run.rank, 0xA5, i]), eta=cfg.eta).to_dict()
+        return perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=cfg.eta).to_dict()
 
     def corrupt(s, frames, spec):
         return run.clips.corrupt(s, frames, perturb.PerturbSpec.from_dict(spec))

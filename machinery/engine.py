@@ -224,7 +224,7 @@ def make(cfg, model, processor, device, rank):
         return None
     if cfg.rollout_engine != "vllm":
         raise runtime.UserError(f"--rollout-engine {cfg.rollout_engine}: expected hf or vllm")
-    return Engine(cfg, model, processor, device, seed=cfg.seed * 1000 + rank)
+    return Engine(cfg, model, processor, device, seed=runtime.Seeds(cfg.seed, rank).process)
 
 
 def logprob_gap(logp, engine_logp, mask):

@@ -313,10 +313,11 @@ def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwar
         if demo:
             depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
             (prepare or prepare_demo)(cfg, rank)
-        random.seed(cfg.seed * 1000 + rank)
-        np.random.seed(cfg.seed * 1000 + rank)
-        torch.manual_seed(cfg.seed * 1000 + rank)
-        spec_rng = np.random.default_rng([cfg.seed, rank, 0xC0DE])
+        seeds = runtime.Seeds(cfg.seed, rank)
+        random.seed(seeds.process)
+        np.random.seed(seeds.process)
+        torch.manual_seed(seeds.process)
+        spec_rng = np.random.default_rng(seeds.rl_specs)
         samples, shard, clips = load_data(cfg, rank, world, corrupt, read_kwargs)   # data errors first
         eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
         if not demo:

@@ -25,6 +25,7 @@ import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 DEBUG_ENV = "ROVA_DEBUG"
@@ -446,6 +447,50 @@ def all_max_floats(values, device):
 
 
 # ----------------------------------------------------------------------------- RNG state and data order
+
+@dataclass(frozen=True)
+class Seeds:
+    """Every random stream of a run, named, from --seed and the process's rank: the one place that says which
+    numbers seed what (the values are the ones earlier versions used, so a run regenerates exactly). Streams that
+    must not depend on the rank (a benchmark's corruptions) are seeded by what they corrupt."""
+    seed: int
+    rank: int = 0
+
+    @property
+    def process(self) -> int:
+        """Python's, NumPy's and torch's global generators (sampling in generate), and a vLLM engine's."""
+        return self.seed * 1000 + self.rank
+
+    @property
+    def sft_order(self) -> int:
+        """SFT's walk over this rank's samples (a Cursor)."""
+        return self.seed * 1000 + 2 * self.rank
+
+    @property
+    def rl_order(self) -> int:
+        """RL's walk over this rank's samples."""
+        return self.seed * 1000 + 2 * self.rank + 1
+
+    @property
+    def answerability_order(self) -> int:
+        """The answerability warm-up's walk over its labelled examples (on 4+ ranks rank 0's is rank 3's RL order
+        number, a walk over another list: kept, as every value here, so that runs regenerate)."""
+        return self.seed * 1000 + 2 * self.rank + 7
+
+    @property
+    def rl_specs(self) -> list:
+        """The dynamic protocol's corruption draws of RL (Sec. 4: a fresh spec per video and step)."""
+        return [self.seed, self.rank, 0xC0DE]
+
+    def sft_jitter(self, sample_id: str) -> list:
+        """A clip's photometric jitter in SFT: the same on every epoch and rank."""
+        from machinery.kernels import hash48
+        return [self.seed, hash48("sft-jitter", sample_id)]
+
+    def answerability_spec(self, i: int) -> list:
+        """The corruption of the answerability warm-up's i-th example (the same on a rerun)."""
+        return [self.seed, self.rank, 0xA5, i]
+
 
 class Cursor:
     """A seeded, resumable walk over n items: epoch e visits a fresh permutation."""

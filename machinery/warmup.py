@@ -23,7 +23,8 @@ class AnswerabilityWarmUp:
         """The next n (sample, example) pairs."""
         if self.labels is None:
             self.labels = labels(self.run, self.draw, self.corrupt)
-            self.cursor = runtime.Cursor(len(self.labels), self.run.cfg.seed * 1000 + 2 * self.run.rank + 7)
+            seeds = runtime.Seeds(self.run.cfg.seed, self.run.rank)
+            self.cursor = runtime.Cursor(len(self.labels), seeds.answerability_order)
             if "answerability_cursor" in self.saved:
                 self.cursor.load(self.saved["answerability_cursor"])
         return [(self.by_id[x["id"]], x) for x in (self.labels[i] for i in self.cursor.take(n))]

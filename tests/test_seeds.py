@@ -1,0 +1,28 @@
+"""runtime.Seeds, the one table of a run's random streams: distinct where they must be, and what the code uses."""
+from machinery import runtime
+
+
+def test_the_data_orders_of_every_rank_are_distinct_streams():
+    for seed in (0, 1, 7):
+        orders = [getattr(runtime.Seeds(seed, r), name) for r in range(8) for name in ("sft_order", "rl_order")]
+        assert len(set(orders)) == len(orders)
+        assert len({runtime.Seeds(seed, r).process for r in range(8)}) == 8
+        assert len({tuple(runtime.Seeds(seed, r).rl_specs) for r in range(8)}) == 8
+
+
+def test_a_clips_jitter_does_not_depend_on_the_rank_and_differs_between_clips():
+    a, b = runtime.Seeds(3, 0), runtime.Seeds(3, 5)
+    assert a.sft_jitter("clip_1") == b.sft_jitter("clip_1") != a.sft_jitter("clip_2")
+    assert runtime.Seeds(4).sft_jitter("clip_1") != a.sft_jitter("clip_1")
+
+
+def test_no_stream_is_seeded_outside_the_table():
+    """The seed arithmetic lives in runtime.Seeds only: no `seed * 1000` or hand-made seed list elsewhere."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = [p for p in root.rglob("*.py") if "tests" not in p.parts and p.name != "runtime.py"
+             and ".git" not in p.parts]
+    pattern = re.compile(r"seed \* 1000|\[cfg\.seed, (run\.)?rank")
+    assert [str(p.relative_to(root)) for p in files if pattern.search(p.read_text())] == []
