@@ -29,7 +29,7 @@ import json
 import math
 import textwrap
 import time
-from collections import defaultdict, namedtuple
+from collections import namedtuple
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
