@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import buffer as curriculum
+import curriculum
 from machinery import answers, data
 import grpo
 import judge as judges
@@ -282,7 +282,7 @@ class RL:
         self.cursor = runtime.Cursor(len(shard), runtime.Seeds(cfg.seed, rank).rl_order)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
-        self.dual, self.corrupt = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
+        self.dual, self.on_corrupted = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
         self.timer = runtime.Timer()
 
     @staticmethod
@@ -338,11 +338,11 @@ class RL:
             if frames is None:
                 continue
             spec = spec or self.fresh_spec(spec_rng)
-            pert = self.clips.corrupt(s, frames, spec) if self.corrupt else frames
+            pert = self.clips.corrupt(s, frames, spec) if self.on_corrupted else frames
             it = Item(s, spec, promoted, clean=frames, pert=pert)
             if self.cfg.temporal_grpo:  # alone for --mode grpo
-                shuffled = perturb.PerturbSpec(spec.subtype if self.corrupt else None, spec.eta, spec.seed, True,
-                                               dict(spec.params) if self.corrupt else {})
+                shuffled = perturb.PerturbSpec(spec.subtype if self.on_corrupted else None, spec.eta, spec.seed, True,
+                                               dict(spec.params) if self.on_corrupted else {})
                 it.shuffled = self.clips.corrupt(s, frames, shuffled)
             items.append(it)
         return items
@@ -408,7 +408,7 @@ class RL:
 
     def assess(self, c, acc=None, answers=None, clean_answers=None, key=0):
         """Eq. 3's verdict by the rule `assess`: accuracy (the rollouts' against the ground truth, the verdict a veto:
-        buffer.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
+        curriculum.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
         if self.cfg.assess != "accuracy":   # random: Fig. 4c's control (key: the spec's seed)
             return curriculum.self_assess_verdict(c, tau=self.cfg.tau) if self.cfg.assess == "verdict" else \
                 curriculum.self_assess_random(key, self.cfg.random_keep)
@@ -546,7 +546,7 @@ class RL:
 
     def values(self, items, selected):
         """Per-rollout values of the step (records.values): accuracies, reward components, verdicts."""
-        return records.values(items, selected, self.corrupt)
+        return records.values(items, selected, self.on_corrupted)
 
     def state(self):
         """This rank's RL state for a checkpoint (JSON): the data cursor, the buffer, the promotion queue."""

@@ -26,10 +26,10 @@ def decisions(items, selected, categories, category_of):
     return out
 
 
-def values(items, selected, corrupt):
-    """Per-rollout values of the step: each branch's accuracy (`corrupt` False, --mode grpo: the clean one only),
+def values(items, selected, on_corrupted):
+    """Per-rollout values of the step: each branch's accuracy (`on_corrupted` False, --mode grpo: the clean one only),
     the selected samples' reward components and the judge's verdicts."""
-    trained, other = ("acc_perturbed", "acc_clean") if corrupt else ("acc_clean", "acc_perturbed")
+    trained, other = ("acc_perturbed", "acc_clean") if on_corrupted else ("acc_clean", "acc_perturbed")
     out = {trained: flat(it.acc for it in items), other: flat(it.clean_acc for it in items),
            "r_total": flat(it.rewards for it in selected)}
     for key in ("format", "accuracy", "alignment", "temporal"):
