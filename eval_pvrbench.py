@@ -47,7 +47,7 @@ import json
 import re
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from machinery import answers, data
@@ -490,6 +490,13 @@ def make_judge(args, run_dir):
         args.judge, base_url=args.judge_base_url or None, cache=str(run_dir / "judge_cache.sqlite"), **served)
 
 
+def eval_settings(args) -> evaluation.EvalSettings:
+    """What the machinery reads of the command line (evaluation.EvalSettings: its fields are flags' names), taken
+    from the parsed flags here, once: the machinery never sees the namespace."""
+    names = [f.name for f in fields(evaluation.EvalSettings)]
+    return evaluation.EvalSettings(**{name: getattr(args, name) for name in names})
+
+
 def corrupt(frames, spec, depth):
     """Sec. 4's static protocol: a clip under the manifest's spec (Eq. 4's V~, regenerated exactly: Eq. 2)."""
     return perturb.apply(frames, perturb.PerturbSpec.from_dict(spec), depth)
@@ -533,13 +540,11 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     ({results.json key: report}), `read_kwargs` (video.read_frames arguments: a frame sampler), `run_key`
     (its settings that change a generation) and `tables` ({protocol: (table, legend)}, TABLES and its own)."""
     t_start, models, read_kwargs = time.perf_counter(), models or MODELS, read_kwargs or {}
+    settings = eval_settings(args)   # what the machinery reads (the namespace stays here)
     groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
     if args.export:
-        written, errors = evaluation.export(groups, manifest, args, read_kwargs, corrupt)
-        if args.export_lmms_eval:
-            lmms_task.write(args.export, groups, written, args, avg_groups(bench.subtypes), errors)
-        return None
-    keyed = evaluation.run_config(args, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
+        return export(args, settings, bench, groups, manifest, read_kwargs)
+    keyed = evaluation.run_config(settings, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
                                   run_key)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / target.name
@@ -555,7 +560,7 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     judge = make_judge(args, run_dir)
     if model is not None and (note := judges.stand_in_note(args.judge, evaluation.parameters(model))):
         print(note, flush=True)   # (the default offline judge on a real model)
-    runner = evaluation.Runner(args, store, model, judge, manifest, read_kwargs, pending, corrupt)
+    runner = evaluation.Runner(settings, store, model, judge, manifest, read_kwargs, pending, corrupt)
     if not runner.run(groups):
         print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
         return None
@@ -576,17 +581,31 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
     evaluation.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
+    print_results(out, bench, target, model_dir / (ts + "_results.json"), table + legend)
+    return out
+
+
+def export(args, settings, bench, groups, manifest, read_kwargs):
+    """--export DIR (evaluation.export: the clips, their depth and the manifest), made an lmms-eval task folder
+    with --export-lmms-eval (lmms_task.write). Returns None: no model is evaluated."""
+    written, errors = evaluation.export(groups, manifest, settings, read_kwargs, corrupt)
+    if args.export_lmms_eval:
+        lmms_task.write(args.export, groups, written, settings, avg_groups(bench.subtypes), errors)
+    return None
+
+
+def print_results(out, bench, target, path, text):
+    """Each source's clean and perturbed scores, the table (`text`), where the results went, and on the demo's
+    model the range its figures fall in (runtime.demo_range_note)."""
     for src, block in out["results"]["sources"].items():
         acc = block["accuracy"]
         print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
               f"{block['n_samples']} samples, {block['n_errors']} errors")
-    print(table + legend + f"results: {model_dir / (ts + '_results.json')} ({out['timing']['total_s']:.0f} s)",
-          flush=True)
+    print(text + f"results: {path} ({out['timing']['total_s']:.0f} s)", flush=True)
     if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir():   # the demo's model
         acc = out["results"]["pvrbench"]["accuracy"]
         for line in runtime.demo_range_note({"eval Orig.": acc["orig"], "eval Avg.": acc["avg"]}):
             print(line, flush=True)
-    return out
 
 
 def results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports, ts):

@@ -2,7 +2,8 @@
 its clip's prefill shared by the clip's questions; a served model, every request in flight), the resumable
 store of generations and verdicts, and the Runner that generates and judges a window of videos at a time.
 The benchmark's protocol (which questions, which corruption, how they are scored) is eval_pvrbench.py's: it
-gives the Runner `corrupt(frames, spec, depth)`, the manifest's spec applied to a clean clip.
+gives the machinery its command line's settings as an EvalSettings, built once, and the corruption as a
+Corruption (the manifest's spec applied to a clean clip), never its argparse namespace.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import shutil
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -26,13 +29,48 @@ from machinery import depth as depths
 SHARE_MIN = 4   # questions on one (video, condition) from which HFModel shares its prefill (Runner.batches)
 
 
-def read_clip(group, args, read_kwargs, with_indices=False):
+@dataclass(frozen=True)
+class EvalSettings:
+    """What the machinery reads of eval_pvrbench.py's command line, its defaults resolved: each field a flag's
+    value (eval_pvrbench.eval_settings builds it once from the parsed flags; an extension's evaluate goes through
+    the same)."""
+    frames: int               # --frames: frames read per video (App. D: 32)
+    max_pixels: int           # --max-pixels: the pixel budget of a frame (smart_resize)
+    fps: float | str          # --fps: the fps the model is told, or "video" (qwen-vl-utils' sample fps)
+    style: str                # --style: the prompt and the scoring rules (data.STYLES)
+    scoring: str              # --scoring: VSI-Bench's numeric-answer rule (answers.SCORINGS)
+    max_new_tokens: int       # --max-new-tokens: a generation's budget
+    batch_size: int           # --batch-size: samples a local model decodes at once (the Runner's window)
+    stop_after: int           # --stop-after: stop as if killed after this many generated samples (0: never)
+    judge_frames: int         # --judge-frames: frames an openai: judge sees of the clip it rates (0: text only)
+    judge_concurrency: int    # --judge-concurrency: an openai: judge's requests in flight
+    depth_model: str          # --depth-model: where a clip's depth comes from (depth.Depth)
+    depth_cache: str          # --depth-cache: the depth maps' cache folder ("": the default one)
+    eta: float | dict         # --eta: the corruption's intensity, one number or per subtype (the run hash)
+    assign: str               # --assign: cycle or all, the conditions of a question (the run hash)
+    adapter: str              # --adapter: a peft LoRA adapter folder ("": none; the run hash)
+    base_url: str             # --base-url: an openai: model's server ("": $OPENAI_BASE_URL or OpenAI; the run hash)
+    video_format: str         # --video-format: how an openai: model gets the frames (VIDEO_FORMATS; the run hash)
+    export: str               # --export / --export-lmms-eval: the folder of the exported clips ("": no export)
+    benchmark: str            # --benchmark as given (the lmms-eval task's export.json)
+
+
+class Corruption(Protocol):
+    """Sec. 4's corruption of a clip, which is the stage's (eval_pvrbench.corrupt: perturb.apply, a stage script
+    the machinery never imports): a clean clip's frames [T,H,W,3] uint8, a manifest row's spec (the dict of
+    perturb.PerturbSpec.to_dict) and the clip's depth (None: perturb's depth proxy) -> the corrupted frames, the
+    same bit for bit every time (Eq. 4's V~)."""
+
+    def __call__(self, frames: np.ndarray, spec: dict, depth: np.ndarray | None) -> np.ndarray: ...
+
+
+def read_clip(group, settings: EvalSettings, read_kwargs, with_indices=False):
     """(frames, fps seen by the model[, the frame indices read]) or a VideoError; fps: qwen-vl-utils' sample fps,
     or --fps. read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
-    frames, indices, fps = video.read_frames(group.path, num_frames=args.frames, max_pixels=args.max_pixels,
+    frames, indices, fps = video.read_frames(group.path, num_frames=settings.frames, max_pixels=settings.max_pixels,
                                              **read_kwargs)
-    if args.fps != "video":
-        fps = float(args.fps)
+    if settings.fps != "video":
+        fps = float(settings.fps)
     else:
         fps = len(indices) / (int(indices[-1]) + 1) * fps if fps > 0 else 2.0
     return (frames, fps, indices) if with_indices else (frames, fps)
@@ -50,18 +88,18 @@ def export_depth(root, g, frames, indices, source):
                "sha256": hashlib.sha256((root / f).read_bytes()).hexdigest()}
 
 
-def export(groups, manifest, args, read_kwargs, corrupt):
+def export(groups, manifest, settings: EvalSettings, read_kwargs, corrupt: Corruption):
     """--export DIR: the clean and corrupted clips as lossless mp4 (the frames the models see, `corrupt`: the
     manifest's spec applied, at the fps they are told), their depth maps with --depth-model (export_depth), plus
     the manifest. Returns ({(video id, condition): file relative to DIR}, the number of clips not read)."""
-    root, specs, written = Path(args.export), defaultdict(list), {}
-    source = depths.Depth(args.depth_model, args.depth_cache or None)
+    root, specs, written = Path(settings.export), defaultdict(list), {}
+    source = depths.Depth(settings.depth_model, settings.depth_cache or None)
     for row in manifest:
         specs[(row["source"], row["video_id"])].append(row)
     rows = []
     for g in groups:
         try:
-            frames, fps, indices = read_clip(g, args, read_kwargs, with_indices=True)
+            frames, fps, indices = read_clip(g, settings, read_kwargs, with_indices=True)
         except Exception as e:  # noqa: BLE001 - recorded, never fatal
             rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
             continue
@@ -72,7 +110,7 @@ def export(groups, manifest, args, read_kwargs, corrupt):
             f = written[(g.video_id, r["subtype"])] = str(Path(g.video_id) / f"{r['subtype']}.mp4")
             video.write_video(root / f, corrupt(frames, r["spec"], d), fps=fps, lossless=True)
             rows.append(dict(r, file=f, clean_file=clean, source_video=g.path, fps=fps, depth=entry,
-                             frames=args.frames, max_pixels=args.max_pixels))
+                             frames=settings.frames, max_pixels=settings.max_pixels))
     write_jsonl(root / "manifest.jsonl", rows)
     errors = sum("error" in r for r in rows)
     print(f"exported {sum('file' in r for r in rows)} corrupted videos ({errors} errors) and {root / 'manifest.jsonl'}")
@@ -300,12 +338,13 @@ class Runner:
     questions together), each stored as it finishes. A window's pairs are judged in the background while the
     next window generates (at most one window waits for its judge)."""
 
-    def __init__(self, args, store, model, judge, manifest, read_kwargs, pending, corrupt):
+    def __init__(self, settings: EvalSettings, store, model, judge, manifest, read_kwargs, pending,
+                 corrupt: Corruption):
         from tqdm import tqdm
-        self.args, self.store, self.model, self.judge, self.read_kwargs = args, store, model, judge, read_kwargs
-        self.corrupt = corrupt   # (frames, the manifest's spec, depth) -> the corrupted frames
+        self.settings, self.store, self.model, self.judge = settings, store, model, judge
+        self.read_kwargs, self.corrupt = read_kwargs, corrupt
         self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
-        self.depth = depths.Depth(args.depth_model, args.depth_cache or None)
+        self.depth = depths.Depth(settings.depth_model, settings.depth_cache or None)
         self.depth_of = depths.ClipMemo(self.depth)
         self.indices = {}   # video id -> the frame indices read (the depth cache's key)
         self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
@@ -319,7 +358,7 @@ class Runner:
             for k, g in enumerate(groups):
                 window.append(g)
                 size += sum(len(c) for _, c in g.items)
-                if size >= getattr(self.model, "window", self.args.batch_size) or k == len(groups) - 1:
+                if size >= getattr(self.model, "window", self.settings.batch_size) or k == len(groups) - 1:
                     if not self.window(window):
                         self.wait_judge()
                         return False
@@ -352,7 +391,7 @@ class Runner:
         """Each group's clean clip (frames, fps), or the reason it cannot be read; in parallel (decoding and
         resizing run in C)."""
         with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-            reads = [pool.submit(read_clip, g, self.args, self.read_kwargs, True) for g in groups]
+            reads = [pool.submit(read_clip, g, self.settings, self.read_kwargs, True) for g in groups]
         out = []
         for g, r in zip(groups, reads):
             try:
@@ -381,7 +420,7 @@ class Runner:
         """The model's calls: --batch-size samples each; for a model that shares a clip's prefill
         (HFModel.share_clips), a clip with at least SHARE_MIN questions gets a call of its own, and the
         clips with fewer are batched together (one question per clip, a call each decoded ~10x slower)."""
-        size = self.args.batch_size
+        size = self.settings.batch_size
         if not getattr(self.model, "share_clips", False):
             return [todo[k:k + size] for k in range(0, len(todo), size)]
         out, rest = [], []
@@ -398,20 +437,20 @@ class Runner:
             return self.generate_stream(todo)
         for batch in self.batches(todo):
             clips = [self.clip(g, c) for g, _, c in batch]
-            prompts = [data.build_prompt(s, self.args.style) for _, s, _ in batch]
+            prompts = [data.build_prompt(s, self.settings.style) for _, s, _ in batch]
             t0 = time.perf_counter()
             outs = self.model.generate([s for _, s, _ in batch], prompts, [v for v, _ in clips],
-                                       [f for _, f in clips], self.args.style, self.args.max_new_tokens)
+                                       [f for _, f in clips], self.settings.style, self.settings.max_new_tokens)
             self.sec_generate += time.perf_counter() - t0
             rows = defaultdict(list)
             for (g, s, c), p, (text, err) in zip(batch, prompts, outs):
-                rows[g.source].append(record(g, s, c, p, text, err, self.args.style, self.args.scoring))
+                rows[g.source].append(record(g, s, c, p, text, err, self.settings.style, self.settings.scoring))
             for src, rs in rows.items():
                 self.store.append("samples", src, rs)
             self.generated += len(batch)
             if self.bar is not None:
                 self.bar.update(len(batch))
-            if self.args.stop_after and self.generated >= self.args.stop_after:
+            if self.settings.stop_after and self.generated >= self.settings.stop_after:
                 return False
         return True
 
@@ -426,19 +465,19 @@ class Runner:
                 ready[(g.video_id, c)] = prep.submit(lambda g=g, c=c: self.clip(g, c)[0])
         clips = [ready[(g.video_id, c)] for g, _, c in todo]
         fps = [self.clips[(g.video_id, "clean")][1] for g, _, _ in todo]
-        prompts = [data.build_prompt(s, self.args.style) for _, s, _ in todo]
+        prompts = [data.build_prompt(s, self.settings.style) for _, s, _ in todo]
         t0 = time.perf_counter()
-        results = self.model.stream([s for _, s, _ in todo], prompts, clips, fps, self.args.style,
-                                    self.args.max_new_tokens)
+        results = self.model.stream([s for _, s, _ in todo], prompts, clips, fps, self.settings.style,
+                                    self.settings.max_new_tokens)
         try:
             for k, (text, err) in results:
                 g, s, c = todo[k]
-                self.store.append("samples", g.source, [record(g, s, c, prompts[k], text, err, self.args.style,
-                                                               self.args.scoring)])
+                self.store.append("samples", g.source, [record(g, s, c, prompts[k], text, err, self.settings.style,
+                                                               self.settings.scoring)])
                 self.generated += 1
                 if self.bar is not None:
                     self.bar.update(1)
-                if self.args.stop_after and self.generated >= self.args.stop_after:
+                if self.settings.stop_after and self.generated >= self.settings.stop_after:
                     return False
         finally:
             results.close()
@@ -498,7 +537,7 @@ class Runner:
                 {"doc_id": k[0], "condition": k[1], "judge": v} for (k, *_), v in zip(ps, verdicts)
                 if any(x is not None for x in v.values())])
         if served and len(jobs) > 1:
-            with concurrent.futures.ThreadPoolExecutor(min(len(jobs), self.args.judge_concurrency)) as pool:
+            with concurrent.futures.ThreadPoolExecutor(min(len(jobs), self.settings.judge_concurrency)) as pool:
                 list(pool.map(one, jobs))
         else:
             for job in jobs:
@@ -507,10 +546,10 @@ class Runner:
 
     def judge_images(self, g, cond, clips):
         """--judge-frames frames of the clip, evenly spaced, as JPEG (None: a text-only judge)."""
-        if self.args.judge_frames <= 0:
+        if self.settings.judge_frames <= 0:
             return None
         frames = self.clip(g, cond, clips)[0]
-        return chat.jpegs(list(frames[np.linspace(0, len(frames) - 1, self.args.judge_frames).round().astype(int)]))
+        return chat.jpegs(list(frames[np.linspace(0, len(frames) - 1, self.settings.judge_frames).round().astype(int)]))
 
 
 # ----------------------------------------------------------------------------- the run hash and the results files
@@ -522,19 +561,20 @@ def _fingerprint(path):
     return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
 
 
-def run_config(args, target, paths, roots, subtypes, render, run_key=None):
+def run_config(settings: EvalSettings, target, paths, roots, subtypes, render, run_key=None):
     """What the run hash covers: everything that changes a generation (not --limit or --judge) of `target`
     (eval_pvrbench.Target); `render`: the corruption engine's version; `run_key`: an extension's settings."""
-    spec, scheme, path = target.spec, target.scheme, target.path
-    return dict(model=spec, model_fp=[] if scheme == "openai" else _fingerprint(path), adapter=args.adapter,
-                adapter_fp=_fingerprint(args.adapter) if args.adapter else None, base_url=args.base_url,
+    spec, scheme, path, adapter = target.spec, target.scheme, target.path, settings.adapter
+    return dict(model=spec, model_fp=[] if scheme == "openai" else _fingerprint(path), adapter=adapter,
+                adapter_fp=_fingerprint(adapter) if adapter else None, base_url=settings.base_url,
                 sources={n: [str(p), _fingerprint(Path(p) / "eval.jsonl" if n == "synthetic" else p),
                              roots.get(n, roots.get(None))] for n, p in paths.items()},
-                subtypes=subtypes, assign=args.assign, frames=args.frames, max_pixels=args.max_pixels, fps=args.fps,
-                eta=args.eta, style=args.style, max_new_tokens=args.max_new_tokens, render=render,
-                **({"scoring": args.scoring} if args.scoring != answers.SCORINGS[0] else {}),
-                **(run_key or {}), depth=depths.Depth(args.depth_model).key(),
-                **({"video_format": video_format(args.video_format, args.base_url)} if scheme == "openai" else {}))
+                subtypes=subtypes, assign=settings.assign, frames=settings.frames, max_pixels=settings.max_pixels,
+                fps=settings.fps, eta=settings.eta, style=settings.style, max_new_tokens=settings.max_new_tokens,
+                render=render, **({"scoring": settings.scoring} if settings.scoring != answers.SCORINGS[0] else {}),
+                **(run_key or {}), depth=depths.Depth(settings.depth_model).key(),
+                **({"video_format": video_format(settings.video_format, settings.base_url)}
+                   if scheme == "openai" else {}))
 
 
 def latest_per_config(paths):

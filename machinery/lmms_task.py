@@ -101,23 +101,24 @@ def copy_scoring(root):
         shutil.copyfile(HERE / name, package / name)
 
 
-def write(root, groups, written, args, groups_of_avg, errors=0):
-    """The task folder in `root` (where evaluation.export wrote the clips); `groups_of_avg`: what Avg. averages
-    (eval_pvrbench.avg_groups). Returns the number of docs per condition."""
+def write(root, groups, written, settings, groups_of_avg, errors=0):
+    """The task folder in `root` (where evaluation.export wrote the clips); `settings`: the run's
+    evaluation.EvalSettings; `groups_of_avg`: what Avg. averages (eval_pvrbench.avg_groups). Returns the number
+    of docs per condition."""
     root = Path(root)
-    docs = docs_of(groups, written, args.style)
+    docs = docs_of(groups, written, settings.style)
     (root / "docs").mkdir(parents=True, exist_ok=True)
     for cond, rows in docs.items():
         (root / "docs" / f"{cond}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     present = {c: [s for s in subs if s in docs] for c, subs in groups_of_avg.items()}
     present = {c: subs for c, subs in present.items() if subs}
-    write_yamls(root, docs, present, args.max_new_tokens)
+    write_yamls(root, docs, present, settings.max_new_tokens)
     copy_scoring(root)
-    config = {"style": args.style, "scoring": args.scoring, "avg_weights": avg_weights(present),
+    config = {"style": settings.style, "scoring": settings.scoring, "avg_weights": avg_weights(present),
               "groups_of_avg": present, "docs": {c: len(r) for c, r in docs.items()},
-              "corrupted_clips_not_exported": errors, "eta": args.eta, "frames": args.frames,
-              "max_pixels": args.max_pixels, "fps": args.fps, "max_new_tokens": args.max_new_tokens,
-              "benchmark": args.benchmark, "versions": runtime.versions()}
+              "corrupted_clips_not_exported": errors, "eta": settings.eta, "frames": settings.frames,
+              "max_pixels": settings.max_pixels, "fps": settings.fps, "max_new_tokens": settings.max_new_tokens,
+              "benchmark": settings.benchmark, "versions": runtime.versions()}
     (root / "export.json").write_text(json.dumps(config, indent=1, default=str))
     print(f"lmms-eval task: {sum(map(len, docs.values()))} docs in {len(docs)} tasks; run it with\n  lmms-eval "
           f"--include_path {root} --tasks pvrbench --model ... (docs/USAGE.md: a served model)")
