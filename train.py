@@ -39,14 +39,11 @@ import numpy as np
 import torch
 
 import curriculum
-from machinery import answers, data
 import grpo
 import judge as judges
-from machinery import checkpoints, engine, learner, records, runs, warmup
-from machinery.clips import Observer, jitter
 import perturb
-from machinery import policy
-from machinery import synthetic
+from machinery import answers, checkpoints, data, engine, learner, policy, records, runs, synthetic, warmup
+from machinery.clips import Observer, jitter
 
 
 option = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE); extensions use it too
@@ -263,6 +260,8 @@ class Item:
 
 
 Draw = namedtuple("Draw", "items selected rollout")   # samples of a step assessed together, and their rollouts
+Actor = namedtuple("Actor", "model processor observer device train_model")   # Alg. 2's F_theta (+ DDP's wrapper)
+Stream = namedtuple("Stream", "rank shard by_id clips")   # Alg. 2's D on a rank: its samples, all by id, the clips
 
 
 def answers_of(texts, sample):
@@ -270,16 +269,16 @@ def answers_of(texts, sample):
 
 
 class RL:
-    """One rank's RL stage (Alg. 2): shard cursor, memory buffer, promotion queue, and the step's phases.
-    An extension subclasses it and overrides phases (extensions/*/train.py)."""
+    """One rank's RL stage (Alg. 2): its cursor, buffer, promotion queue and the step's phases (an extension's own)."""
 
-    def __init__(self, cfg, rank, device, shard, by_id, clips, model, processor, ref_model, judge, optim, observer,
-                 train_model=None):
-        self.cfg, self.rank, self.device, self.shard, self.by_id, self.clips = cfg, rank, device, shard, by_id, clips
-        self.model, self.processor, self.judge, self.optim, self.observer = model, processor, judge, optim, observer
-        self.learner = learner.Learner(model, processor, device, cfg.micro_batch_size, cfg.temperature, cfg.beta,
-                                       train_model, ref_model, stand_in=self.stand_in)  # (train_model: DDP's wrapper)
-        self.cursor = runtime.Cursor(len(shard), runtime.Seeds(cfg.seed, rank).rl_order)
+    def __init__(self, cfg, actor: Actor, ref_model, judge, optim, stream: Stream):
+        """Alg. 2's inputs (ref_model: the KL's reference, None with LoRA or no KL; judge: None when not asked)."""
+        self.cfg, self.judge, self.optim = cfg, judge, optim
+        self.model, self.processor, self.observer, self.device, train_model = actor
+        self.rank, self.shard, self.by_id, self.clips = stream
+        self.learner = learner.Learner(self.model, self.processor, self.device, cfg.micro_batch_size, cfg.temperature,
+                                       cfg.beta, train_model, ref_model, stand_in=self.stand_in)
+        self.cursor = runtime.Cursor(len(self.shard), runtime.Seeds(cfg.seed, self.rank).rl_order)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.dual, self.on_corrupted = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
@@ -364,22 +363,21 @@ class RL:
         perturbed one (+ G~ on the shuffled one), with each one's accuracy (Eq. 10), in one generation call."""
         if not items:
             return None
-        G, k, B = self.cfg.group_size, self.cfg.temporal_grpo, len(items)
-        branches = [[it.clean for it in items]] * self.dual + [[it.pert for it in items]]
-        branches += [[it.shuffled for it in items]] * bool(k)
-        n = [G] * (B * (1 + self.dual)) + [k] * (B * bool(k))
+        G, k = self.cfg.group_size, self.cfg.temporal_grpo
+        branches = [("clean", G)] * self.dual + [("pert", G)] + [("shuffled", k)] * bool(k)   # (Item's view, rollouts)
+        videos = [(it, name, n) for name, n in branches for it in items]   # branch by branch, as generated
         with self.timer("rollout"):
-            out = self._rollout([it.sample for it in items] * len(branches), [v for b in branches for v in b], n)
-        start = B * G * self.dual  # the trained branch's rows follow the clean anchor's
-        for i, it in enumerate(items):
-            it.rows = slice(start + i * G, start + (i + 1) * G)
-            it.texts, it.acc = out.texts[it.rows], self.accuracy(out.texts[it.rows], it.sample)
-            if self.dual:
-                it.clean_texts = out.texts[i * G:(i + 1) * G]
-                it.clean_acc = self.accuracy(it.clean_texts, it.sample)
-            if k:
-                first = start + B * G + i * k
-                it.shuffled_acc = self.accuracy(out.texts[first:first + k], it.sample)
+            out = self._rollout([it.sample for it, _, _ in videos], [getattr(it, name) for it, name, _ in videos],
+                                [n for _, _, n in videos])
+        for (it, name, n), end in zip(videos, np.cumsum([n for _, _, n in videos])):   # each video's rows, in order
+            rows = slice(int(end) - n, int(end))
+            acc = self.accuracy(out.texts[rows], it.sample)
+            if name == "pert":
+                it.rows, it.texts, it.acc = rows, out.texts[rows], acc
+            elif name == "clean":
+                it.clean_texts, it.clean_acc = out.texts[rows], acc
+            else:
+                it.shuffled_acc = acc
         return out
 
     @staticmethod
@@ -455,18 +453,20 @@ class RL:
 
     def advantages(self, selected):
         """Eq. 8 for the selected samples' groups, per completion: of R_j (summed), or of each component, weighted
-        and added (per_component, App. H.1; "other": an extension's or T-GRPO's terms, R_j less the three)."""
+        and added (per_component, App. H.1; "other": the sum of `extra_terms`, R_j's terms beyond Alg. 1's)."""
         if not selected:
             return torch.zeros(0)
         if self.cfg.advantage == "summed":
             return grpo.group_advantages([it.rewards for it in selected]).view(-1)
         w_f, w_a, _ = self.weights()   # (alignment's weight is already in its alphas)
         comps = {k: [it.comp[k] for it in selected] for k in ("format", "accuracy", "alignment")}
-        comps["other"] = [[r - w_f * f - w_a * a - al for r, f, a, al in
-                           zip(it.rewards, it.comp["format"], it.comp["accuracy"], it.comp["alignment"])]
-                          for it in selected]
+        comps["other"] = [[sum(t) for t in zip(*self.extra_terms(it), [0.0] * len(it.rewards))] for it in selected]
         weights = {"format": w_f, "accuracy": w_a, "alignment": 1.0, "other": 1.0}
         return grpo.component_advantages(comps, weights).view(-1)
+
+    def extra_terms(self, it):
+        """R_j's terms beyond Alg. 1's three, each as added to it (T-GRPO's bonus; a subclass adds its own)."""
+        return [it.comp["temporal"]] if self.cfg.temporal_grpo else []
 
     def stand_in(self):
         return learner.stand_in(self.cfg, self.processor, self.observer, self.shard[0])
@@ -632,8 +632,8 @@ def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_mod
     judge = judges.make_judge(cfg.judge, cache=cfg.judge_cache or str(Path(cfg.out) / "judge_cache.sqlite")) \
         if rl.needs_judge(cfg) else None
     optim = learner.Optim.make(cfg, model, cfg.lr, cfg.rl_steps * cfg.updates_per_generation, device)
-    return rl(cfg, rank, device, samples[rank::world], {s.id: s for s in samples}, clips, model, processor,
-              ref_model, judge, optim, observer or Observer(cfg), train_model=train_model)
+    return rl(cfg, Actor(model, processor, observer or Observer(cfg), device, train_model), ref_model, judge, optim,
+              Stream(rank, samples[rank::world], {s.id: s for s in samples}, clips))
 
 
 def run_rl(run, state, ckpt, per_rank, rl=RL):

@@ -138,11 +138,16 @@ class EmbodiedRL(train.RL):
         """Alg. 1's R_j + w_C r^C_j, Embodied-R's logical-consistency reward (asks the judge; its missing
         answers count)."""
         super().reward(it)
-        s = it.sample
+        s, it.comp["w_consistency"] = it.sample, self.staged()[2]   # (the epoch's weight: extra_terms reads it)
         it.rewards, it.comp["consistency"], missing = er_rewards.with_consistency(
-            it.rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, self.staged()[2],
+            it.rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, it.comp["w_consistency"],
             s.options or None, s.source)
         it.comp["judge_missing"] += missing
+
+    def extra_terms(self, it):
+        """T-GRPO's bonus and w_C r^C_j, as `reward` added it."""
+        c, w = it.comp.get("consistency"), it.comp["w_consistency"]
+        return super().extra_terms(it) + ([[w * x for x in c]] if c is not None else [])
 
     def values(self, items, selected):
         return super().values(items, selected) | {"r_consistency": records.flat(it.comp.get("consistency")

@@ -120,7 +120,7 @@ class AgentRL(train.RL):
             sub = str(spec_rng.choice(perturb.PROTOCOLS["robust-to"]))
             spec = perturb.sample_spec(spec_rng, subtype=sub, eta=self.cfg.eta)
             items.append(train.Item(s, spec, False, clean=frames,
-                                    pert=self.clips.corrupt(s, frames, spec) if self.corrupt else frames))
+                                    pert=self.clips.corrupt(s, frames, spec) if self.on_corrupted else frames))
         return items
 
     def budget(self, items):
