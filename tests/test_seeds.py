@@ -1,5 +1,12 @@
 """runtime.Seeds, the one table of a run's random streams: distinct where they must be, and what the code uses."""
+import re
+import sys
+from pathlib import Path
+
 from machinery import runtime
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import layout_targets  # noqa: E402  (the project's own files: git ls-files)
 
 
 def test_the_data_orders_of_every_rank_are_distinct_streams():
@@ -18,11 +25,6 @@ def test_a_clips_jitter_does_not_depend_on_the_rank_and_differs_between_clips():
 
 def test_no_stream_is_seeded_outside_the_table():
     """The seed arithmetic lives in runtime.Seeds only: no `seed * 1000` or hand-made seed list elsewhere."""
-    import re
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    files = [p for p in root.rglob("*.py") if "tests" not in p.parts and p.name != "runtime.py"
-             and ".git" not in p.parts]
+    files = [p for p in layout_targets.project_files() if "tests" not in p.parts and p.name != "runtime.py"]
     pattern = re.compile(r"seed \* 1000|\[cfg\.seed, (run\.)?rank")
-    assert [str(p.relative_to(root)) for p in files if pattern.search(p.read_text())] == []
+    assert [str(p.relative_to(layout_targets.ROOT)) for p in files if pattern.search(p.read_text())] == []
