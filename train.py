@@ -47,6 +47,7 @@ from machinery.clips import Observer, jitter
 
 
 option = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE); extensions use it too
+MODES = ("rova", "dual", "grpo", "grpo-aug")
 
 
 GROUPS = {  # --help shows the flags in these groups, in this order
@@ -91,7 +92,7 @@ class Config(runs.RunConfig):
                                "invariance a pretrained VLM brings and a tiny model trained from scratch lacks)")
     # RL
     mode: str = option("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
-                               "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL")
+                               "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL", MODES)
     rl_steps: int = option(300, "RL steps (App. D: 300)", "RL")
     batch_size: int = option(4, "videos per RL step per process (Table 14: N = 4 per GPU)", "RL")
     group_size: int = option(8, "G: rollouts per video and branch (App. D: 8)", "RL")
@@ -134,12 +135,13 @@ class Config(runs.RunConfig):
     assess: str = option("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
                          "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                          "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
-                         "defer, YES with c > tau -> discard, else train)")
+                         "defer, YES with c > tau -> discard, else train)", choices=curriculum.ASSESS_RULES)
     random_keep: float = option(0.87, "assess=random (Fig. 4c's control): the share trained, the rest discarded at "
                                 "random (set it to a ROVA run's measured rho)")
     reassess: str = option("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
                            "`assess`) or verdict (one answerability forward per entry, App. G's cost, 1.5% of a step "
-                           "in Table 14: YES with c' <= tau promotes, NO keeps, YES with c' > tau evicts)")
+                           "in Table 14: YES with c' <= tau promotes, NO keeps, YES with c' > tau evicts)",
+                      choices=("rule", "verdict"))
     assess_after_update: bool = option(False, "Alg. 2's literal order: every fresh sample gets its GRPO step (l.5) "
                                        "before the self-assessment (l.6), which then only fills the buffer; default "
                                        "App. G's order (assessed first, only the selected trained)")
@@ -149,10 +151,12 @@ class Config(runs.RunConfig):
                             "completion's token mean, then the mean over the completions the curriculum kept: a "
                             "full-size update however few; DeepSeekMath, TRL loss_type='grpo'), fixed (the same sum "
                             "over batch_size x group_size per rank: the update shrinks with the completions kept; Dr. "
-                            "GRPO's constant denominator) or token (every kept token's loss over their number, DAPO)")
+                            "GRPO's constant denominator) or token (every kept token's loss over their number, DAPO)",
+                       choices=grpo.LOSS_NORMS)
     advantage: str = option("summed", "Eq. 8 on R_j, the components added first (summed: App. H.1's 'single combined "
                             "reward') or per_component (format, accuracy, alignment and any other term each normalised "
-                            "in its group, then added with its weight: App. H.1's multi-component reading)")
+                            "in its group, then added with its weight: App. H.1's multi-component reading)",
+                       choices=grpo.ADVANTAGES)
     fill_rounds: int = option(4, "--mode rova: draws from the stream after a step's first while its selection is short "
                               "of batch_size (samples arrive sequentially; 0: a step trains what its one draw selects)")
     updates_per_generation: int = option(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
@@ -171,7 +175,6 @@ DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epo
             reeval_period=10, unanswerable_below=0.0, answerability_epochs=1.0, video_cache=4096, eval_limit=240,
             micro_batch_size=0, demo_clips=_BENCH["n"], demo_families=",".join(_BENCH["families"]),
             demo_turn=",".join(map(str, _BENCH["turn"])))
-MODES = ("rova", "dual", "grpo", "grpo-aug")
 
 
 def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, check=None) -> Config:
@@ -191,13 +194,6 @@ def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, 
     return cfg
 
 
-def _check_choices(ap, cfg):
-    for name, choices in (("mode", MODES), ("assess", curriculum.ASSESS_RULES), ("reassess", ("rule", "verdict")),
-                          ("loss_norm", grpo.LOSS_NORMS), ("advantage", grpo.ADVANTAGES)):
-        if getattr(cfg, name) not in choices:
-            ap.error(f"{name} must be one of {', '.join(choices)}, got {getattr(cfg, name)!r}")
-
-
 def _check_config(ap, cfg):
     try:
         perturb.parse_eta(cfg.eta)
@@ -210,7 +206,6 @@ def _check_config(ap, cfg):
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
     if cfg.temporal_grpo < 0:
         ap.error(f"--temporal-grpo must be >= 0 (0: off), got {cfg.temporal_grpo}")
-    _check_choices(ap, cfg)
     if not 0 <= cfg.temporal_corruption <= 1:
         ap.error(f"temporal_corruption is a share in [0, 1], got {cfg.temporal_corruption}")
     if cfg.temporal_corruption and cfg.temporal_grpo:
@@ -262,10 +257,6 @@ class Item:
 Draw = namedtuple("Draw", "items selected rollout")   # samples of a step assessed together, and their rollouts
 Actor = namedtuple("Actor", "model processor observer device train_model")   # Alg. 2's F_theta (+ DDP's wrapper)
 Stream = namedtuple("Stream", "rank shard by_id clips")   # Alg. 2's D on a rank: its samples, all by id, the clips
-
-
-def answers_of(texts, sample):
-    return [answers.extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
 
 
 class RL:
@@ -337,12 +328,12 @@ class RL:
             if frames is None:
                 continue
             spec = spec or self.fresh_spec(spec_rng)
-            pert = self.clips.corrupt(s, frames, spec) if self.on_corrupted else frames
+            pert = perturbed(self.clips, s, frames, spec) if self.on_corrupted else frames
             it = Item(s, spec, promoted, clean=frames, pert=pert)
             if self.cfg.temporal_grpo:  # alone for --mode grpo
                 shuffled = perturb.PerturbSpec(spec.subtype if self.on_corrupted else None, spec.eta, spec.seed, True,
                                                dict(spec.params) if self.on_corrupted else {})
-                it.shuffled = self.clips.corrupt(s, frames, shuffled)
+                it.shuffled = perturbed(self.clips, s, frames, shuffled)
             items.append(it)
         return items
 
@@ -397,7 +388,7 @@ class RL:
         if judged:
             conf = self.confidences([it.pert for it in judged], [it.sample for it in judged])
             for it, c in zip(judged, conf):
-                a = self.assess(c, it.acc, answers_of(it.texts, it.sample), answers_of(it.clean_texts, it.sample),
+                a = self.assess(c, it.acc, answers.each(it.texts, it.sample), answers.each(it.clean_texts, it.sample),
                                 key=it.spec.seed)
                 it.decision = a.decision
                 if a.decision == "defer":  # Alg. 2 l.7-8, Eq. 4
@@ -509,7 +500,7 @@ class RL:
             frames = self.clips.get(s)
             out.append(None if frames is not None else FileNotFoundError(f"video of {s.id} is unreadable"))
             if frames is not None:
-                view = self.observer(s, self.clips.corrupt(s, frames, perturb.PerturbSpec.from_dict(entry.spec)))
+                view = self.observer(s, perturbed(self.clips, s, frames, perturb.PerturbSpec.from_dict(entry.spec)))
                 todo.append((len(out) - 1, s, view))
         if todo:
             conf = self.confidences([v for _, _, v in todo], [s for _, s, _ in todo])
@@ -559,12 +550,21 @@ class RL:
 
 # ----------------------------------------------------------------------------- the before/after check
 
-def evaluate(cfg, model, processor, samples, observer, clips):
-    """The demo's before/after check (runs.accuracy_check) under Sec. 4's static protocol: the k-th question
-    gets the k-th of the 12 subtypes in turn, one corruption per (video, subtype)."""
-    def spec(s, k):
-        return perturb.static_spec(data.video_identity(s), perturb.SUBTYPES[k % len(perturb.SUBTYPES)], eta=cfg.eta)
-    return runs.accuracy_check(cfg, model, processor, samples, observer, clips, spec)
+def accuracy_check(run, name=None):
+    """The demo's before/after check (runs.greedy_accuracy) on the first eval_limit held-out questions under Sec. 4's
+    static protocol: the k-th question gets the k-th of the 12 subtypes in turn, one corruption per (video, subtype)."""
+    def clips():
+        for k, s in enumerate(run.eval_samples[:run.cfg.eval_limit]):
+            if (frames := run.clips.checked(s)) is not None:
+                subtype = perturb.SUBTYPES[k % len(perturb.SUBTYPES)]
+                yield s, frames, perturbed(run.clips, s, frames, perturb.static_spec(data.video_identity(s), subtype,
+                                                                                     eta=run.cfg.eta))
+    return runs.greedy_accuracy(run, clips(), name)
+
+
+def perturbed(clips, sample, frames, spec):
+    """V~ (Eq. 4): a clip under `spec`, with its depth (Sec. 3.1's depth-conditioned perturbations)."""
+    return perturb.apply(frames, spec, clips.depth_map(sample, frames))
 
 
 # ----------------------------------------------------------------------------- main
@@ -581,7 +581,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), runtime.Seeds(cfg.seed, run.rank).sft_order)
-    warm_up = answerability_warm_up(run, per_rank[0] if ckpt else {})
+    warm_up = warmup.AnswerabilityWarmUp(run, per_rank[0] if ckpt else {}, curriculum.answerability_messages)
     if ckpt:
         run.resume(per_rank, optim, ckpt)
         cursor.load(per_rank[0]["cursor"])
@@ -593,7 +593,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
             nll, n = sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
         else:   # half answerability, half the task (replayed: alone, the model forgets it)
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
-            nll, n = warm_up.step(half, task_batch)
+            nll, n = warm_up.step(answerability_shown(run, warm_up, half), task_batch)
         nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
@@ -607,21 +607,24 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     del optim  # no optimiser state is kept past its stage (AdamW's is twice the trained weights)
     gc.collect()
     if total > 0:
-        run.evaluate("eval_after_sft.json")
+        accuracy_check(run, "eval_after_sft.json")
     return True
 
 
-def answerability_warm_up(run, saved):
-    """The answerability warm-up (machinery/warmup.py) with this run's corruptions (one spec per clip, seeded by
-    (seed, rank, index): the same on a rerun) and Fig. 10's prompt."""
-    cfg, seeds = run.cfg, runtime.Seeds(run.cfg.seed, run.rank)
-
-    def draw(i):
-        return perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=cfg.eta).to_dict()
-
-    def corrupt(s, frames, spec):
-        return run.clips.corrupt(s, frames, perturb.PerturbSpec.from_dict(spec))
-    return warmup.AnswerabilityWarmUp(run, saved, draw, corrupt, curriculum.answerability_messages)
+def answerability_shown(run, warm_up, n):
+    """The answerability warm-up's next n examples (machinery/warmup.py), each clip as shown: clean, or under this
+    run's spec of it (one per clip, seeded by (seed, rank, index): the same on a rerun). Labelled once, after the
+    task SFT, from every readable clip of the shard, clean and corrupted."""
+    def shown(s, spec, frames):   # (spec: a dict; None: the clean clip)
+        return frames if spec is None else perturbed(run.clips, s, frames, perturb.PerturbSpec.from_dict(spec))
+    if warm_up.labels is None:
+        seeds, examples = runtime.Seeds(run.cfg.seed, run.rank), []
+        for i, s in enumerate(run.shard):
+            if (frames := run.clips.get(s)) is not None:
+                spec = perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=run.cfg.eta)
+                examples += [(s, None, frames), (s, spec.to_dict(), shown(s, spec.to_dict(), frames))]
+        warm_up.label(examples)
+    return [(s, x, shown(s, x["spec"], f)) for s, x in warm_up.batch(n) if (f := run.clips.get(s)) is not None]
 
 
 def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, rl=RL, observer=None,
@@ -668,19 +671,18 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     or a subclass), the final weights and the after check."""
     state = json.loads((ckpt / "state.json").read_text())["state"] if ckpt else {"stage": "sft", "step": 0}
     per_rank = checkpoints.load_rank_state(ckpt, run.rank)
-    note = rl.needs_judge(run.cfg) and judges.stand_in_note(run.cfg.judge,
-                                                            sum(p.numel() for p in run.model.parameters()))
-    if note:   # (the default offline judge on a real model)
-        runtime.log(note)
+    n_params = sum(p.numel() for p in run.model.parameters())
+    if rl.needs_judge(run.cfg) and (note := judges.stand_in_note(run.cfg.judge, n_params)):
+        runtime.log(note)   # (the default offline judge on a real model)
     if not (run.out / "eval_before.json").is_file():
-        run.evaluate("eval_before.json")
+        accuracy_check(run, "eval_before.json")
     if state["stage"] == "sft":
         if not run_sft(run, state, ckpt, per_rank, sft_step):
             return
         state, ckpt, per_rank = {"stage": "rl", "step": 0}, None, None
     rl = run_rl(run, state, ckpt, per_rank, rl)
     if rl is not None:
-        runs.finish(run, rl.buffer.stats(), len(rl.queue))   # (promoted samples still queued: never trained)
+        runs.finish(run, rl.buffer.stats(), len(rl.queue), accuracy_check(run))   # (queued: never trained)
 
 
 RESUME = "rerun the same command to continue from the last checkpoint"   # Ctrl-C's line (before OUT is known)
@@ -690,8 +692,7 @@ def main(argv=None, **settings):
     """Train (Alg. 2). `settings`: values for Config fields without a flag."""
     cfg = parse_args(argv, settings)
     with runtime.interrupt_hint(runs.resume_hint(cfg, RESUME)):
-        run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=evaluate,
-                               check_model=runs.vlm_only)
+        run, ckpt = runs.setup(cfg, observer=Observer(cfg))
         train(run, ckpt)
 
 

@@ -41,13 +41,12 @@ def worker(assets: Path, repeats: int, busy: bool):
 
     from machinery import policy
     from machinery import clips as clips_mod
-    import perturb
     import train
 
     model, processor = policy.load_policy(str(assets / "tiny"), device="cpu")
     samples, _ = data.load_video_r1(assets / "synth" / "train.json")
     cfg = train.Config(frames=8, max_pixels=56 * 56, video_cache=64)
-    clips, observer = clips_mod.Clips(cfg, [], len(samples), perturb.apply), train.Observer(cfg)
+    clips, observer = clips_mod.Clips(cfg, [], len(samples)), train.Observer(cfg)
     batch = samples[:16]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     prompts = policy.make_inputs(processor, [data.build_messages(s) for s in batch[:4]],

@@ -41,7 +41,6 @@ from machinery import policy  # noqa: E402
 from machinery import tiny as tiny_model  # noqa: E402
 import train  # noqa: E402
 from machinery import clips as clips_mod  # noqa: E402
-import perturb  # noqa: E402
 
 MODES = ("grpo", "dual", "rova")
 COMPONENTS = ("perturbation", "rollout", "self_assessment", "alignment_reward",
@@ -110,7 +109,7 @@ def run(args):
     if missing:
         print(f"note: {len(missing)} videos of {args.data} are missing; their samples are left out")
     cfg0 = train.Config(frames=args.frames, max_pixels=args.max_pixels, video_cache=len(samples) + 1)
-    clips = clips_mod.Clips(cfg0, [], len(samples), perturb.apply)
+    clips = clips_mod.Clips(cfg0, [], len(samples))
     for s in samples:  # decode everything before timing
         clips.get(s)
     modes = {m: make_mode(args, m, samples, clips, work) for m in MODES}

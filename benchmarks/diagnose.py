@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import curriculum  # noqa: E402
-from machinery import data  # noqa: E402
+from machinery import answers, data  # noqa: E402
 import grpo  # noqa: E402
 import judge as judges  # noqa: E402
 import perturb  # noqa: E402
@@ -107,8 +107,8 @@ def measure(args):
                                **gen)
         pert = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[3] for b in batch]), n=G,
                               **gen)
-        asked = policy.make_inputs(processor, curriculum.answerability_messages([data.question_text(b[0]) for b in batch]),
-                                   [b[3] for b in batch])
+        questions = curriculum.answerability_messages([data.question_text(b[0]) for b in batch])
+        asked = policy.make_inputs(processor, questions, [b[3] for b in batch])
         conf = curriculum.answerability(model, asked, policy.tokenizer_of(processor))
         for k, (s, spec, _, _) in enumerate(batch):
             ct, pt = clean.texts[k * G:(k + 1) * G], pert.texts[k * G:(k + 1) * G]
@@ -116,7 +116,7 @@ def measure(args):
             rew, comp = grpo.total_reward(pt, s.answer, s.problem_type, reference_texts=ct, judge=judge,
                                           alpha_r=args.alpha_r, alpha_a=args.alpha_a, source=s.source)
             base = [f + a for f, a in zip(comp["format"], comp["accuracy"])]
-            a = curriculum.self_assess(comp["accuracy"], conf[k], train.answers_of(pt, s), train.answers_of(ct, s),
+            a = curriculum.self_assess(comp["accuracy"], conf[k], answers.each(pt, s), answers.each(ct, s),
                                    tau=args.tau, a_min=args.a_min, a_max=args.a_max,
                                    unanswerable_below=args.unanswerable_below)
             groups.append(dict(category=perturb.CATEGORY_OF[spec.subtype], subtype=spec.subtype, acc_clean=acc_c,

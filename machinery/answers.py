@@ -242,6 +242,11 @@ def extract_answer(text, source: str | None = None, *, problem_type: str | None 
 _THINK_TAG = re.compile(r"<think>\s*(.*?)\s*(</think>|$)", re.DOTALL)
 
 
+def each(texts, sample) -> list[str]:
+    """The answer in each of a sample's outputs (extract_answer by its source and problem type)."""
+    return [extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
+
+
 def extract_reasoning(text, *, lenient: bool = False) -> str:
     """The reasoning in a model output, stripped; never raises (not a string -> "").
 

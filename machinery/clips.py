@@ -1,9 +1,10 @@
 """The training clips: decoded once (an LRU cache of --video-cache clips), a missing or unreadable video skipped
-and remembered, each clip corrupted with its own depth (Sec. 3.1's depth-conditioned perturbations); what the
-policy is shown of a clip (`Observer`); SFT's photometric jitter."""
+and remembered, each clip's depth for the stage's corruption of it (Sec. 3.1's depth-conditioned perturbations,
+perturb.apply); what the policy is shown of a clip (`Observer`); SFT's photometric jitter."""
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -11,15 +12,25 @@ from machinery import data, policy, runtime, video
 from machinery import depth as depths
 
 
+@runtime_checkable
+class ClipSettings(Protocol):
+    """What the clip reader reads of a run's settings (train.Config's fields of these names)."""
+    frames: int               # frames read per clip
+    max_pixels: int           # pixels per frame
+    video_cache: int          # decoded clips kept in memory
+    max_bad_fraction: float   # the share of the data's videos that may be unreadable before the run stops
+    depth_model: str          # depth.Depth's source: auto, proxy, or a model
+    depth_cache: str          # its cache folder ("" : the default)
+
+
 class Clips:
     """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
     (path -> reason) so that it is neither decoded again nor counted twice; above a share
     (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler.
-    `corrupt` applies a spec with the clip's depth (--depth-model's, depth.Depth; or perturb's proxy), by
-    `apply` (perturb.apply)."""
+    `depth_map` is a clip's depth for its corruption (--depth-model's, depth.Depth; None: perturb's proxy)."""
 
-    def __init__(self, cfg, missing: list, n_videos: int, apply, read_kwargs=None):
-        self.cfg, self.cache, self.n_videos, self.apply = cfg, OrderedDict(), n_videos, apply
+    def __init__(self, cfg: ClipSettings, missing: list, n_videos: int, read_kwargs=None):
+        self.cfg, self.cache, self.n_videos = cfg, OrderedDict(), n_videos
         self.bad = {path: "missing" for _, path in missing}
         self.read_kwargs = read_kwargs or {}
         self.depth = depths.Depth(cfg.depth_model, cfg.depth_cache or None)
@@ -31,11 +42,20 @@ class Clips:
                                                           max_pixels=self.cfg.max_pixels, **self.read_kwargs)
         return frames
 
-    def corrupt(self, sample, frames, spec):
-        """perturb.apply(frames, spec) with the clip's depth (Sec. 3.1: depth-conditioned perturbations; None:
-        perturb's proxy)."""
-        d = self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video), video_path=sample.video)
-        return self.apply(frames, spec, d)
+    def depth_map(self, sample, frames):
+        """The clip's depth in [0, 1] for perturb.apply (Sec. 3.1: depth-conditioned perturbations; None: perturb's
+        proxy)."""
+        return self.depth_of(frames, data.video_identity(sample), self.indices.get(sample.video),
+                             video_path=sample.video)
+
+    def checked(self, sample):
+        """A held-out question's clip for the before/after check (not cached, not counted as bad), or None when it
+        cannot be read (logged)."""
+        try:
+            return self.read(sample.video)
+        except Exception as e:  # noqa: BLE001
+            runtime.log(f"evaluation: skipping {sample.id}: {e}")
+            return None
 
     def get(self, sample):
         if sample.video in self.bad:

@@ -64,9 +64,9 @@ class Corruption(Protocol):
     def __call__(self, frames: np.ndarray, spec: dict, depth: np.ndarray | None) -> np.ndarray: ...
 
 
-def read_clip(group, settings: EvalSettings, read_kwargs, with_indices=False):
-    """(frames, fps seen by the model[, the frame indices read]) or a VideoError; fps: qwen-vl-utils' sample fps,
-    or --fps. read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
+def read_for_model(group, settings: EvalSettings, read_kwargs, with_indices=False):
+    """A question group's clip as the model is shown it: (frames, fps[, the frame indices read]) or a VideoError;
+    fps: qwen-vl-utils' sample fps, or --fps. read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
     frames, indices, fps = video.read_frames(group.path, num_frames=settings.frames, max_pixels=settings.max_pixels,
                                              **read_kwargs)
     if settings.fps != "video":
@@ -99,7 +99,7 @@ def export(groups, manifest, settings: EvalSettings, read_kwargs, corrupt: Corru
     rows = []
     for g in groups:
         try:
-            frames, fps, indices = read_clip(g, settings, read_kwargs, with_indices=True)
+            frames, fps, indices = read_for_model(g, settings, read_kwargs, with_indices=True)
         except Exception as e:  # noqa: BLE001 - recorded, never fatal
             rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
             continue
@@ -391,7 +391,7 @@ class Runner:
         """Each group's clean clip (frames, fps), or the reason it cannot be read; in parallel (decoding and
         resizing run in C)."""
         with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-            reads = [pool.submit(read_clip, g, self.settings, self.read_kwargs, True) for g in groups]
+            reads = [pool.submit(read_for_model, g, self.settings, self.read_kwargs, True) for g in groups]
         out = []
         for g, r in zip(groups, reads):
             try:

@@ -8,12 +8,22 @@ import math
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from machinery import data, engine, parallel, policy, runtime
+
+
+@runtime_checkable
+class LearnerSettings(Protocol):
+    """What the optimiser and the SFT backward read of a run's settings (train.Config's fields of these names)."""
+    weight_decay: float       # AdamW's
+    max_grad_norm: float      # the gradient norm clip
+    micro_batch_size: int     # rows per forward/backward (0: all at once)
+    frames: int               # a stand-in prompt's blank video: frames
+    max_pixels: int           # ... and pixels per frame
 
 
 @dataclass
@@ -26,7 +36,7 @@ class Optim:
     max_grad_norm: float
 
     @classmethod
-    def make(cls, cfg, model, lr, total_steps, device, restart=0):
+    def make(cls, cfg: LearnerSettings, model, lr, total_steps, device, restart=0):
         """`restart`: the schedule starts again from lr at that step (SFT's answerability part)."""
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
@@ -161,7 +171,7 @@ class Learner:
         return {**sums, "engine_logprob_gap": gap}, n_rows
 
 
-def stand_in(cfg, processor, observer, sample):
+def stand_in(cfg: LearnerSettings, processor, observer, sample):
     """A one-row prompt for a zero-weight micro-batch (this rank has fewer rows than another, possibly none:
     parallel.backward_micro_batches): `sample`'s question on a blank video of the run's frame size."""
     side = max(56, int(math.sqrt(cfg.max_pixels)) // 28 * 28)
@@ -169,7 +179,7 @@ def stand_in(cfg, processor, observer, sample):
     return observer.inputs(processor, [data.build_messages(sample)], [observer(sample, blank)])
 
 
-def sft_backward(cfg, model, processor, inputs, targets, blank):
+def sft_backward(cfg: LearnerSettings, model, processor, inputs, targets, blank):
     """-log p(target + <|im_end|> | prompt) of each row of `inputs`, micro-batched, the gradient being the mean
     over every target token of the step on every rank (as one big batch would give). `blank()`: a stand-in
     prompt (stand_in) for a rank with no rows. Returns (this rank's mean NLL per token, its target tokens)."""

@@ -9,11 +9,12 @@ run's end (summary.json).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -22,13 +23,15 @@ import torch.distributed as dist
 from machinery import answers, checkpoints, data, memory, parallel, policy, runtime, synthetic
 from machinery import depth as depths
 from machinery import tiny as tiny_model
-from machinery.clips import Clips
+from machinery.clips import Clips, ClipSettings
+from machinery.engine import EngineSettings
+from machinery.learner import LearnerSettings
 
 
-def arg(default, help_, group=None):
+def arg(default, help_, group=None, choices=None):
     """A config field: a command-line flag in `group`, or (group None) a setting that only code changes
-    (the demo preset, an extension, a test) or --set NAME=VALUE."""
-    return field(default=default, metadata={"help": help_, "group": group})
+    (the demo preset, an extension, a test) or --set NAME=VALUE; `choices`: its only values (parse_config)."""
+    return field(default=default, metadata={"help": help_, "group": group, "choices": choices})
 
 
 @dataclass
@@ -73,6 +76,25 @@ class RunConfig:
     stop_after: int = arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
 
 
+@runtime_checkable
+class RunSettings(ClipSettings, LearnerSettings, EngineSettings, Protocol):
+    """What the run plumbing reads of a script's config beyond RunConfig's own fields: train.Config's fields of
+    these names (and the clips', the learner's and the engine's). tests/test_settings.py checks that the machinery
+    reads nothing else."""
+    data: str                 # the training data
+    video_root: str
+    lora_r: int               # the policy as loaded (0: full fine-tuning)
+    load_in_4bit: bool
+    mode: str                 # the RL mode: the branches of the memory plan, the table's title
+    beta: float               # Eq. 7's KL coefficient (0: no reference model)
+    batch_size: int           # the memory plan's RL step
+    group_size: int
+    temporal_grpo: int
+    max_new_tokens: int       # generated tokens (the checks', the warm-up's, the plan's)
+    judge: str                # the alignment judge (checked before anything loads)
+    sft_batch_size: int       # the answerability warm-up's labelling batch
+
+
 # ----------------------------------------------------------------------------- a dataclass as the command line
 
 def config_parser(config, groups, *, plumbing="output", **kwargs):
@@ -107,7 +129,8 @@ _KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean (tru
 def parse_config(ap, config, argv=None, settings=None, preset=None):
     """(config, preset used): `ap` (config_parser) applied to `argv`. `preset(args) -> dict`: defaults that
     replace the dataclass's for this command line (flags given explicitly still win; fields without a
-    flag are set unless --set or `settings` names them). `settings`: values for fields without a flag."""
+    flag are set unless --set or `settings` names them). `settings`: values for fields without a flag. A field
+    with `choices` (arg) holding another value is one line's error."""
     from dataclasses import fields
 
     args = vars(ap.parse_args(argv))
@@ -119,7 +142,11 @@ def parse_config(ap, config, argv=None, settings=None, preset=None):
     kinds = {f.name: str(f.type) for f in fields(config) if f.metadata.get("group") is None}
     given = {**_settings(ap, kinds, args.pop("set")), **(settings or {})}
     unset = {k: v for k, v in chosen.items() if k in kinds and k not in given}
-    return config(**{**args, **unset, **given}), bool(chosen)
+    cfg = config(**{**args, **unset, **given})
+    for f in fields(config):
+        if f.metadata.get("choices") and getattr(cfg, f.name) not in f.metadata["choices"]:
+            ap.error(f"{f.name} must be one of {', '.join(f.metadata['choices'])}, got {getattr(cfg, f.name)!r}")
+    return cfg, bool(chosen)
 
 
 def _settings(ap, kinds, items):
@@ -144,16 +171,26 @@ RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.js
 RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
 
-def prepare_demo(cfg, rank):
+@dataclass(frozen=True)
+class Demo:
+    """What a script's demo (no --model, no --data) builds under OUT: its tiny model (tiny.build_tiny's `arch`
+    and `extra_texts`, in OUT/`folder`) and the synthetic benchmark (in `synthetic`; default OUT/synthetic)."""
+    folder: str = "tiny"
+    arch: str = "qwen2_5_vl"
+    extra_texts: tuple = ()
+    synthetic: str = ""
+
+
+def prepare_demo(cfg, rank, demo=Demo()):
     """No --model and no --data: the tiny model and the synthetic benchmark under OUT (built once)."""
     out = Path(cfg.out)
-    tiny, synth = out / "tiny", out / "synthetic"
+    tiny, synth = out / demo.folder, Path(demo.synthetic) if demo.synthetic else out / "synthetic"
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if not (tiny / "config.json").is_file():
             runtime.log(f"demo: building the tiny model in {tiny}")
             with runtime.no_hf_progress_bars():
-                tiny_model.build_tiny(tiny)
+                tiny_model.build_tiny(tiny, arch=demo.arch, extra_texts=demo.extra_texts)
         make_demo_benchmark(cfg, synth)
     runtime.barrier()
     cfg.model = str(tiny)
@@ -205,9 +242,9 @@ def check_sources(cfg):
     runtime.check_hf_flags({"--judge": cfg.judge})
 
 
-def load_data(cfg, rank, world, corrupt, read_kwargs=None):
-    """The training samples (all, and this rank's shard) and the clip reader (`corrupt`: perturb.apply; `read_kwargs`:
-    video.read_frames arguments, a frame sampler); too many missing videos stop."""
+def load_data(cfg, rank, world, read_kwargs=None):
+    """The training samples (all, and this rank's shard) and the clip reader (`read_kwargs`: video.read_frames
+    arguments, a frame sampler); too many missing videos stop."""
     samples, missing = data.load_video_r1(cfg.data, cfg.video_root or None)
     n_videos = len({s.video for s in samples} | {p for _, p in missing})
     n_missing = len({p for _, p in missing})
@@ -217,13 +254,13 @@ def load_data(cfg, rank, world, corrupt, read_kwargs=None):
                                 f"{missing[0][1]}")
     if not samples:
         raise runtime.UserError(f"no usable training samples in {cfg.data}")
-    return samples, samples[rank::world], Clips(cfg, missing, n_videos, corrupt, read_kwargs)
+    return samples, samples[rank::world], Clips(cfg, missing, n_videos, read_kwargs)
 
 
 @dataclass
 class Run:
     """What both stages share: the config, this process, the model, the data, the log."""
-    cfg: Any                         # train.Config (or an extension's subclass)
+    cfg: RunSettings                 # train.Config (or an extension's subclass)
     rank: int
     world: int
     device: Any
@@ -240,7 +277,6 @@ class Run:
     sharding: str = "none"           # parallel.choose: fsdp | ddp | none
     train_model: Any = None          # what forward/backward go through (the DDP wrapper), else the model
     steps_this_run: int = 0
-    check: Any = None                # (cfg, model, processor, samples, observer, clips) -> the before/after check
 
     def checkpoint(self, state, optim, plain):
         """Weights and optimiser state with torch.distributed.checkpoint (each rank its shard), every rank's
@@ -272,16 +308,6 @@ class Run:
             return True
         return False
 
-    def evaluate(self, name):
-        """The demo's before/after check, on rank 0 (the others wait in FSDP2's gathered weights)."""
-        with parallel.gathered(self.model):
-            if self.eval_samples and self.rank == 0:
-                result = self.check(self.cfg, self.model, self.processor, self.eval_samples, self.observer, self.clips)
-                if name:
-                    (self.out / name).write_text(json.dumps(result))
-                return result
-        return None
-
 
 def reference_model(run):
     """The frozen reference of Eq. 7's KL: the policy as RL starts (with LoRA: the adapters off, None here; with
@@ -300,25 +326,24 @@ def reference_model(run):
     return policy.frozen_copy(ref, deep=False)
 
 
-def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwargs=None):
+def setup(cfg: RunSettings, *, observer, text_policy=False, policy_flag="", demo=Demo(), read_kwargs=None):
     """The process, the run folder (claimed: continue, refuse or start), the model and the data. `observer`: what
-    the policy sees of a clip; `corrupt`: perturb.apply; `check`: the before/after check (Run.evaluate);
-    `check_model(cfg, model)`: raises a UserError when the loaded model is not the kind the script trains;
-    `prepare(cfg, rank)`: the demo's model and data (default prepare_demo); `read_kwargs`: video.read_frames
-    arguments (a frame sampler)."""
+    the policy sees of a clip; `text_policy`: the script trains a text-only LM, not a VLM (a model of the other
+    kind is refused: check_policy_kind; `policy_flag`: the flag that switches); `demo`: what the demo builds;
+    `read_kwargs`: video.read_frames arguments (a frame sampler)."""
     rank, world, device = runtime.setup_distributed()
     out = runtime.out_dir(cfg.out, create=False)
     with runtime.no_folder_if_refused(out):   # a start refused below leaves no folder it made
         demo = not cfg.model
         if demo:
             depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
-            (prepare or prepare_demo)(cfg, rank)
+            prepare_demo(cfg, rank, demo)
         seeds = runtime.Seeds(cfg.seed, rank)
         random.seed(seeds.process)
         np.random.seed(seeds.process)
         torch.manual_seed(seeds.process)
         spec_rng = np.random.default_rng(seeds.rl_specs)
-        samples, shard, clips = load_data(cfg, rank, world, corrupt, read_kwargs)   # data errors first
+        samples, shard, clips = load_data(cfg, rank, world, read_kwargs)   # data errors first
         eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
         if not demo:
             check_sources(cfg)
@@ -330,13 +355,13 @@ def setup(cfg, *, observer, corrupt, check, check_model, prepare=None, read_kwar
                                             folders=RUN_FOLDERS, log=runtime.log, world=world)
         sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
         model, processor = load_model(cfg, sharding, world, device, ckpt)
-        check_model(cfg, model)
+        check_policy_kind(cfg.model, model, text_policy, policy_flag)
     if ckpt and rank == 0:
         checkpoints.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
     runtime.barrier()
     run = Run(cfg, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
               runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean", "rho")}),
-              eval_samples, sharding, parallel.replicate(model, device) if sharding == "ddp" else model, check=check)
+              eval_samples, sharding, parallel.replicate(model, device) if sharding == "ddp" else model)
     return run, ckpt
 
 
@@ -351,11 +376,13 @@ def resume_hint(cfg, resume):
     return hint
 
 
-def vlm_only(cfg, model):
-    """The policy trained here watches videos: a text-only LM is refused (one line; setup removes the run folder
-    it made)."""
-    if policy.is_text_model(model):
-        raise runtime.UserError(f"--model {cfg.model} is a text-only LM; train.py trains a vision-language model")
+def check_policy_kind(name, model, text_policy, flag=""):
+    """The loaded model is the kind the script trains (a VLM, or with `text_policy` a text-only LM); the other kind
+    is refused in one line (setup removes the run folder it made), naming `flag` and the value that takes it."""
+    if policy.is_text_model(model) != text_policy:
+        kind, wants = ("a text-only LM", "a vision-language model") if not text_policy else ("a VLM", "a text-only LM")
+        fix = f" (or {flag} {'vlm' if text_policy else 'text'})" if flag else ""
+        raise runtime.UserError(f"--model {name} is {kind}; this run trains {wants}{fix}")
 
 
 def check_memory(cfg, sharding, world, device):
@@ -393,40 +420,38 @@ def load_model(cfg, sharding, world, device, ckpt):
 
 # ----------------------------------------------------------------------------- the before/after check
 
-def accuracy_check(cfg, model, processor, samples, observer, clips, spec, batch_size=16):
-    """A quick check for the demo: greedy accuracy pooled over the first eval_limit questions, on clean videos and
-    each corrupted by `spec(sample, k)` (k: its index). The benchmark's own aggregation (per-task means,
-    categories, reasoning quality) is eval_pvrbench.py's."""
-    samples = samples[:cfg.eval_limit]
-    scores = {"clean": [], "perturbed": []}
-    for start in range(0, len(samples), batch_size):
-        chunk, frames = [], []
-        for k, s in enumerate(samples[start:start + batch_size]):
-            try:
-                frames.append(clips.read(s.video))
-            except Exception as e:  # noqa: BLE001
-                runtime.log(f"evaluation: skipping {s.id}: {e}")
-                continue
-            chunk.append((s, spec(s, start + k)))
-        for cond in scores if chunk else ():
-            vids = frames if cond == "clean" else [clips.corrupt(s, f, sp) for f, (s, sp) in zip(frames, chunk)]
-            inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in chunk],
-                                     [observer(s, v) for v, (s, _) in zip(vids, chunk)])
-            out = policy.rollout(model, processor, inputs, n=1, max_new_tokens=cfg.max_new_tokens, do_sample=False)
-            scores[cond] += [answers.score_sample(t, s) for t, (s, _) in zip(out.texts, chunk)]
-    return {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
+def greedy_accuracy(run, clips, name=None, batch_size=16):
+    """A quick check for the demo, on rank 0 (the others wait in FSDP2's gathered weights): greedy accuracy pooled
+    over `clips`, the stage's (sample, clean clip, corrupted clip) of each held-out question it could read, written
+    to OUT/`name` if given. The benchmark's own aggregation (per-task means, categories, reasoning quality) is
+    eval_pvrbench.py's."""
+    with parallel.gathered(run.model):
+        if not run.eval_samples or run.rank != 0:
+            return None
+        scores, clips = {"clean": [], "perturbed": []}, iter(clips)
+        while chunk := list(itertools.islice(clips, batch_size)):
+            samples = [s for s, _, _ in chunk]
+            for cond, views in (("clean", [c for _, c, _ in chunk]), ("perturbed", [p for _, _, p in chunk])):
+                inputs = run.observer.inputs(run.processor, [data.build_messages(s) for s in samples],
+                                             [run.observer(s, v) for s, v in zip(samples, views)])
+                out = policy.rollout(run.model, run.processor, inputs, n=1, max_new_tokens=run.cfg.max_new_tokens,
+                                     do_sample=False)
+                scores[cond] += [answers.score_sample(t, s) for t, s in zip(out.texts, samples)]
+        result = {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
+        if name:
+            (run.out / name).write_text(json.dumps(result))
+        return result
 
 
-def finish(run, buffer_stats, queued):
+def finish(run, buffer_stats, queued, after):
     """The final weights, summary.json (every rank's skipped videos and weight checksum; `queued`: this rank's
-    promoted samples never trained) and the before/after table."""
+    promoted samples never trained) and the before/after table (`after`: the final check, on rank 0)."""
     checksum = parallel.checksum(run.model, run.device)  # replicas (DDP): equal on every rank
     mine = (checksum, run.clips.bad, queued)
     gathered = [mine] * run.world
     if dist.is_initialized():
         dist.all_gather_object(gathered, mine)
     run.save_model(run.out / "final")
-    after = run.evaluate(None)  # every rank enters (FSDP2 gathers the weights), rank 0 evaluates
     if run.rank == 0:
         bad = {path: why for _, b, _ in gathered for path, why in b.items()}  # every rank's skipped videos
         summary = {"config": asdict(run.cfg), "buffer": buffer_stats, "bad_videos": len(bad),

@@ -64,7 +64,7 @@ def main():
             parallel.shard(ref, device)
     train_model = parallel.replicate(model, device) if sharding == "ddp" else model
     samples, _ = data.load_video_r1(data_json)
-    clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
+    clips = clips_mod.Clips(cfg, [], len(samples))
     rl = train.build_rl(cfg, rank, world, device, samples, clips, model, processor, ref, train_model=train_model)
 
     chosen = samples[:3]

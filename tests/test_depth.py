@@ -184,27 +184,26 @@ def bench(tmp_path_factory):
     return root
 
 
-def test_train_clips_corrupt_with_the_clips_depth(tiny, tmp_path, bench):
+def test_train_clips_give_each_clip_its_depth(tiny, tmp_path, bench):
     cfg = train.parse_args(["--depth-model", tiny, "--frames", "4", "--max-pixels", str(56 * 56)],
                            settings={"depth_cache": str(tmp_path)})
     assert cfg.depth_model == tiny and "depth_cache" in runs.NOT_RESULT_KEYS
     samples, _ = data.load_vsibench(bench / "eval.jsonl", bench / "videos")
-    clips, s = clips_mod.Clips(cfg, [], len(samples), perturb.apply), samples[0]
+    clips, s = clips_mod.Clips(cfg, [], len(samples)), samples[0]
     frames, spec = clips.get(s), perturb.static_spec(data.video_identity(s), "fog")
     source = depth.Source(tiny, tmp_path)
     d = source(frames, data.video_identity(s), video.read_frames(s.video, 4, 56 * 56)[1])
-    assert np.array_equal(clips.corrupt(s, frames, spec), perturb.apply(frames, spec, d))
+    assert np.array_equal(train.perturbed(clips, s, frames, spec), perturb.apply(frames, spec, d))
     assert clips.depth_of.items[data.video_identity(s)][0] is frames   # the next spec reuses it (ClipMemo)
     assert len(list(tmp_path.rglob("*.npy"))) == 1   # the same cache entry
-    auto = clips_mod.Clips(train.parse_args(["--frames", "4", "--max-pixels", str(56 * 56)]), [], len(samples),
-                          perturb.apply)
+    auto = clips_mod.Clips(train.parse_args(["--frames", "4", "--max-pixels", str(56 * 56)]), [], len(samples))
     own = depth.own_depth(depth.own_depth_file(s.video), frames, video.read_frames(s.video, 4, 56 * 56)[1])
     assert auto.depth.kind(s.video) == "own"   # the default: the synthetic benchmark's own (true) depth
-    assert np.array_equal(auto.corrupt(s, frames, spec), perturb.apply(frames, spec, own))
-    plain = clips_mod.Clips(train.parse_args(["--depth-model", "proxy"]), [], len(samples), perturb.apply)
+    assert np.array_equal(auto.depth_map(s, frames), own)
+    plain = clips_mod.Clips(train.parse_args(["--depth-model", "proxy"]), [], len(samples))
     assert plain.depth.kind(s.video) == "proxy"
-    assert np.array_equal(plain.corrupt(s, frames, spec), perturb.apply(frames, spec))
-    assert not np.array_equal(plain.corrupt(s, frames, spec), auto.corrupt(s, frames, spec))
+    assert plain.depth_map(s, frames) is None   # perturb.apply's own proxy
+    assert not np.array_equal(train.perturbed(plain, s, frames, spec), train.perturbed(auto, s, frames, spec))
 
 
 # ----------------------------------------------------------------------------- eval_pvrbench

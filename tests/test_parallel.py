@@ -182,7 +182,7 @@ def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
     samples, _ = data.load_video_r1(data_json)
     model, processor = policy.load_policy(tiny)
     cfg = train.Config(frames=4, max_pixels=56 * 56)
-    clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
+    clips = clips_mod.Clips(cfg, [], len(samples))
     observer = train.Observer(cfg)
     grads, values = [], []
     for mb in (0, 1, 2):

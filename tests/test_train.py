@@ -259,7 +259,7 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
     model, processor = runs.load_model(cfg, "none", 1, device, None)
     ref = policy.frozen_copy(policy.load_policy(tiny, dtype=torch.float32)[0], deep=False)
     samples, _ = data.load_video_r1(train_json)
-    clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
+    clips = clips_mod.Clips(cfg, [], len(samples))
     rl = train.build_rl(cfg, 0, 1, device, samples, clips, model, processor, ref)
     chosen = samples[:2]
     inputs = policy.make_inputs(processor, [data.build_messages(s) for s in chosen], [clips.get(s) for s in chosen])
@@ -421,13 +421,14 @@ def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(
     items = {}
     for share in (0.0, 1.0):
         cfg = train.parse_args(args(assets, tmp_path / str(share)), settings={"temporal_corruption": share})
-        clips = clips_mod.Clips(cfg, [], len(samples), perturb.apply)
+        clips = clips_mod.Clips(cfg, [], len(samples))
         rl = train.build_rl(cfg, 0, 1, torch.device("cpu"), samples, clips, model, processor, None)
         items[share] = rl.corrupt_videos([(s, None, False) for s in samples[:4]], np.random.default_rng(0))
     for a, b in zip(items[0.0], items[1.0]):
         assert not a.spec.shuffle and b.spec.shuffle and (a.spec.subtype, a.spec.seed) == (b.spec.subtype, b.spec.seed)
         order = perturb.temporal_permutation(len(a.clean), b.spec.seed)
-        assert np.array_equal(b.clean, a.clean) and np.array_equal(b.pert, clips.corrupt(a.sample, a.clean, b.spec))
+        assert np.array_equal(b.clean, a.clean)
+        assert np.array_equal(b.pert, train.perturbed(clips, a.sample, a.clean, b.spec))
         assert not np.array_equal(b.pert, a.pert) and not np.array_equal(order, np.arange(len(order)))
     graded = [b for b in items[1.0] if b.spec.subtype in ("fog", "rain", "snow", "dusk", "shadow")]
     assert graded and all(not np.array_equal(b.pert, perturb.apply(b.clean, b.spec)) for b in graded)   # own depth
@@ -497,10 +498,12 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
         return out
     monkeypatch.setattr(policy, "rollout", counted)
     run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples,
-                                clips=clips_mod.Clips(cfg, [], len(samples), perturb.apply),
+                                clips=clips_mod.Clips(cfg, [], len(samples)),
                                 model=model, processor=processor, observer=train.Observer(cfg))
-    warm_up = train.answerability_warm_up(run, {})
-    labels = train.warmup.labels(run, warm_up.draw, warm_up.corrupt)
+    warm_up = train.warmup.AnswerabilityWarmUp(run, {}, train.curriculum.answerability_messages)
+    shown = train.answerability_shown(run, warm_up, 2)
+    labels = warm_up.labels
+    assert len(shown) == 2 and all(x in labels and (x["spec"] is None) == (v is run.clips.get(s)) for s, x, v in shown)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
     assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
 

@@ -24,8 +24,6 @@ from pathlib import Path
 
 from machinery import data
 from machinery import policy
-from machinery import tiny as tiny_model
-import perturb
 import train
 from machinery.clips import Observer
 from machinery import records, runs
@@ -159,35 +157,18 @@ class EmbodiedRL(train.RL):
         return s
 
 
-def prepare_demo(cfg, rank):
-    """The text demo: a tiny text LM (its tokenizer also knows the perception vocabulary) under OUT; in its
-    default OUT it reads the VLM demo's synthetic benchmark (runs/rova/synthetic, rendered once)."""
+def demo(cfg):
+    """What the demo builds: for the text policy a tiny text LM (its tokenizer also knows the perception
+    vocabulary) under OUT, which in its default OUT reads the VLM demo's synthetic benchmark (runs/rova/synthetic,
+    rendered once); for the VLM, train.py's demo."""
     if cfg.policy != "text":
-        return runs.prepare_demo(cfg, rank)
-    out = Path(cfg.out)
-    tiny = out / "tiny-text"
-    synth = Path(train.Config.out) / "synthetic" if cfg.out == TEXT_DEMO_OUT else out / "synthetic"
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        if not (tiny / "config.json").is_file():
-            runtime.log(f"demo: building the tiny text LM in {tiny}")
-            with runtime.no_hf_progress_bars():
-                tiny_model.build_tiny(tiny, arch="qwen2", extra_texts=perceive.tokenizer_corpus())
-        runs.make_demo_benchmark(cfg, synth)
-    runtime.barrier()
-    cfg.model = str(tiny)
-    runs.use_demo_benchmark(cfg, synth)
+        return runs.Demo()
+    synthetic = str(Path(train.Config.out) / "synthetic") if cfg.out == TEXT_DEMO_OUT else ""
+    return runs.Demo("tiny-text", "qwen2", tuple(perceive.tokenizer_corpus()), synthetic)
 
 
 def uses_consistency(cfg):
     return bool(cfg.reward_weights) and any(w[2] > 0 for _, _, w in er_rewards.parse_reward_weights(cfg.reward_weights))
-
-
-def check_model(cfg, model):
-    """The model is the kind --policy names: a text-only LM for text, a VLM for vlm."""
-    if policy.is_text_model(model) != (cfg.policy == "text"):
-        raise runtime.UserError(f"--model {cfg.model} is a {'text-only LM' if policy.is_text_model(model) else 'VLM'}"
-                                + (": use --policy text" if policy.is_text_model(model) else ": use --policy vlm"))
 
 
 GROUPS = {"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"}
@@ -203,8 +184,8 @@ def main(argv=None, **settings):
     cfg = parse_args(argv, settings)
     read_kwargs = {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {}
     with runtime.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
-        run, ckpt = runs.setup(cfg, observer=observer(cfg), corrupt=perturb.apply, check=train.evaluate,
-                               check_model=check_model, prepare=prepare_demo, read_kwargs=read_kwargs)
+        run, ckpt = runs.setup(cfg, observer=observer(cfg), text_policy=cfg.policy == "text", policy_flag="--policy",
+                               demo=demo(cfg), read_kwargs=read_kwargs)
         train.train(run, ckpt, rl=EmbodiedRL)
 
 

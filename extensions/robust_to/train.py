@@ -120,7 +120,7 @@ class AgentRL(train.RL):
             sub = str(spec_rng.choice(perturb.PROTOCOLS["robust-to"]))
             spec = perturb.sample_spec(spec_rng, subtype=sub, eta=self.cfg.eta)
             items.append(train.Item(s, spec, False, clean=frames,
-                                    pert=self.clips.corrupt(s, frames, spec) if self.on_corrupted else frames))
+                                    pert=train.perturbed(self.clips, s, frames, spec) if self.on_corrupted else frames))
         return items
 
     def budget(self, items):
@@ -181,8 +181,7 @@ def main(argv=None, **settings):
     """Train.py's two stages with the agent as the policy: its warm-up, then GRPO on it (AgentRL)."""
     cfg = parse_args(argv, settings)
     with runtime.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
-        run, ckpt = runs.setup(cfg, observer=Observer(cfg), corrupt=perturb.apply, check=train.evaluate,
-                               check_model=runs.vlm_only)
+        run, ckpt = runs.setup(cfg, observer=Observer(cfg))
         train.train(run, ckpt, rl=AgentRL, sft_step=agent_sft_step)
 
 

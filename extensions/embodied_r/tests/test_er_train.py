@@ -64,6 +64,6 @@ def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
                         (Path(out) / "config.json").write_text("{}"))
     vlm, text = train.parse_args([]), er.parse_args([])
     runs.prepare_demo(vlm, 0)
-    er.prepare_demo(text, 0)
+    runs.prepare_demo(text, 0, er.demo(text))
     assert made == [Path("runs/rova/synthetic")] and text.out == er.TEXT_DEMO_OUT and text.perceiver == "cv"
     assert text.data == vlm.data == str(Path("runs/rova/synthetic") / "train.json")
