@@ -334,8 +334,8 @@ def setup(cfg: RunSettings, *, observer, text_policy=False, policy_flag="", demo
     rank, world, device = runtime.setup_distributed()
     out = runtime.out_dir(cfg.out, create=False)
     with runtime.no_folder_if_refused(out):   # a start refused below leaves no folder it made
-        demo = not cfg.model
-        if demo:
+        built = not cfg.model   # the demo: its model and data built here
+        if built:
             depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
             prepare_demo(cfg, rank, demo)
         seeds = runtime.Seeds(cfg.seed, rank)
@@ -345,7 +345,7 @@ def setup(cfg: RunSettings, *, observer, text_policy=False, policy_flag="", demo
         spec_rng = np.random.default_rng(seeds.rl_specs)
         samples, shard, clips = load_data(cfg, rank, world, read_kwargs)   # data errors first
         eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
-        if not demo:
+        if not built:
             check_sources(cfg)
         depths.check_source(cfg.depth_model, cfg.depth_cache,   # auto: real footage needs the recommended model
                             needs_model=any(depths.own_depth_file(s.video) is None for s in samples))

@@ -80,6 +80,22 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
             and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts))
 
 
+def test_the_demo_runs_its_whole_path_in_miniature(tmp_path):
+    """No --model, no --data: setup builds the tiny model and the synthetic benchmark under OUT (runs.Demo), SFT with
+    the answerability warm-up (shown its clips by train.answerability_shown), RL, the before/after checks and the
+    table. 16 clips instead of 480, a quarter epoch, one RL step."""
+    out = tmp_path / "demo"
+    train.main(["--out", str(out), "--sft-epochs", "0.25", "--rl-steps", "1", "--batch-size", "2", "--group-size", "2",
+                "--max-new-tokens", "8"], demo_clips=16, eval_limit=4, answerability_epochs=0.25)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["model"] == str(out / "tiny") and (out / "final" / "config.json").is_file()
+    assert [summary[k]["n"] for k in ("before", "after_sft", "after")] == [4, 4, 4]
+    labels = json.loads((out / "answerability_labels_rank0.json").read_text())
+    assert len(labels) == 2 * len(train.data.load_video_r1(out / "synthetic" / "train.json")[0])   # clean + one spec
+    assert [x["spec"] is None for x in labels[:2]] == [True, False] and {x["target"] for x in labels} <= {"YES", "NO"}
+    assert perturb.PerturbSpec.from_dict(labels[1]["spec"]).subtype in perturb.SUBTYPES
+
+
 def test_resume_gives_the_weights_of_an_uninterrupted_run(assets, tmp_path):
     common = ["--mode", "dual", "--rl-steps", "4", "--save-every", "2", "--sft-epochs", "0.5", "--sft-batch-size", "2",
               "--lr", "1e-3", "--sft-lr", "1e-3"]
