@@ -17,7 +17,7 @@ CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").glob("*.py"))
 EXTENSIONS = sorted(p for p in (ROOT / "extensions").rglob("*.py") if "tests" not in p.parts)
 
 
-STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
+STAGES = ("perturb", "curriculum", "grpo", "judge", "train", "eval_pvrbench")
 
 
 def imported_modules(path):
