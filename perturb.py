@@ -57,7 +57,8 @@ import cv2
 import numpy as np
 
 from machinery import kernels, occluders, perturb_cli, props, runtime, scene
-from machinery.kernels import hash48, walk
+from machinery.kernels import walk
+from machinery.runtime import hash48  # noqa: F401 - public: perturb.hash48, the specs' stable seeds
 from machinery.scene import UNCHANGED, Layer  # noqa: F401 - UNCHANGED: for registered effects (extensions)
 
 CATEGORIES = {  # Table 8

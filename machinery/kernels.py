@@ -4,22 +4,17 @@ tables, and the polygon, blur and shading helpers of the occluders. Nothing here
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 
 import cv2
 import numpy as np
 
-
-def hash48(*parts) -> int:
-    """Stable 48-bit hash of strings (Python's hash() is salted per process; this is not)."""
-    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:6], "big")
+from machinery import runtime
 
 
 def seeded_rng(seed: int, *tags) -> np.random.Generator:
     """An independent stream per (seed, purpose): results never depend on the order of calls."""
-    return np.random.default_rng([int(seed), hash48(*tags)])
+    return np.random.default_rng([int(seed), runtime.hash48(*tags)])
 
 
 def walk(rng, T: int, dims: int, fmin=0.02, fmax=0.08, k=3) -> np.ndarray:
@@ -224,7 +219,7 @@ def tone_table(gains, gamma=1.0, knee=None) -> np.ndarray:
 def noise_bank(h, w, sigma):
     """Gaussian sensor noise (luminance + weaker chroma), uint8 centred on 128. A fixed seed: a pure
     function of its arguments, cached because drawing normals is the slow part."""
-    r = np.random.default_rng(hash48("sensor-noise", h, w))
+    r = np.random.default_rng(runtime.hash48("sensor-noise", h, w))
     n = r.standard_normal((h, w, 1), np.float32) * sigma + r.standard_normal((h, w, 3), np.float32) * sigma * 0.4
     return np.clip(np.round(128 + n), 0, 255).astype(np.uint8)
 

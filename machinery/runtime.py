@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -448,6 +449,12 @@ def all_max_floats(values, device):
 
 # ----------------------------------------------------------------------------- RNG state and data order
 
+def hash48(*parts) -> int:
+    """Stable 48-bit hash of strings (Python's hash() is salted per process; this is not)."""
+    digest = hashlib.sha256("\x1f".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:6], "big")
+
+
 @dataclass(frozen=True)
 class Seeds:
     """Every random stream of a run, named, from --seed and the process's rank: the one place that says which
@@ -484,7 +491,6 @@ class Seeds:
 
     def sft_jitter(self, sample_id: str) -> list:
         """A clip's photometric jitter in SFT: the same on every epoch and rank."""
-        from machinery.kernels import hash48
         return [self.seed, hash48("sft-jitter", sample_id)]
 
     def answerability_spec(self, i: int) -> list:
