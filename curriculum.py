@@ -155,7 +155,7 @@ def answerability_messages(questions) -> list:
 def answerability(model, inputs, tokenizer) -> list[float]:
     """c of Eq. 3 for a batch: the policy's P(YES) on the answerability prompt, from one forward pass without
     gradient (`inputs`: the model's batch for `answerability_messages` with the perturbed videos)."""
-    from machinery import policy   # (the model's forward: torch and transformers load only when asked)
+    from machinery.model import policy   # (the model's forward: torch and transformers load only when asked)
 
     yes, no = policy.yes_no_token_ids(tokenizer)
     return [answerability_confidence(row, yes, no) for row in policy.next_token_logits(model, inputs)]

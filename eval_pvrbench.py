@@ -50,17 +50,17 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from machinery import answers, data
-from machinery import depth as depths
-from machinery import evaluation, lmms_task
-from machinery import diagnostics
+from machinery.corruption import depth as depths
+from machinery.datasets import answers, data
+from machinery.eval import evaluation, lmms_task
+from machinery.eval import diagnostics
 import judge as judges
 import perturb
-from machinery import synthetic
+from machinery.datasets import synthetic
 
 SOURCES = ("vsibench", "urbanvideo", "synthetic")
-# Each source's scene kind, which decides its occluders (perturb.static_spec(scene=), machinery/props.py): VSI-Bench
-# scans rooms, UrbanVideo-Bench flies drones over cities, the synthetic set is a ground-level agent's street.
+# Each source's scene kind, which decides its occluders (perturb.static_spec(scene=), machinery/corruption/props.py):
+# VSI-Bench scans rooms, UrbanVideo-Bench flies drones over cities, the synthetic set is a ground-level agent's street.
 SCENES = {"vsibench": "indoor", "urbanvideo": "aerial", "synthetic": "street"}
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
 SYNTH_DEFAULTS = dict(frames=synthetic.DEMO_BENCHMARK["num_frames"], max_pixels=synthetic.DEMO_BENCHMARK["size"] ** 2,
@@ -361,7 +361,7 @@ def _model_and_name(args, models, rename):
     print(f"no --model and no {DEMO_CHECKPOINT} (`python train.py` trains it): evaluating an UNTRAINED tiny model "
           f"({tiny})", flush=True)
     if not (tiny / "config.json").is_file():
-        from machinery import tiny as tiny_model
+        from machinery.model import tiny as tiny_model
         with runtime.no_hf_progress_bars():
             tiny_model.build_tiny(tiny)
     return str(tiny), args.model_name or "tiny-untrained"
@@ -409,7 +409,7 @@ def parser():
     g("--export", default="", help="write the clean and corrupted videos (lossless mp4) and the manifest to DIR, then "
       "exit (with --depth-model also each clip's depth, <video id>/depth.npy)")
     g("--export-lmms-eval", default="", metavar="DIR", help="--export DIR, and DIR made an lmms-eval task folder: "
-      "lmms-eval --include_path DIR --tasks pvrbench (machinery/lmms_task.py; docs/USAGE.md)")
+      "lmms-eval --include_path DIR --tasks pvrbench (machinery/eval/lmms_task.py; docs/USAGE.md)")
     g("--depth-model", default=depths.AUTO, metavar="NAME", help="depth of the depth-graded corruptions: auto (a "
       f"clip's own depth, the synthetic set's; else {depths.RECOMMENDED}, cached: depth.py), proxy (perturb's "
       "depth proxy, no model), or a transformers depth-estimation model's hub id or folder")

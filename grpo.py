@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 import judge as judges
-from machinery import answers
+from machinery.datasets import answers
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,9 @@ import logging
 import os
 import threading
 
-from machinery import answers, chat, verdicts
-from machinery.verdicts import clean_reply, parse_score  # noqa: F401 - public: replies read as the judges do
+from machinery.datasets import answers, verdicts
+from machinery.datasets.verdicts import clean_reply, parse_score  # noqa: F401 - public: replies read as the judges do
+from machinery.eval import chat
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,7 @@ Output only a JSON object with exactly these five keys and numbers from 0 to 5, 
 ANSWER_SCALE = (0, 1)
 REASONING_SCALE = (0.0, 0.5, 1.0)
 
-# --------------------------------------------------------------------------- reading a reply (machinery/verdicts.py)
+# ------------------------------------------------------------------- reading a reply (machinery/datasets/verdicts.py)
 def parse_answer_score(text) -> int | None:
     """Fig. 8's verdict: 1, 0 or None."""
     v = parse_score(text, ANSWER_SCALE)
@@ -326,7 +327,7 @@ class HFJudge(_PromptJudge):
 
 # --------------------------------------------------------------------------- offline default
 # (its answer normalisation and text measures, public so that extensions read answers by the same rules:
-# machinery/answers.py, machinery/verdicts.py)
+# machinery/datasets/answers.py, machinery/datasets/verdicts.py)
 # Measured by benchmarks/calibrate_judge.py on its 34 labelled reasoning pairs, MiniLM cosine similarity
 # per tier: 1.0 (paraphrases) 0.71-0.94, mean 0.87; 0.5 (additions/omissions) 0.39-0.88, mean 0.72;
 # 0.0 (contradictions) 0.66-0.99, mean 0.84: minimal-edit contradictions (left <-> right, first <->

@@ -56,10 +56,11 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from machinery import kernels, occluders, perturb_cli, props, runtime, scene
-from machinery.kernels import walk
+from machinery import runtime
+from machinery.corruption import kernels, occluders, perturb_cli, props, scene
+from machinery.corruption.kernels import walk
+from machinery.corruption.scene import UNCHANGED, Layer  # noqa: F401 - UNCHANGED: for registered effects (extensions)
 from machinery.runtime import hash48  # noqa: F401 - public: perturb.hash48, the specs' stable seeds
-from machinery.scene import UNCHANGED, Layer  # noqa: F401 - UNCHANGED: for registered effects (extensions)
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),
@@ -414,8 +415,8 @@ def _camera(ctx):
 
 def _static(ctx):
     """Something between the lens and the scene, fixed for the whole clip, of a kind plausible in the clip's scene
-    (machinery/props.py: indoor, aerial or street, the spec's or inferred from the depth): a lens smudge that blurs
-    and veils, a raindrop on the lens, a near pillar, door frame or railing, a plant, a hand; each shaded from the
+    (machinery/corruption/props.py: indoor, aerial or street, the spec's or inferred from the depth): a lens smudge that
+    blurs and veils, a raindrop on the lens, a near pillar, door frame or railing, a plant, a hand; each shaded from the
     light of what it covers (its mean colour and brightness), out of focus, never sharper than the clip (Sec. 4:
     "occlusions are placed at plausible foreground locations")."""
     yield from props.static_layers(ctx, props.resolve(ctx)[1])
@@ -648,7 +649,7 @@ def masks(frames, spec, depth=None):
 # ----------------------------------------------------------------------------- command line
 
 def main(argv=None):
-    """Corrupt a video, or draw the contact sheet of a protocol's subtypes (machinery/perturb_cli.py)."""
+    """Corrupt a video, or draw the contact sheet of a protocol's subtypes (machinery/corruption/perturb_cli.py)."""
     return perturb_cli.main(argv, sys.modules[__name__])
 
 

@@ -16,10 +16,10 @@ only; every `reeval_period` steps re-evaluate the buffer on regenerated videos (
 11), `--mode grpo-aug` GRPO on corrupted videos (Sec. 1's "generic data augmentation"); for a --seed every mode
 draws the same corruption specs and data order.
 
-Distributed (machinery/parallel.py): FSDP2 for full fine-tuning, DDP for LoRA; each rank has its own data shard
-and buffer, and the gradient is the mean over every rank's trained completions. An extension (extensions/)
-writes its own main from these pieces: parse_args with its Config subclass, runs.setup with what its policy
-sees of a clip, and train() with its RL subclass's phases.
+Distributed (machinery/model/parallel.py): FSDP2 for full fine-tuning, DDP for LoRA; each rank has its own data
+shard and buffer, and the gradient is the mean over every rank's trained completions. An extension (extensions/)
+writes its own main from these pieces: parse_args with its Config subclass, runs.setup with what its policy sees of
+a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
@@ -42,13 +42,13 @@ import curriculum
 import grpo
 import judge as judges
 import perturb
-from machinery import answers, checkpoints, data, engine, learner, policy, records, runs, synthetic, warmup
-from machinery.clips import Observer, jitter
-
+from machinery.datasets import answers, data, synthetic
+from machinery.model import engine, learner, policy
+from machinery.training import checkpoints, records, runs, warmup
+from machinery.training.clips import Observer, jitter
 
 option = runs.arg   # a Config field: a flag in its group, or a setting (--set NAME=VALUE); extensions use it too
 MODES = ("rova", "dual", "grpo", "grpo-aug")
-
 
 GROUPS = {  # --help shows the flags in these groups, in this order
     "model": "the policy and how it is trained (full fine-tune, LoRA, 4-bit)",
@@ -75,7 +75,7 @@ class Config(runs.RunConfig):
                                       "accumulated in micro-batches of this many; 0: all at once", "model")
     # data
     data: str = option("", "training data, Video-R1 JSON (Sec. 5.1: a Video-R1-260k subset, `python -m "
-                           "machinery.subset make-subset`); empty: the demo", "data")
+                           "machinery.datasets.subset make-subset`); empty: the demo", "data")
     video_root: str = option("", "folder the data's video paths are relative to (default: the JSON's folder)", "data")
     frames: int = option(16, "frames per video (App. D: 16 in training)", "data")
     max_pixels: int = option(128 * 28 * 28, "pixels per frame (App. D: 128x28x28 in training)", "data")
@@ -612,8 +612,8 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
 
 
 def answerability_shown(run, warm_up, n):
-    """The answerability warm-up's next n examples (machinery/warmup.py), each clip as shown: clean, or under this
-    run's spec of it (one per clip, seeded by (seed, rank, index): the same on a rerun). Labelled once, after the
+    """The answerability warm-up's next n examples (machinery/training/warmup.py), each clip as shown: clean, or under
+    this run's spec of it (one per clip, seeded by (seed, rank, index): the same on a rerun). Labelled once, after the
     task SFT, from every readable clip of the shard, clean and corrupted."""
     def shown(s, spec, frames):   # (spec: a dict; None: the clean clip)
         return frames if spec is None else perturbed(run.clips, s, frames, perturb.PerturbSpec.from_dict(spec))

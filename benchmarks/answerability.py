@@ -20,10 +20,10 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 
 import curriculum  # noqa: E402
-from machinery import answers, data  # noqa: E402
+from machinery.datasets import answers, data  # noqa: E402
 import perturb  # noqa: E402
-from machinery import policy  # noqa: E402
 from machinery import video  # noqa: E402
+from machinery.model import policy  # noqa: E402
 
 
 def pearson(x, y):
@@ -43,8 +43,8 @@ def measure(model, processor, samples, frames, max_pixels, batch_size=16, max_ne
     for i in range(0, len(views), batch_size):
         part = views[i:i + batch_size]
         clips = [v for _, v, _ in part]
-        ask = policy.make_inputs(processor, curriculum.answerability_messages([data.question_text(s) for s, _, _ in part]),
-                                 clips, fps=2.0)
+        messages = curriculum.answerability_messages([data.question_text(s) for s, _, _ in part])
+        ask = policy.make_inputs(processor, messages, clips, fps=2.0)
         c = curriculum.answerability(model, ask, tok)
         inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _, _ in part], clips, fps=2.0)
         texts = policy.rollout(model, processor, inputs, n=1, max_new_tokens=max_new_tokens, do_sample=False).texts

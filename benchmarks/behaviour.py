@@ -50,12 +50,12 @@ RUNS = {  # name: (entry point, extra flags)
 
 
 def modules():
-    """The project's modules wherever the layout keeps them (top level before the restructuring; build_tiny in
-    policy before tiny.py)."""
+    """The project's modules wherever the layout keeps them (top level before the restructuring, then machinery/,
+    then its sub-packages; build_tiny in policy before tiny.py)."""
     import importlib
     out = {}
     for name in ("policy", "tiny", "synthetic", "perturb", "video"):
-        for where in (name, f"machinery.{name}"):
+        for where in (name, f"machinery.{name}", *(f"machinery.{pkg}.{name}" for pkg in ("model", "datasets"))):
             try:
                 out[name] = importlib.import_module(where)
                 break

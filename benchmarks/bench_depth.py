@@ -20,9 +20,9 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import depth  # noqa: E402
+from machinery.corruption import depth  # noqa: E402
 import perturb  # noqa: E402
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 from bench_perturb import timed  # noqa: E402  (benchmarks/)
 
 

@@ -7,7 +7,7 @@ It runs in a vLLM environment (requirements-vllm.txt): started elsewhere, it run
 the venv vllm_check.py builds (--venv, built first if missing).
 
 hf: policy.rollout (transformers generate, shared prefix); vllm: engine.Engine.rollout on the same inputs
-(machinery/engine.py, the colocated engine train.py --rollout-engine vllm uses). App. D's rollout shape: 4 videos
+(machinery/model/engine.py, the colocated engine train.py --rollout-engine vllm uses). App. D's rollout shape: 4 videos
 x 2 branches (clean, corrupted) x G = 8, 16 frames of 56x56, up to 64 new tokens at temperature 1. Each round times
 hf vllm vllm hf (or the reverse, alternating); the table reports medians over rounds, as rollouts per second and
 completion tokens per second (the two samplers stop at different lengths). Also the seconds of one weight sync
@@ -36,8 +36,8 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from machinery import engine, policy  # noqa: E402
-from machinery import tiny as tiny_model  # noqa: E402
+from machinery.model import engine, policy  # noqa: E402
+from machinery.model import tiny as tiny_model  # noqa: E402
 
 QUESTION = "Which way should the drone go next?\nOptions:\nA. turn left\nB. turn right\nC. go ahead"
 
@@ -51,7 +51,7 @@ def train_both(steps, out):
 
     import reproduce_v5
     import train
-    from machinery import synthetic
+    from machinery.datasets import synthetic
 
     toy, root = reproduce_v5.TOY, Path(__file__).resolve().parents[1]
     model_dir, data = root / "docs" / "results" / "v5-start", Path(out) / "synth" / "train.json"

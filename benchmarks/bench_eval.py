@@ -51,8 +51,8 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 
 import eval_pvrbench as ev  # noqa: E402
-from machinery import evaluation  # noqa: E402
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
+from machinery.eval import evaluation  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- the benchmark and the server
@@ -250,8 +250,8 @@ def hf_part(bench, out, tiny, style, max_new_tokens):
 def sharpened_tiny(folder):
     import torch
 
-    from machinery import policy
-    from machinery import tiny as tiny_model
+    from machinery.model import policy
+    from machinery.model import tiny as tiny_model
     from bench_rollout import sharpen
     model, processor = policy.load_policy(tiny_model.build_tiny(folder / "build"), dtype=torch.float32)
     sharpen(model, std=0.2)

@@ -37,10 +37,10 @@ def worker(assets: Path, repeats: int, busy: bool):
     import numpy as np
     import torch
 
-    from machinery import data
+    from machinery.datasets import data
 
-    from machinery import policy
-    from machinery import clips as clips_mod
+    from machinery.model import policy
+    from machinery.training import clips as clips_mod
     import train
 
     model, processor = policy.load_policy(str(assets / "tiny"), device="cpu")
@@ -97,8 +97,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         assets = Path(tmp)
         subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                        "from machinery import synthetic; "
-                        "from machinery import tiny as tiny_model; tiny_model.build_tiny(sys.argv[2] + '/tiny'); "
+                        "from machinery.datasets import synthetic; "
+                        "from machinery.model import tiny as tiny_model; tiny_model.build_tiny(sys.argv[2] + '/tiny'); "
                         "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)
         ratios = {}

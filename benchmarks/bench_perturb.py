@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import perturb  # noqa: E402
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 from contact_sheet import load_engine  # noqa: E402  (benchmarks/: another perturb.py, by path)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 import perturb  # noqa: E402
 from extensions.robust_to import corruptions  # noqa: E402,F401 - registers motion_blur, noise
 from extensions.robust_to import reliability  # noqa: E402

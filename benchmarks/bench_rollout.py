@@ -33,8 +33,8 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from machinery import policy  # noqa: E402
-from machinery import tiny as tiny_model  # noqa: E402
+from machinery.model import policy  # noqa: E402
+from machinery.model import tiny as tiny_model  # noqa: E402
 
 QUESTION = "Which way should the drone go next?\nOptions:\nA. turn left\nB. turn right\nC. go ahead"
 

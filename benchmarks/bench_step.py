@@ -34,13 +34,13 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from machinery import data  # noqa: E402
+from machinery.datasets import data  # noqa: E402
 
-from machinery import synthetic  # noqa: E402
-from machinery import policy  # noqa: E402
-from machinery import tiny as tiny_model  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
+from machinery.model import policy  # noqa: E402
+from machinery.model import tiny as tiny_model  # noqa: E402
 import train  # noqa: E402
-from machinery import clips as clips_mod  # noqa: E402
+from machinery.training import clips as clips_mod  # noqa: E402
 
 MODES = ("grpo", "dual", "rova")
 COMPONENTS = ("perturbation", "rollout", "self_assessment", "alignment_reward",

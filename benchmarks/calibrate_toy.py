@@ -28,11 +28,11 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
-from machinery import answers, data  # noqa: E402
-from machinery import depth as depths  # noqa: E402
+from machinery.corruption import depth as depths  # noqa: E402
+from machinery.datasets import answers, data  # noqa: E402
 import perturb  # noqa: E402
-from machinery import synthetic  # noqa: E402
 from machinery import video  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 
 FRAMES, PIXELS = 8, 56 * 56   # what the toy model sees (train.DEMO)
 TASKS = {"route_planning": "next action", "object_counting": "counting"}   # the tasks with an oracle

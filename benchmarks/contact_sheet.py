@@ -9,7 +9,7 @@ engine used (dark = near, bright = far: the clip's true depth, normalised as the
 proxy), the strength maps C of fog and shadow (the layers where fixed-row bands and streaks would show), and
 the middle frame under each registered subtype (Table 8's twelve), each with PVRBench's static spec of
 (--video-id, subtype) at that eta (the scene kind "auto": inferred from the depth), then every occluder kind of
-the clip's scene (machinery/props.py: KINDS; an engine before them: static object, smear; dynamic pedestrian,
+the clip's scene (machinery/corruption/props.py: KINDS; an engine before them: static object, smear; dynamic pedestrian,
 vehicle), with the spec's seed.
 
 Clips (--sheet): `photo` = a smooth pan and zoom over scikit-image's bundled outdoor photographs
@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 
 SHEETS = {"photo": ("rocket", "camera"), "street": ("street", "street-proxy"),
           "closeup": ("coffee", "chelsea", "astronaut"), "topdown": ("grass", "gravel", "brick")}

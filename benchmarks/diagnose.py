@@ -30,11 +30,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import curriculum  # noqa: E402
-from machinery import answers, data  # noqa: E402
+from machinery.datasets import answers, data  # noqa: E402
 import grpo  # noqa: E402
 import judge as judges  # noqa: E402
 import perturb  # noqa: E402
-from machinery import policy  # noqa: E402
+from machinery.model import policy  # noqa: E402
 import train  # noqa: E402
 from machinery import video  # noqa: E402
 

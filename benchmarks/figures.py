@@ -56,7 +56,7 @@ BLOCKS = {
     "memory-plan-7b": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--model", "qwen2.5-vl-7b", "--mode",
                                                  "fsdp", "--gpus", "4"), True),
     "memory-validate": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--validate"), False),
-    "synthetic-400": Block("docs/MEASURED.md", ("-m", "machinery.synthetic", "--out", "{tmp}/synthetic", "--n",
+    "synthetic-400": Block("docs/MEASURED.md", ("-m", "machinery.datasets.synthetic", "--out", "{tmp}/synthetic", "--n",
                                                 "400", "--seed", "0"), False),
     "test-count": Block("docs/MEASURED.md", ("-m", "pytest", "--collect-only", "-q"), True,
                         keep=r"tests collected", drop=r" in [0-9.]+s"),

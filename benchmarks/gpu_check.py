@@ -22,10 +22,10 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from machinery import data  # noqa: E402
-from machinery import synthetic  # noqa: E402
-from machinery import policy  # noqa: E402
-from machinery import tiny as tiny_model  # noqa: E402
+from machinery.datasets import data  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
+from machinery.model import policy  # noqa: E402
+from machinery.model import tiny as tiny_model  # noqa: E402
 
 
 def _generate_vs_logprobs(model, processor, inputs, n=2, max_new_tokens=12):
@@ -62,7 +62,7 @@ def _lora_step(model, processor, inputs):
 def wide_config(vlm_dir, tok, layers, shape="qwen2.5-vl-7b"):
     """`shape`'s Qwen2.5-VL config (a memory.py preset, or "tiny": the tiny model's) with `layers` decoder layers and
     the special token ids of the tiny model's tokenizer `tok`."""
-    from machinery import memory
+    from machinery.model import memory
 
     config = memory.preset_config(shape) if shape != "tiny" else policy.load_policy(vlm_dir)[0].config
     config.text_config.num_hidden_layers = layers
@@ -85,8 +85,8 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     from transformers import AutoModelForImageTextToText
 
     import grpo
-    from machinery import memory
-    from machinery import parallel
+    from machinery.model import memory
+    from machinery.model import parallel
 
     _, proc = policy.load_policy(vlm_dir, device=device)
     proc.video_processor.size = {"shortest_edge": 56 * 56, "longest_edge": 128 * 28 * 28}  # App. D's budget

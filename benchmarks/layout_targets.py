@@ -47,8 +47,9 @@ def project_files():
 
 
 def core_files():
-    """The stage scripts and the package beneath them (extensions, tests and benchmarks excluded)."""
-    return [p for p in project_files() if p.parent == ROOT or p.parent.name == "machinery"]
+    """The stage scripts and the package beneath them, its sub-packages included (extensions, tests and benchmarks
+    excluded)."""
+    return [p for p in project_files() if p.parent == ROOT or p.relative_to(ROOT).parts[0] == "machinery"]
 
 
 def import_edges(files):
@@ -97,7 +98,8 @@ def complexity(radon, files):
 def lines_table():
     """The core's files as a markdown table: folder, file, lines (docs/DESIGN.md shows it)."""
     rows = ["| folder | file | lines |", "| --- | --- | ---: |"]
-    for p in sorted(core_files(), key=lambda p: (p.parent != ROOT, p.relative_to(ROOT).as_posix())):
+    # the stage scripts, machinery/'s own files, then its sub-packages'
+    for p in sorted(core_files(), key=lambda p: (len(p.relative_to(ROOT).parts), p.relative_to(ROOT).as_posix())):
         folder = "." if p.parent == ROOT else p.parent.relative_to(ROOT).as_posix() + "/"
         rows.append(f"| `{folder}` | `{p.name}` | {lines(p):,} |")
     stages = sum(lines(ROOT / s) for s in STAGES)

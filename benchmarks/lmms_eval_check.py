@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import vllm_check  # noqa: E402
 
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 
 REQUIREMENTS = ROOT / "requirements-lmms-eval.txt"
 LMMS_EVAL = next(line for line in REQUIREMENTS.read_text().splitlines() if line.startswith("lmms-eval=="))

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from machinery import runtime  # noqa: E402,I001 - first: it sets the OpenMP wait policy before torch loads
 import grpo  # noqa: E402
-from machinery import memory  # noqa: E402
+from machinery.model import memory  # noqa: E402
 
 SETTINGS = ("batch_size", "group_size", "temporal_grpo", "frames", "max_pixels", "text_tokens", "max_new_tokens",
             "micro_batch_size", "lora_r")

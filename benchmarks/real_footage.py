@@ -34,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import perturb  # noqa: E402
-from machinery import scene, synthetic  # noqa: E402
+from machinery.corruption import scene  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 from contact_sheet import load_engine  # noqa: E402  (benchmarks/ is the script's folder)
 
 

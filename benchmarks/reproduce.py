@@ -54,7 +54,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 import train  # noqa: E402  (its modes and the CPU demo's settings)
 from reproduce_report import (BEGIN, CATEGORIES, COMPARED, END, RULES, claims, fmt, mean_sd, paired,  # noqa: E402, F401
                               pct, render, write_marked)

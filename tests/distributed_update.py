@@ -18,12 +18,12 @@ from machinery import runtime  # noqa: E402, I001
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from machinery import data  # noqa: E402
-from machinery import parallel  # noqa: E402
-from machinery import policy  # noqa: E402
+from machinery.datasets import data  # noqa: E402
+from machinery.model import parallel  # noqa: E402
+from machinery.model import policy  # noqa: E402
 import train  # noqa: E402
-from machinery import clips as clips_mod  # noqa: E402
-from machinery import runs  # noqa: E402
+from machinery.training import clips as clips_mod  # noqa: E402
+from machinery.training import runs  # noqa: E402
 import perturb  # noqa: E402
 
 

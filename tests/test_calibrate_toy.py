@@ -9,7 +9,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import calibrate_toy as ct  # noqa: E402
-from machinery import synthetic  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from machinery import chat
+from machinery.eval import chat
 
 SECRET = "sk-test-9f3a7c1e-DO-NOT-LEAK-4b2d"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from machinery import checkpoints
 from machinery.runtime import UserError
+from machinery.training import checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = {"lr": 1.0}

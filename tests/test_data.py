@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from machinery import answers, data
-from machinery.data import DataError, Sample
+from machinery.datasets import answers, data
+from machinery.datasets.data import DataError, Sample
 
 # --------------------------------------------------------------------------- fixtures
 COT = "<think>Let me think. The sign is on the left, so the answer is B.</think>"

@@ -1,6 +1,6 @@
 """depth.py: a monocular depth model for the depth-conditioned corruptions (Sec. 3.1, Table 1), its rule
 (larger = farther, the sky farthest), the disk cache (computed once per clip, keyed by model, video, frame
-indices and content), float16 throughout, and its plumbing: perturb.apply, machinery.clips.Clips,
+indices and content), float16 throughout, and its plumbing: perturb.apply, machinery.training.clips.Clips,
 eval_pvrbench's manifest, run hash and --export (Eq. 4: the exported depth regenerates the evaluated clips bit for
 bit), perturb.py's CLI.
 The model is a random-weight Depth Anything of ~25k parameters built here (no download)."""
@@ -16,16 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from machinery import data
-from machinery import depth
+from machinery.corruption import depth
+from machinery.datasets import data
 import eval_pvrbench as ev
 import perturb
 from machinery import runtime
-from machinery import synthetic
+from machinery.datasets import synthetic
 import train
-from machinery import clips as clips_mod
-from machinery import runs
 from machinery import video
+from machinery.training import clips as clips_mod
+from machinery.training import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

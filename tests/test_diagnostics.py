@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from machinery import diagnostics as dg
-from machinery.data import Sample
+from machinery.datasets.data import Sample
+from machinery.eval import diagnostics as dg
 
 
 def sample(i, answer, task="count", problem_type="numerical", options=()):

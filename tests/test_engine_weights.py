@@ -1,11 +1,11 @@
-"""machinery/engine.py without vLLM: the weights a sync hands the engine, and the rollout it hands back."""
+"""machinery/model/engine.py without vLLM: the weights a sync hands the engine, and the rollout it hands back."""
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from machinery import engine, policy
-from machinery import tiny as tiny_model
+from machinery.model import engine, policy
+from machinery.model import tiny as tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import eval_pvrbench as ev
-from machinery import evaluation
+from machinery.eval import evaluation
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_MACHINERY = ("evaluation.py", "lmms_task.py", "diagnostics.py")   # what eval_pvrbench.evaluate calls
@@ -26,7 +26,7 @@ def test_each_setting_is_a_flag_resolved_and_the_settings_are_frozen(tmp_path):
 
 @pytest.mark.parametrize("name", EVAL_MACHINERY)
 def test_the_evaluation_machinery_takes_no_argparse_namespace(name):
-    tree = ast.parse((ROOT / "machinery" / name).read_text())
+    tree = ast.parse((ROOT / "machinery" / "eval" / name).read_text())
     params = [a.arg for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.Lambda))
               for a in node.args.args + node.args.kwonlyargs]
     reads = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Attribute)

@@ -13,8 +13,10 @@ import pytest
 
 import judge as judges
 import train
-from machinery import runs, runtime, synthetic
-from machinery import tiny as tiny_model
+from machinery import runtime
+from machinery.datasets import synthetic
+from machinery.model import tiny as tiny_model
+from machinery.training import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 

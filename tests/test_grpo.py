@@ -335,8 +335,8 @@ def test_a_step_split_over_micro_batches_and_ranks_has_the_gradient_of_one_batch
 
 def run_toy_grpo(tmp_path, steps, lr, use_advantages=True):
     """GRPO on the tiny policy with a toy reward: the fraction of one chosen token in the completion."""
-    from machinery import policy
-    from machinery import tiny as tiny_model
+    from machinery.model import policy
+    from machinery.model import tiny as tiny_model
     torch.manual_seed(0)
     model, proc = policy.load_policy(tiny_model.build_tiny(tmp_path / "tiny"))
     ref = policy.frozen_copy(model)

@@ -320,7 +320,7 @@ def test_calibrate_thresholds_on_separable_data():
 # --------------------------------------------------------------------------- the HF judge
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
-    from machinery import tiny as tiny_model
+    from machinery.model import tiny as tiny_model
     return tiny_model.build_tiny(tmp_path_factory.mktemp("tiny_judge"))
 
 

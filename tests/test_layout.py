@@ -1,8 +1,8 @@
-"""The layout docs/DESIGN.md promises: the core never imports nor names an extension and hosts none, the machinery
-never imports a stage script, no import cycles, no Python file over 700 lines and the six stage scripts within
-3,000, one RL step auditable in at most 800 lines of 3 files without distribution code, a README within 2,000
-words, train.py's --help lists the core's flags only, and no comment points outside the repository. (The
-figures themselves: benchmarks/layout_targets.py.)"""
+"""The layout docs/DESIGN.md promises: the core never imports nor names an extension and hosts none, the machinery never
+imports a stage script and its sub-packages keep their layer order, no import cycles, no Python file over 700 lines
+and the six stage scripts within 3,000, one RL step auditable in at most 800 lines of 3 files without distribution
+code, a README within 2,000 words, train.py's --help lists the core's flags only, and no comment points outside the
+repository. (The figures themselves: benchmarks/layout_targets.py.)"""
 import ast
 import re
 import sys
@@ -13,7 +13,7 @@ import train
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import layout_targets  # noqa: E402
-CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").glob("*.py"))
+CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").rglob("*.py"))   # machinery/ and its sub-packages
 EXTENSIONS = sorted(p for p in (ROOT / "extensions").rglob("*.py") if "tests" not in p.parts)
 
 
@@ -35,10 +35,40 @@ def module_name(path):
     return ".".join(path.relative_to(ROOT).with_suffix("").parts)
 
 
+def in_machinery(path):
+    return path.relative_to(ROOT).parts[0] == "machinery"
+
+
 def test_the_machinery_never_imports_a_stage_script():
-    edges = [(p.name, m) for p in CORE if p.parent.name == "machinery" for m in imported_modules(p)
+    edges = [(module_name(p), m) for p in CORE if in_machinery(p) for m in imported_modules(p)
              if m.split(".")[0] in STAGES]
     assert edges == []
+
+
+# machinery/'s layers, lowest first (docs/DESIGN.md, Layout): a module imports only modules of its own layer or a
+# lower one. "machinery" is the foundation: its own files (runtime, imported first and light; video).
+LAYERS = ("machinery", "machinery.datasets", "machinery.corruption", "machinery.model", "machinery.eval",
+          "machinery.training")
+
+
+def layer(module):
+    """The layer of a machinery module (`machinery.model.policy`, or a name imported from it: `...policy.rollout`),
+    or None outside the machinery."""
+    parts = module.split(".")
+    if parts[0] != "machinery" or len(parts) < 2:
+        return None
+    package = "machinery." + parts[1]
+    return LAYERS.index(package) if package in LAYERS else 0
+
+
+def test_the_machinery_keeps_its_layer_order():
+    """At module level or inside a function: no module imports one of a higher layer."""
+    packages = {".".join(module_name(p).split(".")[:2]) for p in CORE
+                if in_machinery(p) and p.parent.name != "machinery"}
+    assert packages == set(LAYERS[1:]), "a sub-package of machinery/ missing from LAYERS, or LAYERS naming one gone"
+    up = [(module_name(p), m) for p in CORE if in_machinery(p) for m in imported_modules(p)
+          if layer(m) is not None and layer(m) > layer(module_name(p))]
+    assert up == []
 
 
 def test_no_module_imports_in_a_cycle():
@@ -64,7 +94,8 @@ def test_no_module_imports_in_a_cycle():
 
 
 def test_the_core_never_imports_an_extension():
-    assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "curriculum.py", "grpo.py", "train.py", "eval_pvrbench.py"}
+    assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "curriculum.py", "grpo.py", "train.py",
+                                      "eval_pvrbench.py"}
     edges = [(p.name, m) for p in CORE for m in imported_modules(p) if m.split(".")[0] == "extensions"]
     assert edges == []
 

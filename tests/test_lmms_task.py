@@ -15,7 +15,9 @@ import pytest
 import yaml
 
 import eval_pvrbench as ev
-from machinery import evaluation, synthetic, video
+from machinery import video
+from machinery.datasets import synthetic
+from machinery.eval import evaluation
 from test_eval_pvrbench import FakeVideoServer, assets, cli, outputs  # noqa: F401 - assets: a fixture
 
 OUTPUTS = ("A", "B", "C", "D", " B", "<answer>C</answer>", "B. the second", "3", "three", "", "A\n\nB")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import grpo
-from machinery import memory
+from machinery.model import memory
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,5 @@
-"""Occluders that belong to the scene (machinery/props.py: a clip's scene kind decides which occluders it gets).
+"""Occluders that belong to the scene (machinery/corruption/props.py: a clip's scene kind decides which occluders it
+gets).
 What is checked, each computed here from the clip as built, not from the engine's own numbers:
 
 - The scene kind: close-ups read as indoor, surfaces seen from above as aerial, scenes under a sky as street; with a
@@ -19,7 +20,8 @@ import numpy as np
 import pytest
 
 import perturb
-from machinery import kernels, occluders, props, scene, synthetic
+from machinery.corruption import kernels, occluders, props, scene
+from machinery.datasets import synthetic
 
 
 def context(clip, depth=None):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from machinery import answers, data
+from machinery.datasets import answers, data
 import eval_pvrbench as ev
 import grpo
 

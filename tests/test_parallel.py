@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from machinery import checkpoints, parallel
-from machinery import policy
+from machinery.model import parallel
+from machinery.model import policy
+from machinery.training import checkpoints
 import train
-from machinery import clips as clips_mod
-from machinery import learner
-from machinery import runs
+from machinery.model import learner
+from machinery.training import clips as clips_mod
+from machinery.training import runs
 import perturb
 from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
@@ -177,7 +178,7 @@ def test_the_sft_optimizer_is_gone_before_rl(assets, tmp_path, monkeypatch):
 
 def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
     """SFT's loss is the mean over every target token of the step, whatever the micro-batch size."""
-    from machinery import data
+    from machinery.datasets import data
     root, tiny, data_json = assets
     samples, _ = data.load_video_r1(data_json)
     model, processor = policy.load_policy(tiny)

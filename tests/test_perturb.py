@@ -10,10 +10,11 @@ import cv2
 import numpy as np
 import pytest
 
-from machinery import depth
+from machinery.corruption import depth
 import perturb
-from machinery import perturb_cli, scene, synthetic
 from machinery import video
+from machinery.corruption import perturb_cli, scene
+from machinery.datasets import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,8 +99,8 @@ def test_static_spec_is_stable_across_processes():
 
 
 def test_apply_is_bit_identical_across_processes(tmp_path):
-    code = ("import hashlib, perturb; from machinery import synthetic; f, d = synthetic.sample_clip(6, 48, 64); "
-            "h = lambda a: hashlib.sha256(a.tobytes()).hexdigest()[:12]; "
+    code = ("import hashlib, perturb; from machinery.datasets import synthetic; "
+            "f, d = synthetic.sample_clip(6, 48, 64); h = lambda a: hashlib.sha256(a.tobytes()).hexdigest()[:12]; "
             "print(''.join(h(perturb.apply(f, perturb.static_spec('v1', s), d)) for s in perturb.SUBTYPES))")
     outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
             for _ in range(2)]

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import perturb
-from machinery import kernels, occluders, scene, synthetic
+from machinery.corruption import kernels, occluders, scene
+from machinery.datasets import synthetic
 
 
 def ramp(a, b, x):

@@ -2,13 +2,13 @@
 import numpy as np
 import pytest
 
-from machinery import answers, data
+from machinery.datasets import answers, data
 
-from machinery import synthetic
+from machinery.datasets import synthetic
 import perturb
-from machinery import policy
-from machinery import tiny as tiny_model
 from machinery import video
+from machinery.model import policy
+from machinery.model import tiny as tiny_model
 
 
 @pytest.fixture(scope="module")

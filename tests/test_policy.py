@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from machinery import policy, positions
-from machinery import tiny as tiny_model
+from machinery.model import policy, positions
+from machinery.model import tiny as tiny_model
 
 F32 = {"dtype": torch.float32}  # exact comparisons; the default device (CUDA when present) is kept
 QUESTION = "Which way should the drone go next?\nOptions:\nA. turn left\nB. turn right\nC. go ahead"
@@ -515,7 +515,7 @@ def test_cli_builds_a_tiny_model(tmp_path):
     import subprocess
     import sys
     root = Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-m", "machinery.tiny", "build-tiny", "--out", str(tmp_path / "m"), "--arch",
-                          "qwen2_vl"], cwd=root, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "machinery.model.tiny", "build-tiny", "--out", str(tmp_path / "m"),
+                          "--arch", "qwen2_vl"], cwd=root, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "m" / "config.json").is_file() and "qwen2_vl" in (tmp_path / "m" / "config.json").read_text()

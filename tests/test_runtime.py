@@ -92,8 +92,8 @@ def test_bitsandbytes_is_quiet_and_the_spin_count_is_set():
 
 
 def test_saving_a_checkpoint_draws_no_shard_bar(tmp_path, capfd):
-    from machinery import policy
-    from machinery import tiny as tiny_model
+    from machinery.model import policy
+    from machinery.model import tiny as tiny_model
     tiny = tiny_model.build_tiny(tmp_path / "tiny")
     model, processor = policy.load_policy(str(tiny))
     capfd.readouterr()

@@ -71,8 +71,8 @@ def test_answerability_confidence_normalises_over_yes_and_no():
 
 
 def test_answerability_token_ids_on_the_tiny_tokenizer(tmp_path):
-    from machinery import policy
-    from machinery import tiny as tiny_model
+    from machinery.model import policy
+    from machinery.model import tiny as tiny_model
     _, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / "tiny"))
     yes, no = policy.yes_no_token_ids(processor.tokenizer)
     assert yes and no and not set(yes) & set(no)

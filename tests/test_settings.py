@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT))
 import train  # noqa: E402
 from extensions.embodied_r import train as er  # noqa: E402
 from extensions.robust_to import train as rt  # noqa: E402
-from machinery import clips, engine, learner, runs  # noqa: E402
+from machinery.model import engine, learner  # noqa: E402
+from machinery.training import clips, runs  # noqa: E402
 
 PROTOCOLS = (clips.ClipSettings, learner.LearnerSettings, engine.EngineSettings, runs.RunSettings)
 
@@ -36,7 +37,8 @@ def settings_read(path):
             if isinstance(node, ast.Attribute) and is_cfg(node.value)}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "machinery").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((ROOT / "machinery").rglob("*.py")),
+                         ids=lambda p: p.relative_to(ROOT / "machinery").as_posix())
 def test_the_machinery_reads_only_the_settings_it_declares(path):
     read = settings_read(path)
     assert read <= READS.get(path.name, set()), f"{path.name} reads {sorted(read - READS.get(path.name, set()))}"

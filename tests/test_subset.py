@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from machinery import data
-from machinery import subset
-from machinery.data import DataError
+from machinery.datasets import data
+from machinery.datasets import subset
+from machinery.datasets.data import DataError
 from machinery.runtime import UserError
 from test_data import touch, write_json
 
@@ -123,7 +123,7 @@ def test_make_subset_malformed_rows(tmp_path):
 def _cli(*args):
     import subprocess
     import sys
-    return subprocess.run([sys.executable, "-m", "machinery.subset", *map(str, args)],
+    return subprocess.run([sys.executable, "-m", "machinery.datasets.subset", *map(str, args)],
                           cwd=Path(__file__).resolve().parents[1],
                           capture_output=True, text=True, timeout=120)
 

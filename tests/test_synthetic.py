@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from machinery import data
-from machinery import synthetic
 from machinery import video
+from machinery.datasets import data
+from machinery.datasets import synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +72,8 @@ def test_the_demo_and_the_eval_build_one_benchmark(bench, tmp_path):
     """train.py's demo renders synthetic.DEMO_BENCHMARK (eval_pvrbench.py's default), and refuses an OUT/synthetic
     rendered with other settings instead of training on it."""
     import train
-    from machinery import runs, runtime
+    from machinery import runtime
+    from machinery.training import runs
 
     cfg = train.parse_args(["--out", str(tmp_path / "demo")])
     assert runs.synthetic_settings(runs.demo_benchmark(cfg)) == runs.synthetic_settings(synthetic.DEMO_BENCHMARK)
@@ -111,8 +112,8 @@ def test_rendered_motion_matches_the_action():
 
 
 def test_cli(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "machinery.synthetic", "--out", str(tmp_path / "s"), "--n", "3",
-                          "--seed", "1", "--frames", "4", "--size", "56"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "machinery.datasets.synthetic", "--out", str(tmp_path / "s"), "--n",
+                          "3", "--seed", "1", "--frames", "4", "--size", "56"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["n_clips"] == 3 and (tmp_path / "s" / "videos" / "synthetic").is_dir()

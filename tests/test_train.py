@@ -12,12 +12,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from machinery import policy
-from machinery import synthetic
-from machinery import tiny as tiny_model
+from machinery.datasets import synthetic
+from machinery.model import policy
+from machinery.model import tiny as tiny_model
 import train
-from machinery import clips as clips_mod
-from machinery import runs
+from machinery.training import clips as clips_mod
+from machinery.training import runs
 import perturb
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,7 +266,7 @@ def test_several_updates_per_generation_reuse_the_old_log_probs_and_the_clip_bin
     beta k3-KL, masked mean per completion, mean over completions), and its clip binds (clip_fraction > 0)."""
     import types
 
-    from machinery import data
+    from machinery.datasets import data
 
     root, tiny, train_json = assets
     cfg = train.parse_args(args(assets, tmp_path / "out", "--lr", "3e-2", "--micro-batch-size", "2"),
@@ -428,7 +428,7 @@ def test_temporal_corruption_permutes_the_perturbed_frames_under_the_same_specs(
     spec stream is the same at any share); it is refused beside T-GRPO's shuffled group."""
     import numpy as np
 
-    from machinery import data
+    from machinery.datasets import data
     import perturb
 
     root, tiny, train_json = assets
@@ -472,7 +472,7 @@ def test_the_answerability_warm_up_labels_every_clip_clean_and_corrupted_and_res
     """answerability_epochs: after the task SFT, Fig. 10's prompt on every training clip clean and under one
     corruption, trained toward YES / NO; a run killed inside it resumes with the same labels to the weights of
     an uninterrupted run."""
-    from machinery import data
+    from machinery.datasets import data
 
     n = len(data.load_video_r1(assets[2])[0])
     common = ["--mode", "rova", "--rl-steps", "1", "--save-every", "2", "--sft-epochs", "0.5", "--sft-batch-size",
@@ -495,7 +495,7 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
     it is wrong (here the model is made to answer right on clean clips and wrong on corrupted ones)."""
     import types
 
-    from machinery import data
+    from machinery.datasets import data
 
     samples, _ = data.load_video_r1(assets[2])
     cfg = train.parse_args(args(assets, tmp_path / "out"))
@@ -529,7 +529,7 @@ def test_loss_norm_sets_what_a_steps_sum_is_divided_by():
     sum by the completions kept (a full-size update however few), fixed by batch_size x group_size (2 of 8 kept: a
     quarter of the update), token by the kept completions' tokens."""
     import grpo
-    from machinery import parallel
+    from machinery.model import parallel
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])   # the 2 completions kept of B x G = 4 x 2
     per_token = torch.tensor([[2.0, 4.0, 9.0], [6.0, 9.0, 9.0]])   # token means 3 and 6 (9: not a token)

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from machinery import video
-from machinery.synthetic import sample_clip
+from machinery.datasets.synthetic import sample_clip
 from machinery.video import (VideoError, contact_sheet, read_frames, smart_resize, uniform_indices, write_gif,
                              write_video)
 

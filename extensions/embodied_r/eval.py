@@ -19,10 +19,10 @@ import json
 import re
 from pathlib import Path
 
-from machinery import chat
-from machinery import answers, data
+from machinery.datasets import answers, data
+from machinery.eval import chat
 import eval_pvrbench as ev
-from machinery import evaluation
+from machinery.eval import evaluation
 from extensions.embodied_r import keyframes, perceive
 
 
@@ -68,7 +68,7 @@ class TextOnly:
             self.client = chat.ChatClient(base_url=base_url, model=spec.split(":", 1)[1], max_retries=retries,
                                           timeout=timeout)
             return
-        from machinery import policy
+        from machinery.model import policy
         self.client, self.policy = None, policy
         self.model, self.processor = policy.load_policy(spec)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from machinery import answers, data
+from machinery.datasets import answers, data
 import judge as judges
 
 # The reference model sees the question q and the rollout's reasoning p_i only (no video) and gives

@@ -326,7 +326,7 @@ class OpenAIPerceiver:
 
     def __init__(self, model: str, base_url: str | None = None, api_key_env: str = "OPENAI_API_KEY",
                  max_tokens: int = 256, temperature: float = 0.0, timeout: float = 60, max_retries: int = 5):
-        from machinery import chat
+        from machinery.eval import chat
 
         self.max_tokens = int(max_tokens)
         self.client = chat.ChatClient(base_url=base_url, model=model, api_key_env=api_key_env, timeout=timeout,
@@ -378,7 +378,7 @@ class PerceptionCache:
     version). ``path=None`` keeps it in memory."""
 
     def __init__(self, path=None):
-        from machinery import chat
+        from machinery.eval import chat
 
         self.path = None if path is None else str(path)
         self._store = chat.ReplyCache(self.path)

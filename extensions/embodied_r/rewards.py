@@ -7,7 +7,7 @@ import functools
 import logging
 import re
 
-from machinery import answers, data
+from machinery.datasets import answers, data
 from extensions.embodied_r import judging
 from grpo import accuracy_reward
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
-from machinery import data
-from machinery import policy
+from machinery.datasets import data
+from machinery.model import policy
 import train
-from machinery.clips import Observer
-from machinery import records, runs
+from machinery.training import records, runs
+from machinery.training.clips import Observer
 from extensions.embodied_r import perceive
 from extensions.embodied_r import rewards as er_rewards
 from extensions.embodied_r.keyframes import keyframe_sampler

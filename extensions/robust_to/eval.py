@@ -17,7 +17,7 @@ from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy befo
 from pathlib import Path
 
 import eval_pvrbench as ev
-from machinery import evaluation
+from machinery.eval import evaluation
 from eval_pvrbench import _d, _f
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise, PROTOCOLS["robust-to"]
 

@@ -323,7 +323,7 @@ def stated_answers(e: Evidence, sample) -> list[str]:
     """The answers of ``sample`` a piece of evidence states (ours): for multiple choice the option letters
     whose text its prediction contains (rewards.supports), for numerical / regression questions the first
     number in it, otherwise the prediction itself."""
-    from machinery import data
+    from machinery.datasets import data
     from extensions.robust_to.rewards import supports
 
     if sample.problem_type == "multiple choice":
@@ -453,7 +453,7 @@ class Agent:
 
     # ---- the policy
     def _generate(self, texts, clips, max_new_tokens, do_sample=False, n=1, temperature=1.0):
-        from machinery import policy
+        from machinery.model import policy
 
         prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
         inputs = policy.make_inputs(self.processor, prompts, clips)
@@ -464,7 +464,7 @@ class Agent:
         """The ``vlm`` tool for a batch: greedy short answers and their confidence, the geometric mean
         of the answer's token probabilities (exp of the mean log-probability; ours, the paper says the
         tools return calibrated scores without saying how the VLM's is made)."""
-        from machinery import policy
+        from machinery.model import policy
         import torch
 
         if not queries:
@@ -511,7 +511,7 @@ class Agent:
         return [[e for e in ev if e is not None] for ev in evidence]
 
     def synthesis_text(self, sample, evidence) -> str:
-        from machinery import data
+        from machinery.datasets import data
 
         return SYNTHESIS_PROMPT.format(original_query=data.question_text(sample), evidence=format_evidence(evidence),
                                        answer_instruction=data.TYPE_TEMPLATE.get(sample.problem_type, "").strip())
@@ -523,7 +523,7 @@ class Agent:
     def prepare(self, samples, clips):
         """Stage 1 for a batch: (questions with options, per sample (frame ids, disturbance [T], profile),
         the selected frames)."""
-        from machinery import data
+        from machinery.datasets import data
 
         questions = [data.question_text(s) for s in samples]
         sel = [self.select(c, q) for c, q in zip(clips, questions)]
@@ -565,9 +565,9 @@ class Agent:
     def expected_subqueries(self, samples, clips, model=None):
         """The frozen estimator's sub-query budget per sample (:data:`COUNT_PROMPT`, greedy): ``model``
         (the frozen reference) when given, else this agent's policy; None where the reply has no number."""
-        from machinery import policy
+        from machinery.model import policy
 
-        from machinery import data
+        from machinery.datasets import data
 
         texts = [COUNT_PROMPT.format(original_query=data.question_text(s)) for s in samples]
         prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]

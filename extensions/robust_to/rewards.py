@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from machinery import answers
+from machinery.datasets import answers
 from grpo import accuracy_reward
 
 def _option_text(answer: str, options) -> str:

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import torch
 
 import grpo
-from machinery import learner, parallel, runs
+from machinery.model import learner, parallel
+from machinery.training import runs
 import perturb
-from machinery import policy
+from machinery.model import policy
 import train
-from machinery.clips import Observer
+from machinery.training.clips import Observer
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise and the robust-to protocol
 from extensions.robust_to import orchestrate
 from extensions.robust_to.rewards import confidence_cost_reward

@@ -6,7 +6,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import grpo  # noqa: E402
-from machinery import engine  # noqa: E402
+from machinery.model import engine  # noqa: E402
 
 engine.SYNC = tuple(c for c in engine.SYNC if c.__name__ != sys.argv[1])
 grpo.accuracy_reward = lambda text, *args, **kwargs: float(len(text) % 2)

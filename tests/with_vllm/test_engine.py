@@ -1,4 +1,4 @@
-"""train.py --rollout-engine vllm (machinery/engine.py), in the vLLM environment: requirements-vllm.txt, built by
+"""train.py --rollout-engine vllm (machinery/model/engine.py), in the vLLM environment: requirements-vllm.txt, built by
 `python benchmarks/vllm_check.py --install-only`; .ci/run runs this folder with that venv's python. Each run is a
 subprocess: a process holds one engine (vLLM's parallel state is per process)."""
 import json
@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: tests/with_vllm run with the vLLM "
                     "venv's python (python benchmarks/vllm_check.py --install-only; .ci/run)")
 
-from machinery import synthetic  # noqa: E402
-from machinery import tiny as tiny_model  # noqa: E402
+from machinery.datasets import synthetic  # noqa: E402
+from machinery.model import tiny as tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ROVA_DIST_TIMEOUT": "120", "VLLM_CPU_KVCACHE_SPACE": "1",

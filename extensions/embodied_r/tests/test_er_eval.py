@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from machinery import data
-from machinery import synthetic
-from machinery import tiny as tiny_model
+from machinery.datasets import data
+from machinery.datasets import synthetic
+from machinery.model import tiny as tiny_model
 from extensions.embodied_r import eval as er_eval
 from extensions.embodied_r import perceive
 

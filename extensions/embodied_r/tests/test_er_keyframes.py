@@ -77,8 +77,8 @@ def test_read_frames_with_the_keyframe_sampler(tmp_path):
 
 def test_train_and_eval_run_with_key_frames(tmp_path):
     """Training and evaluation read key frames end to end (Embodied-R's entry points, --frame-sampler keyframes)."""
-    from machinery import synthetic
-    from machinery import tiny as tiny_model
+    from machinery.datasets import synthetic
+    from machinery.model import tiny as tiny_model
     from extensions.embodied_r import eval as er_eval
     from extensions.embodied_r import train as er_train
     tiny = tiny_model.build_tiny(tmp_path / "tiny")

@@ -214,7 +214,7 @@ def test_openai_perceiver_wraps_judge(monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from machinery import tiny as tiny_model
+    from machinery.model import tiny as tiny_model
     return tiny_model.build_tiny(tmp_path_factory.mktemp("perceive") / "tiny")
 
 

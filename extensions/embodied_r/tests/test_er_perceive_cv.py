@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 
-from machinery import synthetic
+from machinery.datasets import synthetic
 from extensions.embodied_r import perceive
 import perturb
 from extensions.embodied_r.perceive import ACTIONS, make_perceiver, parse_pair

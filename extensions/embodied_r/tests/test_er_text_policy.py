@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from machinery import data
+from machinery.datasets import data
 from extensions.embodied_r import perceive
-from machinery import policy
-from machinery import synthetic
-from machinery import tiny as tiny_model
+from machinery.datasets import synthetic
+from machinery.model import policy
+from machinery.model import tiny as tiny_model
 import train
 from extensions.embodied_r import train as er
 

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from machinery import synthetic
-from machinery import tiny as tiny_model
+from machinery.datasets import synthetic
+from machinery.model import tiny as tiny_model
 import train
-from machinery import runs
+from machinery.training import runs
 from extensions.embodied_r import train as er
 
 

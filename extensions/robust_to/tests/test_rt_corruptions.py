@@ -13,8 +13,9 @@ import pytest
 
 import extensions.robust_to.corruptions as C  # registers motion_blur, noise and PROTOCOLS["robust-to"]
 import perturb
-from machinery import perturb_cli, synthetic
 from machinery import video
+from machinery.corruption import perturb_cli
+from machinery.datasets import synthetic
 
 ROOT = Path(__file__).resolve().parents[3]
 EXTRAS = C.EXTRA_SUBTYPES

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import perturb
-from machinery import synthetic
-from machinery import tiny as tiny_model
+from machinery.datasets import synthetic
+from machinery.model import tiny as tiny_model
 from extensions.robust_to import eval as rt_eval
 
 ROOT = Path(__file__).resolve().parents[3]

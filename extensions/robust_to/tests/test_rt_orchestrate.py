@@ -6,8 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from machinery import answers, data
-from machinery import synthetic
+from machinery.datasets import answers, data
+from machinery.datasets import synthetic
 from extensions.robust_to import corruptions  # noqa: F401 - registers motion_blur, noise, PROTOCOLS["robust-to"]
 from extensions.robust_to import orchestrate as orc
 from extensions.robust_to.orchestrate import HIGH, LOW, MEDIUM, Evidence, SubQuery, tier
@@ -159,8 +159,8 @@ def test_supports():
 # --------------------------------------------------------------------------- the agent on the tiny model
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from machinery import policy
-    from machinery import tiny as tiny_model
+    from machinery.model import policy
+    from machinery.model import tiny as tiny_model
     root = tmp_path_factory.mktemp("agent")
     path = tiny_model.build_tiny(root / "tiny")
     synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
@@ -228,7 +228,7 @@ def test_agent_with_rule_synthesis_writes_the_tiers_answer_and_cannot_be_sampled
 
 
 def test_vlm_confidence_is_the_geometric_mean_token_probability(tiny):
-    from machinery import policy
+    from machinery.model import policy
     import torch
     root, _, model, processor = tiny
     _, clips = _samples(root, 1)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 
-from machinery import synthetic
+from machinery.datasets import synthetic
 import perturb
 from extensions.robust_to import corruptions
 from extensions.robust_to import reliability as R

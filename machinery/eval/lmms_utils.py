@@ -1,6 +1,6 @@
 """utils.py of the lmms-eval task that ``eval_pvrbench.py --export-lmms-eval DIR`` writes (copied there as is).
 
-lmms-eval calls these functions by name from the task YAMLs (machinery/lmms_task.py writes them). Scoring and
+lmms-eval calls these functions by name from the task YAMLs (machinery/eval/lmms_task.py writes them). Scoring and
 aggregation are eval_pvrbench.py's own code: the export copies answers.py and the two modules it imports into
 DIR/pvrbench_scoring/machinery/, so a model scored here gets eval_pvrbench.py's figures under the export's
 --style / --scoring (DIR/export.json), and the folder needs nothing from the project at run time.
@@ -27,7 +27,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if (HERE / "pvrbench_scoring").is_dir():   # in an export; in the project, its own machinery
     sys.path.insert(0, str(HERE / "pvrbench_scoring"))
-from machinery import answers  # noqa: E402
+from machinery.datasets import answers  # noqa: E402
 
 CONFIG = json.loads((HERE / "export.json").read_text()) if (HERE / "export.json").is_file() else {}
 FAILED = "[LMMS_EVAL_REQUEST_FAILED"   # how lmms-eval's API models return a request that failed for good

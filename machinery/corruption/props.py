@@ -16,8 +16,8 @@ import math
 import cv2
 import numpy as np
 
-from machinery import kernels, occluders
-from machinery.scene import UNCHANGED, Layer
+from machinery.corruption import kernels, occluders
+from machinery.corruption.scene import UNCHANGED, Layer
 
 SCENES = ("indoor", "aerial", "street")  # VSI-Bench, UrbanVideo-Bench, Video-R1's outdoor clips and the synthetic set
 KINDS = {  # subtype -> scene -> the occluder kinds plausible there (a spec's `style`)

@@ -22,8 +22,10 @@ from typing import Protocol
 
 import numpy as np
 
-from machinery import answers, chat, data, runtime, video
-from machinery import depth as depths
+from machinery import runtime, video
+from machinery.corruption import depth as depths
+from machinery.datasets import answers, data
+from machinery.eval import chat
 
 
 SHARE_MIN = 4   # questions on one (video, condition) from which HFModel shares its prefill (Runner.batches)
@@ -66,7 +68,8 @@ class Corruption(Protocol):
 
 def read_for_model(group, settings: EvalSettings, read_kwargs, with_indices=False):
     """A question group's clip as the model is shown it: (frames, fps[, the frame indices read]) or a VideoError;
-    fps: qwen-vl-utils' sample fps, or --fps. read_kwargs: an extension's video.read_frames arguments (a frame sampler)."""
+    fps: qwen-vl-utils' sample fps, or --fps. read_kwargs: an extension's video.read_frames arguments (a frame
+    sampler)."""
     frames, indices, fps = video.read_frames(group.path, num_frames=settings.frames, max_pixels=settings.max_pixels,
                                              **read_kwargs)
     if settings.fps != "video":
@@ -133,7 +136,7 @@ class HFModel:
     share_clips = True
 
     def __init__(self, path, adapter=None, batch_size=8):
-        from machinery import policy
+        from machinery.model import policy
         self.policy, self.batch_size = policy, batch_size
         self.model, self.processor = policy.load_policy(path)
         if adapter:

@@ -32,8 +32,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from machinery import policy
 from machinery import runtime
+from machinery.model import policy
 
 MODES = ("auto", "fsdp", "ddp", "none")
 

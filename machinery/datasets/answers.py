@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from machinery import data
+from machinery.datasets import data
 
 log = logging.getLogger(__name__)
 
@@ -468,7 +468,7 @@ def score(pred, gt, problem_type: str, source: str | None = None, *, train_rewar
 
 def read_and_score(output, source, problem_type, answer, style="reason", scoring=SCORINGS[0]):
     """(the answer read from an output, its score) under `style` and `scoring`: eval_pvrbench.py's per-sample
-    scoring, and that of the lmms-eval task it exports (machinery/lmms_utils.py)."""
+    scoring, and that of the lmms-eval task it exports (machinery/eval/lmms_utils.py)."""
     pred = extract_answer(output, source, problem_type=problem_type, style=style, scoring=scoring)
     return pred, score(pred, answer, problem_type, source, style=style)
 
@@ -577,7 +577,7 @@ def answers_equivalent(reference, candidate) -> bool:
     return norm_text(ref) == norm_text(cand)
 
 # --------------------------------------------------------------------------- a condition's aggregate (App. B.1)
-# eval_pvrbench.py's figures and the lmms-eval task it exports (machinery/lmms_task.py) both aggregate here.
+# eval_pvrbench.py's figures and the lmms-eval task it exports (machinery/eval/lmms_task.py) both aggregate here.
 REL_DIRECTION = ("object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard")
 
 

@@ -8,8 +8,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from machinery import data, policy, runtime, video
-from machinery import depth as depths
+from machinery import runtime, video
+from machinery.corruption import depth as depths
+from machinery.datasets import data
+from machinery.model import policy
 
 
 @runtime_checkable

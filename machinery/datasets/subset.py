@@ -1,7 +1,7 @@
 """ROVA's training subset of Video-R1 (Sec. 5.1): which records of a Video-R1 JSON the rule keeps, and the command
 that writes them (read back by :func:`data.load_video_r1` and ``train.py --data``)::
 
-    python -m machinery.subset make-subset --data data/Video-R1-data/Video-R1-COT-165k.json \
+    python -m machinery.datasets.subset make-subset --data data/Video-R1-data/Video-R1-COT-165k.json \
         --out data/Video-R1-COT-outdoor.json
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from machinery import data
 from machinery import runtime
+from machinery.datasets import data
 
 log = logging.getLogger(__name__)
 

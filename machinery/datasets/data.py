@@ -2,7 +2,8 @@
 
 One record type, :class:`Sample`, for every source: the Video-R1 training JSON (ROVA trains on an outdoor
 subset of Video-R1-260k, Sec. 5.1; our rule for that subset, which the paper leaves undefined, is subset.py's
-:func:`machinery.subset.make_subset`, CLI ``python -m machinery.subset make-subset``), VSI-Bench and
+:func:`machinery.datasets.subset.make_subset`, CLI ``python -m machinery.datasets.subset make-subset``),
+VSI-Bench and
 UrbanVideo-Bench (PVRBench's sources, App. B.1) and the synthetic benchmark (synthetic.py, written in the
 Video-R1 / VSI-Bench formats). Loaders return ``(samples, missing)``: rows whose video file is absent are
 reported (and logged), never dropped silently; a malformed row raises :class:`DataError` naming the file, the

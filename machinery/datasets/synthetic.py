@@ -13,7 +13,8 @@ video is given (perturb.py's demo, the tests). :func:`photo_clip` pans and zooms
 (scikit-image's bundled outdoor ones, no download): real content for the corruption engine's tests and
 contact sheets (benchmarks/contact_sheet.py).
 
-CLI: ``python -m machinery.synthetic --out DIR [--n 200 --seed 0 --frames 16 --size 112 --eval-fraction 0.25]``.
+CLI: ``python -m machinery.datasets.synthetic --out DIR [--n 200 --seed 0 --frames 16 --size 112
+--eval-fraction 0.25]``.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from machinery import answers, data
 from machinery import runtime
 from machinery import video
+from machinery.datasets import answers, data
 
 # --------------------------------------------------------------------------- the benchmark
 SYNTH_COLOURS = {"red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200),

@@ -8,7 +8,7 @@ import math
 import cv2
 import numpy as np
 
-from machinery import kernels, scene
+from machinery.corruption import kernels, scene
 
 
 HALF_TURN_CS = [(math.cos(a), math.sin(a)) for a in np.linspace(-np.pi / 2, np.pi / 2, 7)]  # a capsule's end

@@ -1,7 +1,7 @@
 """The policy: load a video VLM, LoRA / 4-bit, batched rollouts, per-token log-probs.
 
 Everything goes through the Hugging Face Auto classes, so a real ``Qwen/Qwen2.5-VL-7B-Instruct``
-directory and the tiny random model that :func:`machinery.tiny.build_tiny` writes for tests are used the
+directory and the tiny random model that :func:`machinery.model.tiny.build_tiny` writes for tests are used the
 same way::
 
     model, processor = load_policy("Qwen/Qwen2.5-VL-7B-Instruct", lora_r=64, load_in_4bit=True)
@@ -50,7 +50,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from machinery import positions, runtime
+from machinery import runtime
+from machinery.model import positions
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 DEFAULT_FPS = 2.0  # frames per second of the given frames when unknown: qwen-vl-utils' FPS, i.e. 1 s per grid

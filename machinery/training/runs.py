@@ -20,12 +20,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from machinery import answers, checkpoints, data, memory, parallel, policy, runtime, synthetic
-from machinery import depth as depths
-from machinery import tiny as tiny_model
-from machinery.clips import Clips, ClipSettings
-from machinery.engine import EngineSettings
-from machinery.learner import LearnerSettings
+from machinery import runtime
+from machinery.corruption import depth as depths
+from machinery.datasets import answers, data, synthetic
+from machinery.model import memory, parallel, policy
+from machinery.model import tiny as tiny_model
+from machinery.model.engine import EngineSettings
+from machinery.model.learner import LearnerSettings
+from machinery.training import checkpoints
+from machinery.training.clips import Clips, ClipSettings
 
 
 def arg(default, help_, group=None, choices=None):

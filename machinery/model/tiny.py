@@ -1,9 +1,10 @@
 """The tiny offline model: a random-weight Qwen2.5-VL / Qwen2-VL / Qwen3-VL (or text-only Qwen2) of ~2 MB, with a
 byte-level BPE tokenizer trained on the project's own prompts, Qwen's special tokens and chat template, that reloads
-offline through the Hugging Face Auto classes exactly as a real checkpoint does (:func:`machinery.policy.load_policy`).
-The tests, the CPU demo and the benchmarks build it in code; nothing is downloaded::
+offline through the Hugging Face Auto classes exactly as a real checkpoint does
+(:func:`machinery.model.policy.load_policy`). The tests, the CPU demo and the benchmarks build it in code; nothing is
+downloaded::
 
-    path = tiny.build_tiny("/tmp/tiny")                    # or: python -m machinery.tiny build-tiny --out /tmp/tiny
+    path = tiny.build_tiny("/tmp/tiny")         # or: python -m machinery.model.tiny build-tiny --out /tmp/tiny
     model, processor = policy.load_policy(path)
 """
 from __future__ import annotations
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from machinery import data
 from machinery import runtime
-from machinery import synthetic
+from machinery.datasets import data
+from machinery.datasets import synthetic
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>", "<|video_pad|>"]
@@ -92,7 +93,8 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
     processors limited to 56x56 .. 64 patches of 28x28 per frame (32x32 for Qwen3-VL), temporal_patch_size 2,
     no frame re-sampling (the frames given are the frames seen). ``vocab_size`` is the BPE target; a small
     corpus gives fewer tokens. ``arch``: "qwen2_5_vl" (default), "qwen2_vl" or "qwen3_vl" (timestamps in the
-    prompt from the video metadata that :func:`machinery.policy.make_inputs` passes). Returns the directory as a string.
+    prompt from the video metadata that :func:`machinery.model.policy.make_inputs` passes). Returns the directory as a
+    string.
     """
     import transformers as tf
 

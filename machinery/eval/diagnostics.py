@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from machinery import answers, data
+from machinery.datasets import answers, data
 
 CONSTANT_TYPES = ("multiple choice", "numerical", "regression")
 NOISE_SE = 2.0   # a margin within this many standard errors of 0 is "within noise"

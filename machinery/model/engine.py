@@ -34,7 +34,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from machinery import parallel, policy, runtime
+from machinery import runtime
+from machinery.model import parallel, policy
 
 INSTALL = "pip install -r requirements-vllm.txt (docs/USAGE.md, 'Rollouts on vLLM')"
 

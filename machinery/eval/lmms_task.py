@@ -13,7 +13,7 @@ What DIR holds, in lmms-eval's conventions (its built-in vsibench task is laid o
   pvrbench_<condition>.yaml     one task per subtype, and pvrbench_clean
   pvrbench_<category>.yaml      a group per category of Table 8 (its accuracy: the mean of its subtypes')
   pvrbench.yaml                 the group: clean and the categories; its pvr_avg is the paper's Avg.
-  utils.py, pvrbench_scoring/   machinery/lmms_utils.py, and the scoring code it runs (answers.py and the modules
+  utils.py, pvrbench_scoring/   machinery/eval/lmms_utils.py, and the scoring code it runs (answers.py and the modules
                                 it imports), copied: the folder needs nothing from this project at run time
   export.json                   the export's settings (style, scoring, Avg.'s weights, eta, frames, fps, versions)
 The data files are named relative to the YAMLs, which lmms-eval resolves from 0.7.3 on (the version checked by
@@ -25,10 +25,12 @@ import json
 import shutil
 from pathlib import Path
 
-from machinery import data, runtime
+from machinery import runtime
+from machinery.datasets import data
 
 HERE = Path(__file__).resolve().parent
-SCORING_MODULES = ("answers.py", "data.py", "runtime.py")   # answers.py and what it imports
+MACHINERY = HERE.parent
+SCORING_MODULES = ("datasets/answers.py", "datasets/data.py", "runtime.py")   # answers.py and what it imports
 METADATA = "metadata:\n  version: 1.0\n"
 
 
@@ -92,13 +94,15 @@ def write_yamls(root, docs, groups_of_avg, max_new_tokens):
 
 
 def copy_scoring(root):
-    """utils.py (lmms_utils.py) and the scoring modules it imports, under DIR/pvrbench_scoring/machinery/."""
+    """utils.py (lmms_utils.py) and the scoring modules it imports, under DIR/pvrbench_scoring/machinery/ in the
+    project's layout (machinery/runtime.py, machinery/datasets/answers.py and data.py)."""
     shutil.copyfile(HERE / "lmms_utils.py", root / "utils.py")
     package = root / "pvrbench_scoring" / "machinery"
-    package.mkdir(parents=True, exist_ok=True)
-    (package / "__init__.py").write_text("")
     for name in SCORING_MODULES:
-        shutil.copyfile(HERE / name, package / name)
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(MACHINERY / name, package / name)
+    for folder in {(package / name).parent for name in SCORING_MODULES}:   # machinery/ and machinery/datasets/
+        (folder / "__init__.py").write_text("")
 
 
 def write(root, groups, written, settings, groups_of_avg, errors=0):

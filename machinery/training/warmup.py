@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 
-from machinery import answers, data, learner, parallel, policy, runtime
+from machinery import runtime
+from machinery.datasets import answers, data
+from machinery.model import learner, parallel, policy
 
 
 class AnswerabilityWarmUp:

@@ -1,6 +1,6 @@
 """Per-GPU memory plan of ROVA training: what one RL step holds, phase by phase, in GiB.
 
-    from machinery import memory
+    from machinery.model import memory
     p = memory.plan("qwen2.5-vl-7b", "fsdp", gpus=4)          # App. D's settings: 4 videos x G = 8 per GPU
     p = memory.plan(model.config, "lora", micro_batch_size=4)  # a loaded model's config works as well
     memory.check_fits(p, 80)                                   # raises MemoryPlanError when p["peak"] > 80 GiB
@@ -648,7 +648,7 @@ def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from machinery import policy
+    from machinery.model import policy
 
     config = config or validation_config()
     torch.manual_seed(seed)

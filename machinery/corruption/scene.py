@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from machinery import kernels
+from machinery.corruption import kernels
 
 
 # The depth proxy's ground plane: non-sky content at the horizon is at PROXY_FAR (upright structure at the

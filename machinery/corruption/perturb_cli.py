@@ -11,7 +11,8 @@ import argparse
 import os
 from pathlib import Path
 
-from machinery import props, runtime, video
+from machinery import runtime, video
+from machinery.corruption import props
 
 
 OUT_SUFFIXES = (".mp4",)  # H.264 via video.write_video; GIF is not offered (it merges equal frames, rounds the fps)
@@ -159,7 +160,7 @@ def _depth(args, frames, video_id, indices, given, what):
     """(depth for `apply`, `what` + where it comes from), by --depth-model: auto, the clip's own (`given`: the
     built-in clip's true depth) or else the recommended model's; proxy, none (scene.depth_proxy); NAME, that
     model's (depth.py, cached)."""
-    from machinery import depth as depth_model   # (torch and transformers load only with a depth model)
+    from machinery.corruption import depth as depth_model   # (torch and transformers load only with a depth model)
 
     name = args.depth_model or depth_model.PROXY
     if name == depth_model.PROXY:
@@ -249,7 +250,7 @@ def main(argv, engine):
     _check_cli_args(args)
     out = runtime.out_file(args.out, OUT_SUFFIXES, "--out") if args.out else None
     grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
-    from machinery import depth as depth_model   # (torch and transformers load only to run a depth model)
+    from machinery.corruption import depth as depth_model   # (torch and transformers load only to run a depth model)
 
     depth_model.check_source(args.depth_model, args.depth_cache, needs_model=False)   # one line now (auto: below)
     return _on_input(args, out, grid) if args.input else _on_sample(args, out, grid)
@@ -261,7 +262,7 @@ def _on_input(args, out, grid):
         info = video.probe(args.input)  # a VideoError names the file
     if out is not None and out.resolve() == Path(args.input).resolve():
         raise runtime.UserError(f"--out {args.out} is the input video; give another file name")
-    from machinery import depth as depth_model
+    from machinery.corruption import depth as depth_model
 
     depth_model.check_source(args.depth_model, args.depth_cache)   # auto: a real video needs the model
     video_id = str(Path(args.input).resolve())
@@ -279,7 +280,7 @@ def _on_input(args, out, grid):
 
 def _on_sample(args, out, grid):
     """--out and/or --grid of the built-in clip (depth: its true depth, or --depth-model's)."""
-    from machinery import synthetic  # the built-in clip (imported here: the engine needs not its imports)
+    from machinery.datasets import synthetic  # the built-in clip (imported here: the engine needs not its imports)
 
     frames, true_depth = synthetic.sample_clip(args.frames or SAMPLE_FRAMES, args.size, args.size)
     video_id, indices = f"perturb-sample-clip/{args.size}", range(len(frames))
