@@ -1,5 +1,5 @@
 """eval_pvrbench.py's per-task bar charts (per_task.png, compare.png): evaluation.chart, drawn by
-video.bar_chart."""
+evaluation.bar_chart."""
 import numpy as np
 from PIL import Image
 

@@ -1,6 +1,7 @@
 """The machinery of eval_pvrbench.py: reading a clip as the model sees it, the models asked (a local checkpoint,
 its clip's prefill shared by the clip's questions; a served model, every request in flight), the resumable
-store of generations and verdicts, and the Runner that generates and judges a window of videos at a time.
+store of generations and verdicts, and the Runner that generates and judges a window of videos at a time;
+the results' files and their bar charts (per_task.png, compare.png).
 The benchmark's protocol (which questions, which corruption, how they are scored) is eval_pvrbench.py's: it
 gives the machinery its command line's settings as an EvalSettings, built once, and the corruption as a
 Corruption (the manifest's spec applied to a clean clip), never its argparse namespace.
@@ -624,4 +625,43 @@ def chart(path, results_list, labels):
             series.append((f"{label} {kind}" if len(labels) > 1 else kind, rgb,
                            [pt.get(s, {}).get("per_task", {}).get(kind, {}).get(t) for s, t in tasks]))
     names = [f"{s}/{t}" if len({s for s, _ in tasks}) > 1 else t for s, t in tasks]
-    return video.bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
+    return bar_chart(path, names, series, "PVRBench per task: clean vs perturbed")
+
+
+def bar_chart(path, groups, series, title):
+    """A grouped bar chart drawn with Pillow: one group per task, one bar per (label, rgb, values) series;
+    the groups share the plot's whole width."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=13)
+    left, top, plot_h, right = 50, 60, 300, 10
+    legend = sum(24 + int(font.getlength(label)) for label, _, _ in series)
+    width = max(left + len(groups) * (len(series) * 14 + 18) + right, left + legend + right, 420)
+    group_w = (width - left - right) / max(len(groups), 1)
+    bw = min(40.0, 0.8 * group_w / max(len(series), 1))  # bars take 80% of a group, at most 40 px each
+    label_h = 10 + max([int(font.getlength(g)) for g in groups] or [0])
+    img = Image.new("RGB", (width, top + plot_h + label_h), "white")
+    d = ImageDraw.Draw(img)
+    d.text((left, 8), title, fill="black", font=font)
+    x = left
+    for label, rgb, _ in series:
+        d.rectangle([x, 30, x + 10, 40], fill=rgb)
+        d.text((x + 14, 28), label, fill="black", font=font)
+        x += 24 + int(font.getlength(label))
+    for k in range(5):
+        y = top + plot_h - k * plot_h / 4
+        d.line([left, y, width - right, y], fill=(220, 220, 220))
+        d.text((8, y - 7), f"{k / 4:.2f}", fill="black", font=font)
+    for g, name in enumerate(groups):
+        x0 = left + g * group_w + (group_w - bw * len(series)) / 2
+        for s, (_, rgb, values) in enumerate(series):
+            if values[g] is not None:
+                d.rectangle([x0 + s * bw, top + plot_h * (1 - min(max(values[g], 0), 1)), x0 + (s + 1) * bw - 2,
+                             top + plot_h], fill=rgb)
+        tw = int(font.getlength(name)) + 4
+        txt = Image.new("RGB", (tw, 16), "white")
+        ImageDraw.Draw(txt).text((2, 0), name, fill="black", font=font)
+        img.paste(txt.rotate(90, expand=True), (int(x0 + len(series) * bw / 2 - 8), top + plot_h + 6))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)
+    return str(path)
