@@ -1,22 +1,20 @@
-"""Samples, loaders, prompts and answer scoring for ROVA and PVRBench.
+"""Samples, loaders and prompts for ROVA and PVRBench: the datasets in their native formats. Reading and scoring a
+model's answer is answers.py's.
 
 One record type, :class:`Sample`, for every source: the Video-R1 training JSON (ROVA trains on an outdoor
 subset of Video-R1-260k, Sec. 5.1; our rule for that subset, which the paper leaves undefined, is subset.py's
 :func:`machinery.datasets.subset.make_subset`, CLI ``python -m machinery.datasets.subset make-subset``),
-VSI-Bench and
-UrbanVideo-Bench (PVRBench's sources, App. B.1) and the synthetic benchmark (synthetic.py, written in the
-Video-R1 / VSI-Bench formats). Loaders return ``(samples, missing)``: rows whose video file is absent are
+VSI-Bench and UrbanVideo-Bench (PVRBench's sources, App. B.1) and the synthetic benchmark (synthetic.py, written
+in the Video-R1 / VSI-Bench formats). Loaders return ``(samples, missing)``: rows whose video file is absent are
 reported (and logged), never dropped silently; a malformed row raises :class:`DataError` naming the file, the
 row and the field.
 
-Prompts and scoring follow the official code of each source (verified against Video-R1's
-``src/r1-v/src/open_r1/grpo.py`` / ``sft_video.py`` / ``eval_bench.py``, lmms-eval's
-``tasks/vsibench/utils.py`` and UrbanVideo-Bench's ``run.py`` / ``eval.py``): style ``"reason"`` is
-Video-R1's think/answer template (the one ROVA trains and evaluates with), its answers read with the project's
-extensions (EXTENSIONS: the <answer> tag, stripped whitespace, number words, ...); ``"official"`` is the benchmark's
-own direct-answer prompt, its answers scored exactly as the official code scores them (OFFICIAL_SCORERS; checked
-output for output on the adversarial outputs of tests/data/official_scores/). Every other place where we depart
-from, or fill a gap in, the official code is marked "our addition" / "our reading".
+Prompts follow the official code of each source (verified against Video-R1's ``src/r1-v/src/open_r1/grpo.py`` /
+``sft_video.py`` / ``eval_bench.py``, lmms-eval's ``tasks/vsibench/utils.py`` and UrbanVideo-Bench's ``run.py``):
+style ``"reason"`` is Video-R1's think/answer template (the one ROVA trains and evaluates with), ``"official"``
+the benchmark's own direct-answer prompt. Also here: the one option-label parser (:func:`split_option`), the SFT
+target, the number words and lmms-eval's ``to_float`` that answers.py reads answers with. Every place where we
+depart from, or fill a gap in, the official code is marked "our addition" / "our reading".
 """
 from __future__ import annotations
 
