@@ -112,8 +112,9 @@ def test_rendered_motion_matches_the_action():
 
 
 def test_cli(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "machinery.datasets.synthetic", "--out", str(tmp_path / "s"), "--n",
-                          "3", "--seed", "1", "--frames", "4", "--size", "56"], cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "machinery.datasets.synthetic", "--out", str(tmp_path / "s"),
+                          "--n", "3", "--seed", "1", "--frames", "4", "--size", "56"], cwd=ROOT, capture_output=True,
+                         text=True)
     assert run.returncode == 0, run.stderr
     summary = json.loads((tmp_path / "s" / "summary.json").read_text())
     assert summary["n_clips"] == 3 and (tmp_path / "s" / "videos" / "synthetic").is_dir()
