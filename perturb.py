@@ -60,7 +60,7 @@ from machinery import runtime
 from machinery.corruption import kernels, occluders, perturb_cli, props, scene
 from machinery.corruption.kernels import walk
 from machinery.corruption.scene import UNCHANGED, Layer  # noqa: F401 - UNCHANGED: for registered effects (extensions)
-from machinery.runtime import hash48  # noqa: F401 - public: perturb.hash48, the specs' stable seeds
+from machinery.runtime import hash48  # (public too: perturb.hash48, the specs' stable seeds)
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),

@@ -239,12 +239,12 @@ def extract_answer(text, source: str | None = None, *, problem_type: str | None 
     return m.group(1) if m else _fuzzy_matching(span)
 
 
-_THINK_TAG = re.compile(r"<think>\s*(.*?)\s*(</think>|$)", re.DOTALL)
-
-
 def each(texts, sample) -> list[str]:
     """The answer in each of a sample's outputs (extract_answer by its source and problem type)."""
     return [extract_answer(t, sample.source, problem_type=sample.problem_type) for t in texts]
+
+
+_THINK_TAG = re.compile(r"<think>\s*(.*?)\s*(</think>|$)", re.DOTALL)
 
 
 def extract_reasoning(text, *, lenient: bool = False) -> str:

@@ -27,7 +27,6 @@ import unicodedata
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-
 from machinery import runtime
 
 log = logging.getLogger(__name__)
