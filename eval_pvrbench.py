@@ -42,8 +42,10 @@ with its model schemes, load_benchmark, evaluate with its models, reports, frame
 from __future__ import annotations
 
 from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
+import concurrent.futures
 import hashlib
 import json
+import os
 import re
 import time
 from collections import Counter, defaultdict
@@ -502,6 +504,14 @@ def corrupt(frames, spec, depth):
     return perturb.apply(frames, perturb.PerturbSpec.from_dict(spec), depth)
 
 
+def corrupted(window, specs, pool):
+    """A window's corrupted clips (corrupt), started in `pool` in the order they are asked for: a served model's
+    first requests go out while the rest are rendered. {(video id, condition): Future of the frames}."""
+    return {(g.video_id, c): pool.submit(lambda g=g, c=c, f=frames: corrupt(f, specs[g.source, g.video_id, c],
+                                                                            window.depth(g)))
+            for g, c, frames in window.conditions()}
+
+
 def check_depth(args, paths):
     """--depth-model's check (depth.check_source), before any work: `auto` needs the recommended model for every
     source but the synthetic set, which has its own depth."""
@@ -560,10 +570,13 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     judge = make_judge(args, run_dir)
     if model is not None and (note := judges.stand_in_note(args.judge, evaluation.parameters(model))):
         print(note, flush=True)   # (the default offline judge on a real model)
-    runner = evaluation.Runner(settings, store, model, judge, manifest, read_kwargs, pending, corrupt)
-    if not runner.run(groups):
-        print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
-        return None
+    specs = {(r["source"], r["video_id"], r["subtype"]): r["spec"] for r in manifest}
+    runner = evaluation.Runner(settings, store, model, judge, read_kwargs, pending)
+    with runner, concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+        for window in runner.windows(groups):   # each video read once, each (video, condition) corrupted once
+            if not runner.generate(window, corrupted(window, specs, pool)):
+                print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
+                return None
     getattr(judge, "close", lambda: None)()
     flat = store.records(groups, args.style, args.scoring)
     results = summarize(flat, bench.subtypes, args.style)
@@ -586,9 +599,12 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
 
 
 def export(args, settings, bench, groups, manifest, read_kwargs):
-    """--export DIR (evaluation.export: the clips, their depth and the manifest), made an lmms-eval task folder
+    """--export DIR (evaluation.Exporter: the clips, their depth and the manifest), made an lmms-eval task folder
     with --export-lmms-eval (lmms_task.write). Returns None: no model is evaluated."""
-    written, errors = evaluation.export(groups, manifest, settings, read_kwargs, corrupt)
+    out = evaluation.Exporter(manifest, settings, read_kwargs)
+    for row, frames, depth in out.clips(groups):
+        out.write(row, corrupt(frames, row["spec"], depth))
+    written, errors = out.close()
     if args.export_lmms_eval:
         lmms_task.write(args.export, groups, written, settings, avg_groups(bench.subtypes), errors)
     return None

@@ -150,17 +150,17 @@ class JudgeAfterWindow(evaluation.Runner):
     """The Runner before: each window judged before the next one generates, one batch of pairs per (video,
     condition) at a time (the judge's thread pool spreading each batch's requests)."""
 
-    def start_judge(self, groups, clips):
+    def start_judge(self, window):
         if self.judge is not None:
             t0 = time.perf_counter()
-            for g in groups:
+            for g in window.groups:
                 pend = self.store.to_judge(g, self.judge)
-                if not pend or (g.video_id, "clean") not in clips:
+                if not pend:
                     continue
                 for cond in dict.fromkeys(p[0][1] for p in pend):
                     ps = [p for p in pend if p[0][1] == cond]
                     verdicts = self.judge.reasoning_quality_batch([p[1:] for p in ps],
-                                                                  images=self.judge_images(g, cond, clips))
+                                                                  images=self.judge_images(g, cond, window))
                     self.store.append(f"judge-{self.store.tag}", g.source, [
                         {"doc_id": k[0], "condition": k[1], "judge": v} for (k, *_), v in zip(ps, verdicts)])
             self.sec_judge += time.perf_counter() - t0

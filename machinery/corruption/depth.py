@@ -37,7 +37,7 @@ import json
 import os
 import threading
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -298,16 +298,20 @@ class ClipMemo:
 
     def __init__(self, source: Source, size: int = 8):
         self.source, self.size, self.items, self.lock = source, max(1, size), OrderedDict(), threading.Lock()
+        self.computing = defaultdict(threading.Lock)   # video id -> its computation's lock (one at a time)
 
     def __call__(self, frames, video_id: str = "", indices=None, **kwargs) -> np.ndarray:
         with self.lock:
-            hit = self.items.get(video_id)
-        if hit is not None and hit[0] is frames:
-            return hit[1]
-        d = self.source(frames, video_id, indices, **kwargs)
-        with self.lock:
-            self.items[video_id] = (frames, d)
-            self.items.move_to_end(video_id)
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
+            computing = self.computing[video_id]
+        with computing:   # a clip's other specs, corrupted at the same time, wait for its one computation
+            with self.lock:
+                hit = self.items.get(video_id)
+            if hit is not None and hit[0] is frames:
+                return hit[1]
+            d = self.source(frames, video_id, indices, **kwargs)
+            with self.lock:
+                self.items[video_id] = (frames, d)
+                self.items.move_to_end(video_id)
+                while len(self.items) > self.size:
+                    self.items.popitem(last=False)
         return d

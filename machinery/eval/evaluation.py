@@ -3,8 +3,8 @@ its clip's prefill shared by the clip's questions; a served model, every request
 store of generations and verdicts, and the Runner that generates and judges a window of videos at a time;
 the results' files and their bar charts (per_task.png, compare.png).
 The benchmark's protocol (which questions, which corruption, how they are scored) is eval_pvrbench.py's: it
-gives the machinery its command line's settings as an EvalSettings, built once, and the corruption as a
-Corruption (the manifest's spec applied to a clean clip), never its argparse namespace.
+gives the machinery its command line's settings as an EvalSettings, built once (never its argparse namespace),
+and corrupts the clips itself (Runner.generate and Exporter.write take the corrupted frames).
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import numpy as np
 
@@ -58,15 +57,6 @@ class EvalSettings:
     benchmark: str            # --benchmark as given (the lmms-eval task's export.json)
 
 
-class Corruption(Protocol):
-    """Sec. 4's corruption of a clip, which is the stage's (eval_pvrbench.corrupt: perturb.apply, a stage script
-    the machinery never imports): a clean clip's frames [T,H,W,3] uint8, a manifest row's spec (the dict of
-    perturb.PerturbSpec.to_dict) and the clip's depth (None: perturb's depth proxy) -> the corrupted frames, the
-    same bit for bit every time (Eq. 4's V~)."""
-
-    def __call__(self, frames: np.ndarray, spec: dict, depth: np.ndarray | None) -> np.ndarray: ...
-
-
 def read_for_model(group, settings: EvalSettings, read_kwargs, with_indices=False):
     """A question group's clip as the model is shown it: (frames, fps[, the frame indices read]) or a VideoError;
     fps: qwen-vl-utils' sample fps, or --fps. read_kwargs: an extension's video.read_frames arguments (a frame
@@ -81,9 +71,9 @@ def read_for_model(group, settings: EvalSettings, read_kwargs, with_indices=Fals
 
 
 def export_depth(root, g, frames, indices, source):
-    """(depth for `corrupt`, the manifest's "depth") of an exported clip: "proxy", or the clip's depth (its own
-    or --depth-model's) written to <video id>/depth.npy (float16 [T,H,W]: the spec, the clean frames and this
-    file regenerate the corrupted clip bit for bit, Eq. 4, without the model)."""
+    """(the depth a clip is corrupted with, the manifest's "depth") of an exported clip: "proxy", or the clip's
+    depth (its own or --depth-model's) written to <video id>/depth.npy (float16 [T,H,W]: the spec, the clean frames
+    and this file regenerate the corrupted clip bit for bit, Eq. 4, without the model)."""
     if source.kind(g.path) == "proxy":
         return None, "proxy"
     d, f = source(frames, g.video_id, indices, video_path=g.path), Path(g.video_id) / "depth.npy"
@@ -92,33 +82,48 @@ def export_depth(root, g, frames, indices, source):
                "sha256": hashlib.sha256((root / f).read_bytes()).hexdigest()}
 
 
-def export(groups, manifest, settings: EvalSettings, read_kwargs, corrupt: Corruption):
-    """--export DIR: the clean and corrupted clips as lossless mp4 (the frames the models see, `corrupt`: the
-    manifest's spec applied, at the fps they are told), their depth maps with --depth-model (export_depth), plus
-    the manifest. Returns ({(video id, condition): file relative to DIR}, the number of clips not read)."""
-    root, specs, written = Path(settings.export), defaultdict(list), {}
-    source = depths.Depth(settings.depth_model, settings.depth_cache or None)
-    for row in manifest:
-        specs[(row["source"], row["video_id"])].append(row)
-    rows = []
-    for g in groups:
-        try:
-            frames, fps, indices = read_for_model(g, settings, read_kwargs, with_indices=True)
-        except Exception as e:  # noqa: BLE001 - recorded, never fatal
-            rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in specs[(g.source, g.video_id)]]
-            continue
-        clean = written[(g.video_id, "clean")] = str(Path(g.video_id) / "clean.mp4")
-        video.write_video(root / clean, frames, fps=fps, lossless=True)
-        d, entry = export_depth(root, g, frames, indices, source)
-        for r in specs[(g.source, g.video_id)]:
-            f = written[(g.video_id, r["subtype"])] = str(Path(g.video_id) / f"{r['subtype']}.mp4")
-            video.write_video(root / f, corrupt(frames, r["spec"], d), fps=fps, lossless=True)
-            rows.append(dict(r, file=f, clean_file=clean, source_video=g.path, fps=fps, depth=entry,
-                             frames=settings.frames, max_pixels=settings.max_pixels))
-    write_jsonl(root / "manifest.jsonl", rows)
-    errors = sum("error" in r for r in rows)
-    print(f"exported {sum('file' in r for r in rows)} corrupted videos ({errors} errors) and {root / 'manifest.jsonl'}")
-    return written, errors
+class Exporter:
+    """--export DIR: the clean and corrupted clips as lossless mp4 (the frames the models see, at the fps they are
+    told), their depth maps with --depth-model (export_depth), and the manifest. The stage writes each corrupted
+    clip (write) that `clips` asks for; close() returns ({(video id, condition): file relative to DIR}, the number
+    of clips not read)."""
+
+    def __init__(self, manifest, settings: EvalSettings, read_kwargs):
+        self.root, self.settings, self.read_kwargs = Path(settings.export), settings, read_kwargs
+        self.source = depths.Depth(settings.depth_model, settings.depth_cache or None)
+        self.specs, self.written, self.rows, self.shown = defaultdict(list), {}, [], None
+        for row in manifest:
+            self.specs[(row["source"], row["video_id"])].append(row)
+
+    def clips(self, groups):
+        """(manifest row, clean frames, depth) of each corrupted clip, its video's clean clip and depth written
+        first; a video not read: its rows kept with the error."""
+        for g in groups:
+            try:
+                frames, fps, indices = read_for_model(g, self.settings, self.read_kwargs, with_indices=True)
+            except Exception as e:  # noqa: BLE001 - recorded, never fatal
+                self.rows += [dict(r, error=f"{type(e).__name__}: {e}") for r in self.specs[(g.source, g.video_id)]]
+                continue
+            clean = self.written[(g.video_id, "clean")] = str(Path(g.video_id) / "clean.mp4")
+            video.write_video(self.root / clean, frames, fps=fps, lossless=True)
+            d, entry = export_depth(self.root, g, frames, indices, self.source)
+            self.shown = dict(clean_file=clean, source_video=g.path, fps=fps, depth=entry,
+                              frames=self.settings.frames, max_pixels=self.settings.max_pixels)
+            for r in self.specs[(g.source, g.video_id)]:
+                yield r, frames, d
+
+    def write(self, row, frames):
+        """A manifest row's corrupted clip (the stage's: the row's spec applied to the clean frames)."""
+        f = self.written[(row["video_id"], row["subtype"])] = str(Path(row["video_id"]) / f"{row['subtype']}.mp4")
+        video.write_video(self.root / f, frames, fps=self.shown["fps"], lossless=True)
+        self.rows.append(dict(row, file=f, **self.shown))
+
+    def close(self):
+        write_jsonl(self.root / "manifest.jsonl", self.rows)
+        errors = sum("error" in r for r in self.rows)
+        print(f"exported {sum('file' in r for r in self.rows)} corrupted videos ({errors} errors) and "
+              f"{self.root / 'manifest.jsonl'}")
+        return self.written, errors
 
 
 def parameters(model):
@@ -335,90 +340,123 @@ def scored(s, text, error, style="reason", scoring=answers.SCORINGS[0]):
     return {"filtered_resps": pred, "score": score}
 
 
+@dataclass
+class Window:
+    """A window of videos (Runner.windows): the groups whose clip was read, their clean clips {video id: (frames,
+    fps)} and frame indices, their pending (group, sample, condition) in (video, condition) order, the (group,
+    condition) clips they and the judge ask for, in that order, and the corrupted clips the stage hands
+    Runner.generate ({(video id, condition): frames, or a Future of them})."""
+    groups: list
+    clean: dict
+    indices: dict
+    todo: list
+    asked: list
+    corrupted: dict
+    memo: depths.ClipMemo   # the window's clips' depth, computed once each
+
+    def depth(self, g):
+        """The depth a clean clip is corrupted with (depth.Depth: its own, or a model's, cached on disk; thread-safe),
+        or None: perturb's depth proxy."""
+        return self.memo(self.clean[g.video_id][0], g.video_id, self.indices[g.video_id], video_path=g.path)
+
+    def conditions(self):
+        """(group, condition, clean frames) of each corrupted clip the window asks for, in the order asked (a served
+        model's first requests need the first clips)."""
+        return [(g, c, self.clean[g.video_id][0]) for g, c in self.asked if c != "clean"]
+
+    def clip(self, g, cond):
+        """(frames, fps) of a (video, condition): the clean clip, or the stage's corrupted one (waited for)."""
+        frames, fps = self.clean[g.video_id]
+        if cond == "clean":
+            return frames, fps
+        c = self.corrupted[(g.video_id, cond)]
+        return (c.result() if isinstance(c, concurrent.futures.Future) else c), fps
+
+
 class Runner:
     """Generation and judging, a window of videos at a time (about --batch-size samples; 2 x --api-concurrency
-    for a served model): each video decoded once and each (video, condition) corrupted once; its pending
-    samples generated clip by clip, in (video, condition) order (a server's prefix cache sees one clip's
-    questions together), each stored as it finishes. A window's pairs are judged in the background while the
-    next window generates (at most one window waits for its judge)."""
+    for a served model): each video decoded once (windows), each (video, condition) corrupted once by the
+    stage (eval_pvrbench.corrupted: Sec. 4 is the stage's), its pending samples generated clip by clip, in
+    (video, condition) order (a server's prefix cache sees one clip's questions together), each stored as it
+    finishes (generate). A window's pairs are judged in the background while the next window generates (at most
+    one window waits for its judge). Used as a context manager: leaving it waits for the last judge."""
 
-    def __init__(self, settings: EvalSettings, store, model, judge, manifest, read_kwargs, pending,
-                 corrupt: Corruption):
+    def __init__(self, settings: EvalSettings, store, model, judge, read_kwargs, pending):
         from tqdm import tqdm
-        self.settings, self.store, self.model, self.judge = settings, store, model, judge
-        self.read_kwargs, self.corrupt = read_kwargs, corrupt
-        self.manifest = {(r["source"], r["video_id"], r["subtype"]): r for r in manifest}
+        self.settings, self.store, self.model, self.judge, self.read_kwargs = settings, store, model, judge, read_kwargs
         self.depth = depths.Depth(settings.depth_model, settings.depth_cache or None)
-        self.depth_of = depths.ClipMemo(self.depth)
-        self.indices = {}   # video id -> the frame indices read (the depth cache's key)
-        self.generated, self.sec_generate, self.sec_judge, self.clips = 0, 0.0, 0.0, {}
+        self.generated, self.sec_generate, self.sec_judge = 0, 0.0, 0.0
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
         self.judging = None   # the background judge of the last window: (thread, {"error": ...})
 
-    def run(self, groups):
-        """Every window; False when --stop-after is reached."""
-        window, size = [], 0
-        try:   # (a kill does not wait for the judge in the background: what it had not stored is asked again)
-            for k, g in enumerate(groups):
-                window.append(g)
-                size += sum(len(c) for _, c in g.items)
-                if size >= getattr(self.model, "window", self.settings.batch_size) or k == len(groups) - 1:
-                    if not self.window(window):
-                        self.wait_judge()
-                        return False
-                    window, size = [], 0
-            self.wait_judge()
-        finally:
-            if self.bar is not None:
-                self.bar.close()
-        return True
+    def __enter__(self):
+        return self
 
-    def window(self, groups):
-        self.clips, todo = {}, []
-        self.depth_of = depths.ClipMemo(self.depth, len(groups))   # the window's clips' depth
-        pending = [(g, self.store.pending(g)) for g in groups]
-        pending = [(g, pend) for g, pend in pending if pend or self.store.to_judge(g, self.judge)]
-        groups = [g for g, _ in pending]
-        for (g, pend), clip in zip(pending, self.read(groups)):
-            if isinstance(clip, str):   # an unreadable video: error records (its reason), never fatal
+    def __exit__(self, kind, *_):   # (a kill does not wait for the judge: what it had not stored is asked again)
+        if self.bar is not None:
+            self.bar.close()
+        if kind is None:
+            self.wait_judge()
+
+    def windows(self, groups):
+        """Each window of `groups` with something to generate or judge, as a Window (its clips read)."""
+        window, size = [], 0
+        for k, g in enumerate(groups):
+            window.append(g)
+            size += sum(len(c) for _, c in g.items)
+            if size >= getattr(self.model, "window", self.settings.batch_size) or k == len(groups) - 1:
+                if (ready := self.prepare(window)).groups:
+                    yield ready
+                window, size = [], 0
+
+    def prepare(self, groups):
+        """The Window of `groups`: their clean clips read; an unreadable video's samples stored as errors (its
+        reason, never fatal)."""
+        pending = [(g, self.store.pending(g), self.store.to_judge(g, self.judge)) for g in groups]
+        pending = [(g, pend, judged) for g, pend, judged in pending if pend or judged]
+        shown = getattr(self.judge, "served", False) and self.settings.judge_frames > 0   # the judge sees clips
+        window = Window([], {}, {}, [], [], {}, depths.ClipMemo(self.depth, len(groups)))
+        for (g, pend, judged), clip in zip(pending, self.read([g for g, _, _ in pending])):
+            if isinstance(clip, str):
                 self.store.append("samples", g.source, [record(g, s, c, None, None, clip) for s, c in pend])
                 continue
-            self.clips[(g.video_id, "clean")] = clip
+            frames, fps, window.indices[g.video_id] = clip
+            window.groups.append(g)
+            window.clean[g.video_id] = (frames, fps)
             conds = list(dict.fromkeys(c for _, c in pend))   # clip by clip: clean, then each subtype
-            todo += [(g, s, c) for cond in conds for s, c in pend if c == cond]
-        if not self.generate(todo):
-            return False
-        self.start_judge(groups, self.clips)
-        return True
+            window.todo += [(g, s, c) for cond in conds for s, c in pend if c == cond]
+            window.asked += [(g, c) for c in dict.fromkeys(conds + [p[0][1] for p in judged if shown])]
+        return window
 
     def read(self, groups):
-        """Each group's clean clip (frames, fps), or the reason it cannot be read; in parallel (decoding and
-        resizing run in C)."""
+        """Each group's clean clip (frames, fps, indices), or the reason it cannot be read; in parallel (decoding
+        and resizing run in C)."""
         with concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
             reads = [pool.submit(read_for_model, g, self.settings, self.read_kwargs, True) for g in groups]
         out = []
-        for g, r in zip(groups, reads):
+        for r in reads:
             try:
-                frames, fps, self.indices[g.video_id] = r.result()
-                out.append((frames, fps))
+                out.append(r.result())
             except Exception as e:  # noqa: BLE001 - recorded per sample
                 out.append(f"{type(e).__name__}: {e}")
         return out
 
-    def clip(self, g, cond, clips=None):
-        """(frames, fps) under a condition, kept in `clips` (the window's): a perturbed clip is rebuilt from
-        the manifest's spec (Sec. 4) and the clip's depth (clip_depth)."""
-        clips = self.clips if clips is None else clips
-        if (g.video_id, cond) not in clips:
-            frames, fps = clips[(g.video_id, "clean")]
-            spec = self.manifest[(g.source, g.video_id, cond)]["spec"]
-            clips[(g.video_id, cond)] = (self.corrupt(frames, spec, self.clip_depth(g, frames)), fps)
-        return clips[(g.video_id, cond)]
-
-    def clip_depth(self, g, frames):
-        """The depth of a clean clip (depth.Depth: its own, or a model's computed once and cached on disk; read
-        once per window: depth.ClipMemo; thread-safe), or None: perturb's depth proxy."""
-        return self.depth_of(frames, g.video_id, self.indices.get(g.video_id), video_path=g.path)
+    def generate(self, window, corrupted):
+        """A window's pending samples, each stored as it finishes, then its judge started in the background;
+        `corrupted`: the stage's clips ({(video id, condition): frames, or a Future of them}, those not started
+        cancelled when it stops). False when --stop-after is reached (the judge waited for)."""
+        window.corrupted = corrupted
+        try:
+            done = (self.generate_stream if hasattr(self.model, "stream") else self.generate_batches)(window)
+        finally:
+            for c in corrupted.values():
+                if isinstance(c, concurrent.futures.Future):
+                    c.cancel()
+        if not done:
+            self.wait_judge()
+            return False
+        self.start_judge(window)
+        return True
 
     def batches(self, todo):
         """The model's calls: --batch-size samples each; for a model that shares a clip's prefill
@@ -436,11 +474,10 @@ class Runner:
                 rest.extend(run)
         return out + [rest[k:k + size] for k in range(0, len(rest), size)]
 
-    def generate(self, todo):
-        if hasattr(self.model, "stream"):
-            return self.generate_stream(todo)
-        for batch in self.batches(todo):
-            clips = [self.clip(g, c) for g, _, c in batch]
+    def generate_batches(self, window):
+        """A local model: the window's samples a batch at a time (batches)."""
+        for batch in self.batches(window.todo):
+            clips = [window.clip(g, c) for g, _, c in batch]
             prompts = [data.build_prompt(s, self.settings.style) for _, s, _ in batch]
             t0 = time.perf_counter()
             outs = self.model.generate([s for _, s, _ in batch], prompts, [v for v, _ in clips],
@@ -458,17 +495,14 @@ class Runner:
                 return False
         return True
 
-    def generate_stream(self, todo):
+    def generate_stream(self, window):
         """A served model: every pending sample of the window in flight (up to its concurrency), each finished
         one stored at once, so that a killed run neither loses nor repeats a finished request."""
+        todo = window.todo
         if not todo:
             return True
-        prep, ready = concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)), {}
-        for g, _, c in todo:   # the clips corrupted in order, while the first requests are in flight
-            if (g.video_id, c) not in ready:
-                ready[(g.video_id, c)] = prep.submit(lambda g=g, c=c: self.clip(g, c)[0])
-        clips = [ready[(g.video_id, c)] for g, _, c in todo]
-        fps = [self.clips[(g.video_id, "clean")][1] for g, _, _ in todo]
+        clips = [window.clean[g.video_id][0] if c == "clean" else window.corrupted[(g.video_id, c)] for g, _, c in todo]
+        fps = [window.clean[g.video_id][1] for g, _, _ in todo]
         prompts = [data.build_prompt(s, self.settings.style) for _, s, _ in todo]
         t0 = time.perf_counter()
         results = self.model.stream([s for _, s, _ in todo], prompts, clips, fps, self.settings.style,
@@ -485,11 +519,10 @@ class Runner:
                     return False
         finally:
             results.close()
-            prep.shutdown(wait=True, cancel_futures=True)
             self.sec_generate += time.perf_counter() - t0
         return True
 
-    def start_judge(self, groups, clips):
+    def start_judge(self, window):
         """Judge a window in a background thread (the next window generates meanwhile), once the previous
         window's judge has finished. A judge's failure stops the run."""
         self.wait_judge()
@@ -499,7 +532,7 @@ class Runner:
 
         def work():
             try:
-                self.judge_window(groups, clips)
+                self.judge_window(window)
             except BaseException as e:  # noqa: BLE001 - raised again in the main thread by wait_judge
                 state["error"] = e
         thread = threading.Thread(target=work, name="judge", daemon=True)  # (a kill does not wait for it)
@@ -514,15 +547,15 @@ class Runner:
             if state["error"] is not None:
                 raise state["error"]
 
-    def judge_window(self, groups, clips):
+    def judge_window(self, window):
         """A window's pairs (Store.to_judge), each verdict stored as it comes. An openai: judge: every pair in
         flight at once, --judge-concurrency at a time, each with --judge-frames frames of the clip it rates
         (encoded once per clip); another judge: one batch per video."""
         t0 = time.perf_counter()
         served, jobs = getattr(self.judge, "served", False), []
-        for g in groups:
+        for g in window.groups:
             pend = self.store.to_judge(g, self.judge)
-            if not pend or (g.video_id, "clean") not in clips:   # (nothing to judge, or an unreadable video)
+            if not pend:
                 continue
             if not served:
                 jobs.append((g.source, pend, None))
@@ -531,7 +564,7 @@ class Runner:
             for p in pend:
                 cond = p[0][1]
                 if cond not in shown:
-                    shown[cond] = self.judge_images(g, cond, clips)
+                    shown[cond] = self.judge_images(g, cond, window)
                 jobs.append((g.source, [p], shown[cond]))
 
         def one(job):
@@ -548,11 +581,11 @@ class Runner:
                 one(job)
         self.sec_judge += time.perf_counter() - t0
 
-    def judge_images(self, g, cond, clips):
+    def judge_images(self, g, cond, window):
         """--judge-frames frames of the clip, evenly spaced, as JPEG (None: a text-only judge)."""
         if self.settings.judge_frames <= 0:
             return None
-        frames = self.clip(g, cond, clips)[0]
+        frames = window.clip(g, cond)[0]
         return chat.jpegs(list(frames[np.linspace(0, len(frames) - 1, self.settings.judge_frames).round().astype(int)]))
 
 

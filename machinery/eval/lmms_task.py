@@ -106,7 +106,7 @@ def copy_scoring(root):
 
 
 def write(root, groups, written, settings, groups_of_avg, errors=0):
-    """The task folder in `root` (where evaluation.export wrote the clips); `settings`: the run's
+    """The task folder in `root` (where evaluation.Exporter wrote the clips); `settings`: the run's
     evaluation.EvalSettings; `groups_of_avg`: what Avg. averages (eval_pvrbench.avg_groups). Returns the number
     of docs per condition."""
     root = Path(root)
