@@ -16,7 +16,9 @@ checkpointing), measures the peak of live tensor bytes, compares it with the pla
 """
 from __future__ import annotations
 
+import math
 import sys
+import weakref
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -30,6 +32,164 @@ SETTINGS = ("batch_size", "group_size", "temporal_grpo", "frames", "max_pixels",
 ALL_ROWS = [(m, mode, n) for m in ("qwen2.5-vl-3b", "qwen2.5-vl-7b")
             for mode, n in (("fsdp", 4), ("fsdp", 8), ("lora", 1), ("qlora", 1))] \
     + [(m, "fsdp", 8) for m in ("qwen2.5-vl-32b", "qwen2.5-vl-72b")]
+
+
+# ----------------------------------------------------------------------------- checking the accounting on CPU
+def validation_config(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2, vocab=4096, vision_hidden=128,
+                      vision_depth=2):
+    """A small random Qwen2.5-VL, built in code, big enough that activations and states dominate fixed overheads
+    (the tiny test model of tiny.build_tiny is too small: its tensors are mostly overheads)."""
+    from transformers import Qwen2_5_VLConfig
+
+    text = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
+                bos_token_id=0, eos_token_id=1, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e6,
+                                 "mrope_section": [hidden // heads // 8, 3 * hidden // heads // 16,
+                                                   3 * hidden // heads // 16]})
+    vision = dict(memory.QWEN25_VISION, depth=vision_depth, hidden_size=vision_hidden,
+                  intermediate_size=2 * vision_hidden,
+                  num_heads=2, out_hidden_size=hidden, fullatt_block_indexes=[vision_depth - 1])
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=vocab - 1,
+                            video_token_id=vocab - 2, vision_start_token_id=vocab - 3, vision_end_token_id=vocab - 4,
+                            tie_word_embeddings=True)
+
+
+class LiveBytes:
+    """Counts the bytes of live tensor storages: those registered with `add` and every one an op creates inside
+    the context (a TorchDispatchMode; a weakref finalizer subtracts a storage when it is freed). `peak` is the
+    largest sum seen. CPU or GPU alike; views share their storage and count once."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        tracker = self
+        self.seen, self.now, self.peak, self._refs = WeakIdKeyDictionary(), 0, 0, []
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                import torch.utils._pytree as pytree
+                out = func(*args, **(kwargs or {}))
+                for t in pytree.tree_leaves(out):
+                    tracker.add(t)
+                return out
+
+        self._mode = _Mode()
+
+    def add(self, t):
+        import torch
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        st = t.untyped_storage()
+        if st in self.seen:
+            return
+        n = st.nbytes()
+        self.seen[st] = n
+        self.now += n
+        self.peak = max(self.peak, self.now)
+        self._refs.append(weakref.ref(st, lambda _ref, n=n: setattr(self, "now", self.now - n)))
+
+    def __enter__(self):
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._mode.__exit__(*exc)
+
+
+def _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed):
+    """A left-padded prompt batch with one video per row (tokens as Qwen2.5-VL's processor lays them out), and
+    completions of uneven lengths (masked after their end), as a GRPO update sees them."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    vc, vocab = config.vision_config, config.text_config.vocab_size
+    grid = (math.ceil(frames / vc.temporal_patch_size), side // vc.patch_size, side // vc.patch_size)
+    n_video = grid[0] * grid[1] * grid[2] // vc.spatial_merge_size ** 2
+    length = text_tokens + n_video
+    ids, mask = torch.zeros(rows, length, dtype=torch.long), torch.zeros(rows, length, dtype=torch.long)
+    for r in range(rows):
+        pad = 8 * (r % 2)  # every other prompt 8 tokens shorter: left padding
+        row = torch.randint(5, vocab - 8, (length - pad,), generator=gen)
+        row[4] = config.vision_start_token_id
+        row[5:5 + n_video] = config.video_token_id
+        row[5 + n_video] = config.vision_end_token_id
+        ids[r, pad:], mask[r, pad:] = row, 1
+    patches = rows * grid[0] * grid[1] * grid[2]
+    inputs = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == config.video_token_id).long() * 2,
+                  pixel_values_videos=torch.randn(patches, 3 * vc.temporal_patch_size * vc.patch_size ** 2,
+                                                  generator=gen),
+                  video_grid_thw=torch.tensor([grid] * rows), second_per_grid_ts=torch.ones(rows))
+    completion = torch.randint(5, vocab - 8, (rows, new_tokens), generator=gen)
+    lengths = torch.tensor([max(1, new_tokens - 5 * r) for r in range(rows)])
+    completion_mask = (torch.arange(new_tokens)[None] < lengths[:, None]).long()
+    return inputs, completion.masked_fill(completion_mask == 0, 0), completion_mask
+
+
+def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True,
+                   seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
+    """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
+    validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
+    `lora_r`, peft adapters and the adapters off), Eq. 7's loss (grpo.grpo_loss), backward, gradient clipping and
+    an AdamW step, as learner.py's.
+    `dtype` of the weights (float32 or bfloat16: AdamW's states follow), `gradient_checkpointing` as load_policy sets
+    it. Measured at the second update (AdamW's states exist: the steady state the plan describes). Returns bytes:
+    "peak", "base" (weights, states, reference and inputs at the start)."""
+    import torch
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from machinery.model import policy
+
+    config = config or validation_config()
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config).to(getattr(torch, dtype))
+    if gradient_checkpointing:  # as policy.load_policy (transformers >= 5.2x calls it activation checkpointing)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    ref = policy.frozen_copy(model) if (reference and not lora_r) else None
+    if lora_r:  # as policy.load_policy: adapters on the LM's projections; the reference is the adapters off
+        from peft import LoraConfig, get_peft_model
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.05,
+                                                 target_modules=policy.LM_LORA_TARGETS, task_type="CAUSAL_LM"))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
+    inputs, ids, mask = _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed)
+    adv = torch.randn(rows, generator=torch.Generator().manual_seed(seed))
+
+    def update():
+        model.train()
+        logp = policy.token_logprobs(model, inputs, ids, mask)
+        ref_logp = policy.reference_logprobs(model, inputs, ids, mask, ref_model=ref) if reference else logp.detach()
+        loss, _ = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask)
+        (loss * rows).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    update()  # creates AdamW's states
+    with LiveBytes() as live:
+        for t in [*model.parameters(), *(ref.parameters() if ref else []), *inputs.values(), ids, mask,
+                  *(v for state in opt.state.values() for v in state.values())]:
+            live.add(t)
+        base = live.now
+        update()
+    return {"peak": live.peak, "base": base}
+
+
+def check_plan(rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True, dtype="float32",
+               gradient_checkpointing=False) -> dict:
+    """memory.plan of validation_config() against measure_update: GiB measured, planned, and planned / measured.
+    fp32 is planned as `single`; bf16 as `ddp` (bf16 weights, grads and AdamW states: what a CPU can run of the GPU
+    modes' accounting), without the CUDA overhead."""
+    config = validation_config()
+    measured = measure_update(config, rows, text_tokens, frames, side, new_tokens, reference, dtype=dtype,
+                              gradient_checkpointing=gradient_checkpointing)
+    p = memory.plan(config, "single" if dtype == "float32" else "ddp", batch_size=1, group_size=rows,
+                    micro_batch_size=rows, frames=frames, max_pixels=side * side, text_tokens=text_tokens,
+                    max_new_tokens=new_tokens, reference=reference, gradient_checkpointing=gradient_checkpointing,
+                    overhead_gib=0.0)
+    planned = max(p["update"], p["step"])  # the measured update ends with the optimizer step
+    peak = measured["peak"] / memory.GIB
+    return {"measured": peak, "planned": planned, "ratio": planned / peak, "plan": p}
 
 
 def parse_args(argv=None):
@@ -106,7 +266,7 @@ def validate(args):
     cases = [("float32", True, "fp32, checkpointing (single)"), ("bfloat16", True, "bf16, checkpointing (ddp)"),
              ("float32", False, "fp32, no checkpointing (single)")]  # the issue's check last
     for dtype, checkpointing, label in cases:
-        v = memory.validate(grpo.grpo_loss, dtype=dtype, gradient_checkpointing=checkpointing)
+        v = check_plan(dtype=dtype, gradient_checkpointing=checkpointing)
         print(f"  {label:<34} measured {v['measured'] * 1024:7.1f} MiB  planned {v['planned'] * 1024:7.1f} MiB  "
               f"ratio {v['ratio']:.3f}")
     print(f"measured_gib={v['measured']:.4f} planned_gib={v['planned']:.4f} ratio={v['ratio']:.3f}")

@@ -17,7 +17,7 @@ Modes (how the policy is trained; every figure is per GPU):
   qlora  lora on NF4 base weights (double quantisation); peft's prepare_model_for_kbit_training (policy.load_policy)
          upcasts everything else to fp32, so the residual stream, the KV cache and the logits are fp32 too.
   single one process, fp32 everything, gradient checkpointing off, no CUDA overheads: the CPU case that
-         `measure_update` checks the per-layer accounting against (benchmarks/memory_plan.py --validate).
+         benchmarks/memory_plan.py --validate checks the per-layer accounting against (a measured update).
 
 Phases of one RL step (App. G's order): (a) generation: clean + perturbed groups of the rank's videos in one
 generate call (shared-prefix rollouts: batch_size x 2 prompts prefilled once, the KV cache copied per completion);
@@ -39,7 +39,6 @@ import functools
 import itertools
 import json
 import math
-import weakref
 from dataclasses import asdict, dataclass, fields, replace
 
 from machinery import runtime
@@ -52,7 +51,7 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 # Published config.json numbers of huggingface.co/Qwen/Qwen2.5-VL-{3B,7B,32B,72B}-Instruct (vision tower shared by
 # all four: 32 blocks of 1280, MLP 3420, window 112, full attention in blocks 7/15/23/31; out_hidden_size = the LM's).
-_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, in_channels=3, patch_size=14,
+QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, in_channels=3, patch_size=14,
                spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
                tokens_per_second=2, hidden_act="silu")
 PRESETS = {
@@ -81,7 +80,7 @@ def preset_config(name: str):
     tied = text.pop("tie_word_embeddings")
     text.update(hidden_act="silu", rms_norm_eps=1e-6, max_position_embeddings=128000,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]})
-    vision = dict(_VISION, out_hidden_size=text["hidden_size"])
+    vision = dict(QWEN25_VISION, out_hidden_size=text["hidden_size"])
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=tied)
 
 
@@ -543,158 +542,3 @@ def format_plan(p: dict, gpu_gib: float | None = None) -> str:
     fits = "" if gpu_gib is None else f" of {gpu_gib:g} GiB: {'fits' if p['peak'] <= gpu_gib else 'does NOT fit'}"
     rows.append(f"{'peak (' + p['peak_phase'] + ')' + fits:<75}{p['peak']:7.2f}")
     return "\n".join(rows)
-
-
-# ----------------------------------------------------------------------------- checking the accounting on CPU
-def validation_config(hidden=256, intermediate=768, layers=4, heads=4, kv_heads=2, vocab=4096, vision_hidden=128,
-                      vision_depth=2):
-    """A small random Qwen2.5-VL, built in code, big enough that activations and states dominate fixed overheads
-    (the tiny test model of tiny.build_tiny is too small: its tensors are mostly overheads)."""
-    from transformers import Qwen2_5_VLConfig
-
-    text = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-                num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
-                bos_token_id=0, eos_token_id=1, pad_token_id=0,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e6,
-                                 "mrope_section": [hidden // heads // 8, 3 * hidden // heads // 16,
-                                                   3 * hidden // heads // 16]})
-    vision = dict(_VISION, depth=vision_depth, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
-                  num_heads=2, out_hidden_size=hidden, fullatt_block_indexes=[vision_depth - 1])
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=vocab - 1,
-                            video_token_id=vocab - 2, vision_start_token_id=vocab - 3, vision_end_token_id=vocab - 4,
-                            tie_word_embeddings=True)
-
-
-class LiveBytes:
-    """Counts the bytes of live tensor storages: those registered with `add` and every one an op creates inside
-    the context (a TorchDispatchMode; a weakref finalizer subtracts a storage when it is freed). `peak` is the
-    largest sum seen. CPU or GPU alike; views share their storage and count once."""
-
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils.weak import WeakIdKeyDictionary
-
-        tracker = self
-        self.seen, self.now, self.peak, self._refs = WeakIdKeyDictionary(), 0, 0, []
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                import torch.utils._pytree as pytree
-                out = func(*args, **(kwargs or {}))
-                for t in pytree.tree_leaves(out):
-                    tracker.add(t)
-                return out
-
-        self._mode = _Mode()
-
-    def add(self, t):
-        import torch
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            return
-        st = t.untyped_storage()
-        if st in self.seen:
-            return
-        n = st.nbytes()
-        self.seen[st] = n
-        self.now += n
-        self.peak = max(self.peak, self.now)
-        self._refs.append(weakref.ref(st, lambda _ref, n=n: setattr(self, "now", self.now - n)))
-
-    def __enter__(self):
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
-
-
-def _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed):
-    """A left-padded prompt batch with one video per row (tokens as Qwen2.5-VL's processor lays them out), and
-    completions of uneven lengths (masked after their end), as a GRPO update sees them."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    vc, vocab = config.vision_config, config.text_config.vocab_size
-    grid = (math.ceil(frames / vc.temporal_patch_size), side // vc.patch_size, side // vc.patch_size)
-    n_video = grid[0] * grid[1] * grid[2] // vc.spatial_merge_size ** 2
-    length = text_tokens + n_video
-    ids, mask = torch.zeros(rows, length, dtype=torch.long), torch.zeros(rows, length, dtype=torch.long)
-    for r in range(rows):
-        pad = 8 * (r % 2)  # every other prompt 8 tokens shorter: left padding
-        row = torch.randint(5, vocab - 8, (length - pad,), generator=gen)
-        row[4] = config.vision_start_token_id
-        row[5:5 + n_video] = config.video_token_id
-        row[5 + n_video] = config.vision_end_token_id
-        ids[r, pad:], mask[r, pad:] = row, 1
-    patches = rows * grid[0] * grid[1] * grid[2]
-    inputs = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=(ids == config.video_token_id).long() * 2,
-                  pixel_values_videos=torch.randn(patches, 3 * vc.temporal_patch_size * vc.patch_size ** 2,
-                                                  generator=gen),
-                  video_grid_thw=torch.tensor([grid] * rows), second_per_grid_ts=torch.ones(rows))
-    completion = torch.randint(5, vocab - 8, (rows, new_tokens), generator=gen)
-    lengths = torch.tensor([max(1, new_tokens - 5 * r) for r in range(rows)])
-    completion_mask = (torch.arange(new_tokens)[None] < lengths[:, None]).long()
-    return inputs, completion.masked_fill(completion_mask == 0, 0), completion_mask
-
-
-def measure_update(loss_fn, config=None, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True,
-                   seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
-    """Peak live tensor bytes of one GRPO update of a random model built from `config` (default validation_config())
-    in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with `lora_r`, peft adapters
-    and the adapters off), `loss_fn` (grpo.grpo_loss), backward, gradient clipping and an AdamW step, as learner.py's.
-    `dtype` of the weights (float32 or bfloat16: AdamW's states follow), `gradient_checkpointing` as load_policy sets
-    it. Measured at the second update (AdamW's states exist: the steady state the plan describes). Returns bytes:
-    "peak", "base" (weights, states, reference and inputs at the start)."""
-    import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from machinery.model import policy
-
-    config = config or validation_config()
-    torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).to(getattr(torch, dtype))
-    if gradient_checkpointing:  # as policy.load_policy (transformers >= 5.2x calls it activation checkpointing)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    ref = policy.frozen_copy(model) if (reference and not lora_r) else None
-    if lora_r:  # as policy.load_policy: adapters on the LM's projections; the reference is the adapters off
-        from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.05,
-                                                 target_modules=policy.LM_LORA_TARGETS, task_type="CAUSAL_LM"))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
-    inputs, ids, mask = _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed)
-    adv = torch.randn(rows, generator=torch.Generator().manual_seed(seed))
-
-    def update():
-        model.train()
-        logp = policy.token_logprobs(model, inputs, ids, mask)
-        ref_logp = policy.reference_logprobs(model, inputs, ids, mask, ref_model=ref) if reference else logp.detach()
-        loss, _ = loss_fn(logp, logp.detach(), ref_logp, adv, mask)
-        (loss * rows).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    update()  # creates AdamW's states
-    with LiveBytes() as live:
-        for t in [*model.parameters(), *(ref.parameters() if ref else []), *inputs.values(), ids, mask,
-                  *(v for state in opt.state.values() for v in state.values())]:
-            live.add(t)
-        base = live.now
-        update()
-    return {"peak": live.peak, "base": base}
-
-
-def validate(loss_fn, rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, reference=True, dtype="float32",
-             gradient_checkpointing=False) -> dict:
-    """The plan of validation_config() against measure_update (`loss_fn`: grpo.grpo_loss): GiB measured, planned,
-    and planned / measured. fp32 is planned as `single`; bf16 as `ddp` (bf16 weights, grads and AdamW states: what
-    a CPU can run of the GPU modes' accounting), without the CUDA overhead."""
-    config = validation_config()
-    measured = measure_update(loss_fn, config, rows, text_tokens, frames, side, new_tokens, reference, dtype=dtype,
-                              gradient_checkpointing=gradient_checkpointing)
-    p = plan(config, "single" if dtype == "float32" else "ddp", batch_size=1, group_size=rows, micro_batch_size=rows,
-             frames=frames, max_pixels=side * side, text_tokens=text_tokens, max_new_tokens=new_tokens,
-             reference=reference, gradient_checkpointing=gradient_checkpointing, overhead_gib=0.0)
-    planned = max(p["update"], p["step"])  # the measured update ends with the optimizer step
-    return {"measured": measured["peak"] / GIB, "planned": planned, "ratio": planned / (measured["peak"] / GIB),
-            "plan": p}
