@@ -504,12 +504,11 @@ def corrupt(frames, spec, depth):
     return perturb.apply(frames, perturb.PerturbSpec.from_dict(spec), depth)
 
 
-def corrupted(window, specs, pool):
+def corrupted(window, pool):
     """A window's corrupted clips (corrupt), started in `pool` in the order they are asked for: a served model's
     first requests go out while the rest are rendered. {(video id, condition): Future of the frames}."""
-    return {(g.video_id, c): pool.submit(lambda g=g, c=c, f=frames: corrupt(f, specs[g.source, g.video_id, c],
-                                                                            window.depth(g)))
-            for g, c, frames in window.conditions()}
+    return {(g.video_id, c): pool.submit(lambda g=g, f=frames, s=spec: corrupt(f, s, window.depth(g)))
+            for g, c, frames, spec in window.conditions()}
 
 
 def check_depth(args, paths):
@@ -570,11 +569,10 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     judge = make_judge(args, run_dir)
     if model is not None and (note := judges.stand_in_note(args.judge, evaluation.parameters(model))):
         print(note, flush=True)   # (the default offline judge on a real model)
-    specs = {(r["source"], r["video_id"], r["subtype"]): r["spec"] for r in manifest}
-    runner = evaluation.Runner(settings, store, model, judge, read_kwargs, pending)
+    runner = evaluation.Runner(settings, store, model, judge, manifest, read_kwargs, pending)
     with runner, concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
         for window in runner.windows(groups):   # each video read once, each (video, condition) corrupted once
-            if not runner.generate(window, corrupted(window, specs, pool)):
+            if not runner.generate(window, corrupted(window, pool)):
                 print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
                 return None
     getattr(judge, "close", lambda: None)()

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -222,10 +221,10 @@ def parse_eta(text) -> float | dict:
     or {subtype: eta, "*": the others'}."""
     if isinstance(text, (int, float, dict)):
         return text
-    return perturb_cli.parse_eta(text, _check_subtype, DEFAULT_ETA)
+    return perturb_cli.parse_eta(text, EFFECTS, DEFAULT_ETA)
 
 
-eta_arg = perturb_cli.argparse_type(parse_eta)   # argparse's type= (eval_pvrbench.py): one line naming --eta
+eta_arg = perturb_cli.EtaArg(EFFECTS, DEFAULT_ETA)   # argparse's type= (eval_pvrbench.py): one line naming --eta
 
 
 def eta_of(eta, subtype: str) -> float:
@@ -649,8 +648,14 @@ def masks(frames, spec, depth=None):
 # ----------------------------------------------------------------------------- command line
 
 def main(argv=None):
-    """Corrupt a video, or draw the contact sheet of a protocol's subtypes (machinery/corruption/perturb_cli.py)."""
-    return perturb_cli.main(argv, sys.modules[__name__])
+    """Corrupt a video, or draw a protocol's contact sheet (the flags, reading, writing: perturb_cli.py)."""
+    args = perturb_cli.parse_args(argv, tuple(EFFECTS), PROTOCOLS, DEFAULT_ETA)
+    for job in perturb_cli.jobs(args):   # --out's clip, then --grid's; --scene auto: resolved from the clip, stored
+        specs = [PerturbSpec(s, args.eta, args.seed, args.shuffle, props.spec_params(s, args.seed, args.scene))
+                 for s in job.subtypes]
+        specs = [with_scene(spec, job.frames, job.depth) for spec in specs]
+        job.write([(spec, apply(job.frames, spec, job.depth)) for spec in specs], CATEGORY_OF)
+    return 0
 
 
 if __name__ == "__main__":

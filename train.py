@@ -186,8 +186,7 @@ def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, 
                                usage="%(prog)s [--model M --data D.json --video-root DIR] [options]",
                                epilog=textwrap.fill("The demo (no --model, no --data) changes these defaults: "
                                                     + ", ".join(f"{k}={v}" for k, v in demo.items()) + ".", 100))
-    cfg, _ = runs.parse_config(ap, config, argv, settings,
-                                  preset=lambda args: demo if not args["model"] and not args["data"] else {})
+    cfg, _ = runs.parse_config(ap, config, argv, settings, demo)
     _check_config(ap, cfg)
     if check:
         check(ap, cfg)
@@ -228,8 +227,8 @@ def sft_step(cfg, model, processor, batch, clips, observer):
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None
-    return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
-                                lambda: learner.stand_in(cfg, processor, observer, batch[0]))
+    blank = None if items else learner.stand_in(cfg, processor, observer, batch[0])   # (no readable clip)
+    return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items], blank)
 
 
 # ----------------------------------------------------------------------------- RL (Alg. 2)
@@ -581,7 +580,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
     cursor = runtime.Cursor(len(run.shard), runtime.Seeds(cfg.seed, run.rank).sft_order)
-    warm_up = warmup.AnswerabilityWarmUp(run, per_rank[0] if ckpt else {}, curriculum.answerability_messages)
+    warm_up = warmup.AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
     if ckpt:
         run.resume(per_rank, optim, ckpt)
         cursor.load(per_rank[0]["cursor"])
@@ -613,8 +612,8 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
 
 def answerability_shown(run, warm_up, n):
     """The answerability warm-up's next n examples (machinery/training/warmup.py), each clip as shown: clean, or under
-    this run's spec of it (one per clip, seeded by (seed, rank, index): the same on a rerun). Labelled once, after the
-    task SFT, from every readable clip of the shard, clean and corrupted."""
+    this run's spec of it (one per clip, seeded by (seed, rank, index): the same on a rerun), with Fig. 10's prompt.
+    Labelled once, after the task SFT, from every readable clip of the shard, clean and corrupted."""
     def shown(s, spec, frames):   # (spec: a dict; None: the clean clip)
         return frames if spec is None else perturbed(run.clips, s, frames, perturb.PerturbSpec.from_dict(spec))
     if warm_up.labels is None:
@@ -624,7 +623,8 @@ def answerability_shown(run, warm_up, n):
                 spec = perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=run.cfg.eta)
                 examples += [(s, None, frames), (s, spec.to_dict(), shown(s, spec.to_dict(), frames))]
         warm_up.label(examples)
-    return [(s, x, shown(s, x["spec"], f)) for s, x in warm_up.batch(n) if (f := run.clips.get(s)) is not None]
+    return [(s, x, shown(s, x["spec"], f), curriculum.answerability_messages([data.question_text(s)])[0])
+            for s, x in warm_up.batch(n) if (f := run.clips.get(s)) is not None]
 
 
 def build_rl(cfg, rank, world, device, samples, clips, model, processor, ref_model, rl=RL, observer=None,

@@ -45,6 +45,46 @@ def test_the_machinery_never_imports_a_stage_script():
     assert edges == []
 
 
+def stage_functions_handed_to_the_machinery(path):
+    """(line, call) of each call in `path` to a machinery module's function that is given a stage's function: a
+    def of the stage script itself (`corrupt`), a stage module's (`perturb.apply`, `grpo.grpo_loss`) or a lambda.
+    Not such a call: runtime.run(main), the program's entry (as `sys.exit(main())`), and a method of the stage's
+    own objects handed to its own collaborator (Eq. 7's `self.loss` to the Learner: TRL's compute_loss form)."""
+    import importlib
+    tree = ast.parse(path.read_text(), str(path))
+    own = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} if path.stem in STAGES else set()
+    machinery = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and (n.module or "").startswith("machinery") for a in n.names}
+
+    def stage_function(v):
+        if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id in STAGES:
+            return callable(getattr(importlib.import_module(v.value.id), v.attr))
+        return isinstance(v, ast.Lambda) or (isinstance(v, ast.Name) and v.id in own)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in machinery
+                and ast.unparse(node.func) != "runtime.run"
+                and any(stage_function(v) for v in [*node.args, *(k.value for k in node.keywords)])):
+            yield node.lineno, ast.unparse(node.func)
+
+
+def test_no_stage_function_is_handed_to_the_machinery():
+    """The flow runs one way: a stage (or a benchmark) calls the machinery with data (frames, settings, the
+    registry's names), never with a stage's function for the machinery to call back."""
+    files = [ROOT / f"{s}.py" for s in STAGES] + sorted((ROOT / "benchmarks").glob("*.py")) + EXTENSIONS
+    found = [(p.name, *c) for p in files for c in stage_functions_handed_to_the_machinery(p)]
+    assert found == []
+
+
+def test_the_check_of_handed_functions_sees_one(tmp_path):
+    probe = tmp_path / "train.py"
+    probe.write_text("import perturb\nfrom machinery.eval import evaluation\ndef corrupt(x):\n    return x\n"
+                     "evaluation.Runner(1, corrupt)\nevaluation.export(perturb.apply)\nevaluation.write(x=lambda: 0)\n"
+                     "evaluation.Runner(1, [2], perturb.RENDER_VERSION)\n")
+    assert [c for _, c in stage_functions_handed_to_the_machinery(probe)] == ["evaluation.Runner", "evaluation.export",
+                                                                               "evaluation.write"]
+
+
 # machinery/'s layers, lowest first (docs/DESIGN.md, Layout): a module imports only modules of its own layer or a
 # lower one. "machinery" is the foundation: its own files (runtime, imported first and light; video).
 LAYERS = ("machinery", "machinery.datasets", "machinery.corruption", "machinery.model", "machinery.eval",

@@ -516,10 +516,12 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
     run = types.SimpleNamespace(cfg=cfg, rank=0, out=tmp_path, shard=samples,
                                 clips=clips_mod.Clips(cfg, [], len(samples)),
                                 model=model, processor=processor, observer=train.Observer(cfg))
-    warm_up = train.warmup.AnswerabilityWarmUp(run, {}, train.curriculum.answerability_messages)
+    warm_up = train.warmup.AnswerabilityWarmUp(run, {})
     shown = train.answerability_shown(run, warm_up, 2)
     labels = warm_up.labels
-    assert len(shown) == 2 and all(x in labels and (x["spec"] is None) == (v is run.clips.get(s)) for s, x, v in shown)
+    assert len(shown) == 2
+    assert all(x in labels and (x["spec"] is None) == (v is run.clips.get(s)) for s, x, v, _ in shown)
+    assert all(m == train.curriculum.answerability_messages([train.data.question_text(s)])[0] for s, _, _, m in shown)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
     assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
 

@@ -1,6 +1,6 @@
 """perturb.py's command line: corrupt a video (or the built-in clip) with one subtype, or draw the contact sheet of
-a protocol's subtypes. `engine` is the perturb module (its registry, PerturbSpec and apply), passed in so that
-the machinery never imports a stage script.
+a protocol's subtypes. Here: the flags, reading the clip and its depth, writing the video or the sheet; perturb.main
+corrupts (its registry's names come in as data: the machinery never imports a stage script).
 
     python perturb.py clip.mp4 --subtype fog --out foggy.mp4
     python perturb.py --grid sheet.png
@@ -33,27 +33,27 @@ _CLI_EPILOG = (
 ETA_FORM = "a number in [0, 1] or 'X,subtype=Y,...', e.g. '0.7,fog=0.4' (a decimal point, not a comma)"
 
 
-def parse_eta(text, check_subtype, default):
-    """--eta's grammar (perturb.parse_eta gives the registry's `check_subtype` and App. D's `default`): "X" or
+def parse_eta(text, subtypes, default):
+    """--eta's grammar (perturb.parse_eta gives the registry's `subtypes`, EFFECTS, and App. D's `default`): "X" or
     "X,subtype=Y,..." (the first bare number is the other subtypes' intensity), each in [0, 1]. A bare number
     after the first (a decimal comma, "0,7") is refused, not read as the last one. One ValueError naming the
     value and the accepted form."""
     table = {"*": default}
     try:
         for k, part in enumerate(p.strip() for p in str(text).split(",") if p.strip()):
-            name, eta = _eta_part(part, k, check_subtype)
+            name, eta = _eta_part(part, k, subtypes)
             table[name] = eta
     except ValueError as e:
         raise ValueError(f"eta {text!r}: expected {ETA_FORM} ({e})") from None
     return table["*"] if len(table) == 1 else table   # (one number: that number)
 
 
-def _eta_part(part, k, check_subtype):
+def _eta_part(part, k, subtypes):
     """("*" or the subtype, its intensity) of the k-th comma-separated part."""
     name, _, value = part.rpartition("=")
-    if name:
-        check_subtype(name)
-    elif k:
+    if name and name not in subtypes:
+        raise ValueError(f"unknown perturbation subtype {name!r}; valid subtypes: {', '.join(subtypes)}")
+    if not name and k:
         raise ValueError(f"{part!r} has no subtype=")
     eta = float(value)
     if not 0.0 <= eta <= 1.0:
@@ -61,14 +61,17 @@ def _eta_part(part, k, check_subtype):
     return name or "*", eta
 
 
-def argparse_type(parse):
-    """`parse` as argparse's type=: its ValueError becomes argparse's one line, which names the flag."""
-    def convert(text):
+class EtaArg:
+    """--eta as argparse's type= (parse_eta): its ValueError becomes argparse's one line, which names the flag."""
+
+    def __init__(self, subtypes, default):
+        self.subtypes, self.default = subtypes, default
+
+    def __call__(self, text):
         try:
-            return parse(text)
+            return parse_eta(text, self.subtypes, self.default)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    return convert
 
 
 def _check_cli_args(args):
@@ -80,10 +83,10 @@ def _check_cli_args(args):
         raise runtime.UserError(f"--out {args.out} needs --subtype NAME, the perturbation to apply")
     if args.max_pixels is not None and not args.input:
         raise runtime.UserError("--max-pixels resizes an INPUT video; the built-in clip's side is --size")
-    try:
-        args.engine.PerturbSpec(args.subtype, eta=args.eta, seed=args.seed)
-    except ValueError as e:
-        raise runtime.UserError(str(e)) from None
+    if not 0.0 <= args.eta <= 1.0:   # (as PerturbSpec says it)
+        raise runtime.UserError(f"eta must be a number in [0, 1], got {args.eta!r}")
+    if args.seed < 0:
+        raise runtime.UserError(f"seed must be a non-negative integer, got {args.seed!r}")
 
 
 def _memory_available():
@@ -157,7 +160,7 @@ def _describe_out(args, info, frames, fps):
 
 
 def _depth(args, frames, video_id, indices, given, what):
-    """(depth for `apply`, `what` + where it comes from), by --depth-model: auto, the clip's own (`given`: the
+    """(depth for perturb.apply, `what` + where it comes from), by --depth-model: auto, the clip's own (`given`: the
     built-in clip's true depth) or else the recommended model's; proxy, none (scene.depth_proxy); NAME, that
     model's (depth.py, cached)."""
     from machinery.corruption import depth as depth_model   # (torch and transformers load only with a depth model)
@@ -171,51 +174,50 @@ def _depth(args, frames, video_id, indices, given, what):
     return source(frames, video_id, indices), f"{what}; depth by {source.name}"
 
 
-def _spec(args, subtype, frames, depth):
-    """The spec of `subtype` on this clip: --scene's occluders (auto: inferred from the clip, and stored resolved;
-    an --engine from before scene kinds, RENDER_VERSION < 5, draws its own)."""
-    engine = args.engine
-    if not hasattr(engine, "with_scene"):
-        return engine.PerturbSpec(subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle)
-    params = engine.props.spec_params(subtype, args.seed, args.scene)
-    spec = engine.PerturbSpec(subtype, eta=args.eta, seed=args.seed, shuffle=args.shuffle, params=params)
-    return engine.with_scene(spec, frames, depth)
+class Job:
+    """A clip to corrupt with `subtypes` (--out: --subtype; --grid: the protocol's), with its depth (None: perturb's
+    proxy) and what it is in words; `write` takes perturb.main's (spec, corrupted frames) of each subtype."""
+
+    def __init__(self, args, target, frames, fps, depth, what, subtypes):
+        self.args, self.target, self.frames, self.fps, self.depth = args, target, frames, fps, depth
+        self.what, self.subtypes = what, subtypes
+
+    def write(self, rendered, category_of):
+        (self._write_grid if self.target.suffix == ".png" else self._write_out)(rendered, category_of)
+
+    def _write_out(self, rendered, _):
+        (spec, out), = rendered
+        video.write_video(self.target, out, fps=self.fps)
+        T, h, w = self.frames.shape[:3]
+        eh, ew = video.even_size(h, w)
+        what = self.what
+        if (eh, ew) != (h, w):
+            what += f"; {w}x{h} padded to {ew}x{eh}, repeating the edge: H.264 needs even sides"
+        print(f"wrote {self.target}: {T} frames, {ew}x{eh}, {_fps_text(self.fps)} fps ({what}); "
+              f"spec={spec.to_json()}")
+
+    def _write_grid(self, rendered, category_of):
+        rows = [self.frames] + [out for _, out in rendered]
+        labels = ["clean"] + [f"{category_of[spec.subtype]}/{spec.subtype}" for spec, _ in rendered]
+        cols, args = 4, self.args
+        video.contact_sheet(rows, labels, self.target, num_cols=cols)
+        h, w = self.frames.shape[1:3]
+        print(f"wrote {self.target}: clean + {len(rows) - 1} subtypes ({args.protocol}) x "
+              f"{min(cols, len(self.frames))} frames of {self.what}, {w}x{h} each; eta={args.eta}, seed={args.seed}")
 
 
-def _write_out(args, out, frames, fps, depth, what):
-    spec = _spec(args, args.subtype, frames, depth)
-    video.write_video(out, args.engine.apply(frames, spec, depth), fps=fps)
-    T, h, w = frames.shape[:3]
-    eh, ew = video.even_size(h, w)
-    if (eh, ew) != (h, w):
-        what += f"; {w}x{h} padded to {ew}x{eh}, repeating the edge: H.264 needs even sides"
-    print(f"wrote {out}: {T} frames, {ew}x{eh}, {_fps_text(fps)} fps ({what}); spec={spec.to_json()}")
-
-
-def _write_grid(args, grid, frames, depth, what):
-    rows, labels = [frames], ["clean"]
-    for sub in args.engine.PROTOCOLS[args.protocol]:
-        spec = _spec(args, sub, frames, depth)
-        rows.append(args.engine.apply(frames, spec, depth))
-        labels.append(f"{args.engine.CATEGORY_OF[sub]}/{sub}")
-    cols = 4
-    video.contact_sheet(rows, labels, grid, num_cols=cols)
-    h, w = frames.shape[1:3]
-    print(f"wrote {grid}: clean + {len(rows) - 1} subtypes ({args.protocol}) x {min(cols, len(frames))} frames "
-          f"of {what}, {w}x{h} each; eta={args.eta}, seed={args.seed}")
-
-
-def main(argv, engine):
-    """`engine`: the perturb module."""
+def parse_args(argv, subtypes, protocols, default_eta):
+    """The flags, checked before any work (one-line errors). `subtypes`: the registry's names (Table 8's and any
+    registered); `protocols`: {name: its subtypes}; `default_eta`: App. D's intensity."""
     ap = runtime.ArgumentParser(
         description="Corrupt a video with one of PVRBench's 12 perturbations (Table 8) or a registered "
                     "extension's, or render the contact sheet of a protocol's subtypes. "
                     "With no INPUT, a procedural street clip (with its true depth) generated by the project "
                     "is used.", epilog=_CLI_EPILOG)
     ap.add_argument("input", nargs="?", help="input video (mp4, ...); default: the built-in sample clip")
-    ap.add_argument("--subtype", choices=tuple(engine.EFFECTS),
+    ap.add_argument("--subtype", choices=tuple(subtypes),
                     help="perturbation subtype (Table 8, or a registered extension's)")
-    ap.add_argument("--eta", type=float, default=engine.DEFAULT_ETA, help="intensity in [0,1] (App. D: 0.7)")
+    ap.add_argument("--eta", type=float, default=default_eta, help="intensity in [0,1] (App. D: 0.7)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the spec (the layout and animation)")
     ap.add_argument("--shuffle", action="store_true", help="also shuffle the frames (Eq. 1-2)")
     ap.add_argument("--scene", default="auto", choices=("auto", *props.SCENES),
@@ -225,7 +227,7 @@ def main(argv, engine):
     ap.add_argument("--out", help="output .mp4 for --subtype: the corrupted copy of INPUT (all frames, native "
                                   "size and fps unless --frames / --max-pixels)")
     ap.add_argument("--grid", help="output .png: the contact sheet of clean + the protocol's subtypes")
-    ap.add_argument("--protocol", choices=sorted(engine.PROTOCOLS), default="pvrbench",
+    ap.add_argument("--protocol", choices=sorted(protocols), default="pvrbench",
                     help="subtypes of the --grid: pvrbench (Table 8's 12, default) or a registered protocol")
     ap.add_argument("--frames", type=int, metavar="N",
                     help="sample N frames uniformly from INPUT, as the model does (the fps written is scaled "
@@ -244,16 +246,21 @@ def main(argv, engine):
                          "~/.cache/rova/depth)")
     runtime.add_debug_flag(ap)
     args = ap.parse_args(argv)
-    args.engine = engine
     if not args.grid and not (args.subtype and args.out):
         ap.error("give --grid OUT.png, or --subtype NAME --out OUT.mp4")
     _check_cli_args(args)
+    args.protocol_subtypes = list(protocols[args.protocol])
+    return args
+
+
+def jobs(args):
+    """The clips to corrupt, as Jobs: --out's, then --grid's; of INPUT, or of the built-in clip."""
     out = runtime.out_file(args.out, OUT_SUFFIXES, "--out") if args.out else None
     grid = runtime.out_file(args.grid, (".png",), "--grid") if args.grid else None
     from machinery.corruption import depth as depth_model   # (torch and transformers load only to run a depth model)
 
     depth_model.check_source(args.depth_model, args.depth_cache, needs_model=False)   # one line now (auto: below)
-    return _on_input(args, out, grid) if args.input else _on_sample(args, out, grid)
+    yield from (_on_input(args, out, grid) if args.input else _on_sample(args, out, grid))
 
 
 def _on_input(args, out, grid):
@@ -268,14 +275,13 @@ def _on_input(args, out, grid):
     video_id = str(Path(args.input).resolve())
     if out is not None:
         frames, indices, fps, what = _read_for_out(args, info)
-        _write_out(args, out, frames, fps, *_depth(args, frames, video_id, indices, None, what))
-        del frames
+        yield Job(args, out, frames, fps, *_depth(args, frames, video_id, indices, None, what), [args.subtype])
     if grid is not None:
         n, mp = args.frames or min(GRID_FRAMES, info["frames"]), args.max_pixels or GRID_MAX_PIXELS
         frames, indices, _ = _read(args.input, n, mp)
         what = f"{n} sampled uniformly from {args.input} (of its {info['frames']})"
-        _write_grid(args, grid, frames, *_depth(args, frames, video_id, indices, None, what))
-    return 0
+        yield Job(args, grid, frames, None, *_depth(args, frames, video_id, indices, None, what),
+                  args.protocol_subtypes)
 
 
 def _on_sample(args, out, grid):
@@ -286,7 +292,6 @@ def _on_sample(args, out, grid):
     video_id, indices = f"perturb-sample-clip/{args.size}", range(len(frames))
     depth, what = _depth(args, frames, video_id, indices, true_depth, "the built-in sample clip")
     if out is not None:
-        _write_out(args, out, frames, SAMPLE_FPS, depth, what)
+        yield Job(args, out, frames, SAMPLE_FPS, depth, what, [args.subtype])
     if grid is not None:
-        _write_grid(args, grid, frames, depth, f"{what} ({len(frames)} frames)")
-    return 0
+        yield Job(args, grid, frames, None, depth, f"{what} ({len(frames)} frames)", args.protocol_subtypes)

@@ -342,16 +342,14 @@ def scored(s, text, error, style="reason", scoring=answers.SCORINGS[0]):
 
 @dataclass
 class Window:
-    """A window of videos (Runner.windows): the groups whose clip was read, their clean clips {video id: (frames,
-    fps)} and frame indices, their pending (group, sample, condition) in (video, condition) order, the (group,
-    condition) clips they and the judge ask for, in that order, and the corrupted clips the stage hands
-    Runner.generate ({(video id, condition): frames, or a Future of them})."""
-    groups: list
-    clean: dict
-    indices: dict
-    todo: list
-    asked: list
-    corrupted: dict
+    """A window of videos (Runner.windows), read; the stage corrupts its clips (conditions) for Runner.generate."""
+    groups: list            # the groups whose clip was read
+    clean: dict             # video id -> (frames, fps) of the clean clip
+    indices: dict           # video id -> the frame indices read (the depth cache's key)
+    todo: list              # the pending (group, sample, condition), in (video, condition) order
+    asked: list             # (group, condition) of the clips the samples and the judge ask for, in that order
+    specs: dict             # the manifest's {(source, video id, condition): spec}
+    corrupted: dict         # the stage's {(video id, condition): frames, or a Future of them}
     memo: depths.ClipMemo   # the window's clips' depth, computed once each
 
     def depth(self, g):
@@ -360,9 +358,10 @@ class Window:
         return self.memo(self.clean[g.video_id][0], g.video_id, self.indices[g.video_id], video_path=g.path)
 
     def conditions(self):
-        """(group, condition, clean frames) of each corrupted clip the window asks for, in the order asked (a served
-        model's first requests need the first clips)."""
-        return [(g, c, self.clean[g.video_id][0]) for g, c in self.asked if c != "clean"]
+        """(group, condition, clean frames, manifest spec) of each corrupted clip the window asks for, in the order
+        asked (a served model's first requests need the first clips)."""
+        return [(g, c, self.clean[g.video_id][0], self.specs[g.source, g.video_id, c]) for g, c in self.asked
+                if c != "clean"]
 
     def clip(self, g, cond):
         """(frames, fps) of a (video, condition): the clean clip, or the stage's corrupted one (waited for)."""
@@ -381,9 +380,10 @@ class Runner:
     finishes (generate). A window's pairs are judged in the background while the next window generates (at most
     one window waits for its judge). Used as a context manager: leaving it waits for the last judge."""
 
-    def __init__(self, settings: EvalSettings, store, model, judge, read_kwargs, pending):
+    def __init__(self, settings: EvalSettings, store, model, judge, manifest, read_kwargs, pending):
         from tqdm import tqdm
         self.settings, self.store, self.model, self.judge, self.read_kwargs = settings, store, model, judge, read_kwargs
+        self.specs = {(r["source"], r["video_id"], r["subtype"]): r["spec"] for r in manifest}
         self.depth = depths.Depth(settings.depth_model, settings.depth_cache or None)
         self.generated, self.sec_generate, self.sec_judge = 0, 0.0, 0.0
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
@@ -415,7 +415,7 @@ class Runner:
         pending = [(g, self.store.pending(g), self.store.to_judge(g, self.judge)) for g in groups]
         pending = [(g, pend, judged) for g, pend, judged in pending if pend or judged]
         shown = getattr(self.judge, "served", False) and self.settings.judge_frames > 0   # the judge sees clips
-        window = Window([], {}, {}, [], [], {}, depths.ClipMemo(self.depth, len(groups)))
+        window = Window([], {}, {}, [], [], self.specs, {}, depths.ClipMemo(self.depth, len(groups)))
         for (g, pend, judged), clip in zip(pending, self.read([g for g, _, _ in pending])):
             if isinstance(clip, str):
                 self.store.append("samples", g.source, [record(g, s, c, None, None, clip) for s, c in pend])

@@ -129,15 +129,15 @@ _KINDS = {"int": int, "float": float, "bool": runtime.strict_bool}
 _KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean (true/false, 1/0)"}
 
 
-def parse_config(ap, config, argv=None, settings=None, preset=None):
-    """(config, preset used): `ap` (config_parser) applied to `argv`. `preset(args) -> dict`: defaults that
-    replace the dataclass's for this command line (flags given explicitly still win; fields without a
+def parse_config(ap, config, argv=None, settings=None, demo=None):
+    """(config, whether it is the demo's): `ap` (config_parser) applied to `argv`. `demo`: defaults that replace
+    the dataclass's when neither --model nor --data is given (flags given explicitly still win; fields without a
     flag are set unless --set or `settings` names them). `settings`: values for fields without a flag. A field
     with `choices` (arg) holding another value is one line's error."""
     from dataclasses import fields
 
     args = vars(ap.parse_args(argv))
-    chosen = preset(args) if preset else {}
+    chosen = (demo or {}) if not args["model"] and not args["data"] else {}
     if chosen:
         ap.set_defaults(**{k: v for k, v in chosen.items() if k in args})
         args = vars(ap.parse_args(argv))

@@ -1,7 +1,7 @@
 """The answerability warm-up (ours, for a model that has never seen Fig. 10's question, e.g. the demo's tiny one):
 after the task SFT, each training clip clean and under one corruption, the target YES where the SFT model's
 greedy answer on that clip is right, NO otherwise, so that the confidence c of Eq. 3 means something. The
-stage corrupts the clips and hands them over with Fig. 10's prompt (train.answerability_shown)."""
+stage corrupts the clips and hands them over with Fig. 10's prompt of each (train.answerability_shown)."""
 from __future__ import annotations
 
 import json
@@ -14,10 +14,10 @@ from machinery.model import learner, parallel, policy
 class AnswerabilityWarmUp:
     """The warm-up's examples (`labels`: made once after the task SFT by `label`; a resumed run reads them back)
     and their cursor (`saved`: this rank's checkpoint state, which may hold it). The stage shows it each clip, clean
-    or corrupted; `messages(questions)`: Fig. 10's prompts."""
+    or corrupted, with Fig. 10's prompt."""
 
-    def __init__(self, run, saved, messages):
-        self.run, self.saved, self.messages, self.cursor = run, saved, messages, None
+    def __init__(self, run, saved):
+        self.run, self.saved, self.cursor = run, saved, None
         self.path = run.out / f"answerability_labels_rank{run.rank}.json"
         self.labels = json.loads(self.path.read_text()) if self.path.is_file() else None
         self.by_id = {s.id: s for s in run.shard}
@@ -58,16 +58,16 @@ class AnswerabilityWarmUp:
 
     def step(self, shown, task_batch):
         """One step: -log p(YES or NO | Fig. 10's prompt, the clip) on `shown`, (sample, example, the clip as
-        shown) of the next examples (`batch`), and -log p(process + solution | prompt, video) on `task_batch` (SFT
-        samples, so that the task is not forgotten: trained alone on YES / NO, the tiny model answers nothing else
-        after it). Returns (this rank's mean NLL, its tokens)."""
+        shown, Fig. 10's messages about it) of the next examples (`batch`), and -log p(process + solution | prompt,
+        video) on `task_batch` (SFT samples, so that the task is not forgotten: trained alone on YES / NO, the tiny
+        model answers nothing else after it). Returns (this rank's mean NLL, its tokens)."""
         run, rows = self.run, []
-        for s, x, view in shown:
-            rows.append((self.messages([data.question_text(s)])[0], run.observer(s, view), x["target"]))
+        for s, x, view, messages in shown:
+            rows.append((messages, run.observer(s, view), x["target"]))
         for s in task_batch:
             frames = run.clips.get(s)
             if frames is not None:
                 rows.append((data.build_messages(s), run.observer(s, frames), data.sft_target(s)))
         inputs = run.observer.inputs(run.processor, [m for m, _, _ in rows], [v for _, v, _ in rows]) if rows else None
-        return learner.sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
-                                    lambda: learner.stand_in(run.cfg, run.processor, run.observer, run.shard[0]))
+        blank = None if rows else learner.stand_in(run.cfg, run.processor, run.observer, run.shard[0])
+        return learner.sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows], blank)
