@@ -45,7 +45,6 @@ from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait pol
 import concurrent.futures
 import hashlib
 import json
-import os
 import re
 import time
 from collections import Counter, defaultdict
@@ -54,7 +53,7 @@ from pathlib import Path
 
 from machinery.corruption import depth as depths
 from machinery.datasets import answers, data
-from machinery.eval import evaluation, lmms_task
+from machinery.eval import evaluation, lmms_task, run_files
 from machinery.eval import diagnostics
 import judge as judges
 import perturb
@@ -211,14 +210,14 @@ TABLES = {"pvrbench": (lambda name, frames, pvr: TABLE_HEADER + table_row(name, 
 def compare(paths, out):
     """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png).
     Of several results of one model and configuration (reruns of one command), the latest is shown."""
-    paths, results = zip(*evaluation.latest_per_config(paths).values())
+    paths, results = zip(*run_files.latest_per_config(paths).values())
     labels = [r["config"]["model_name"] for r in results]
     labels = [f"{lb} ({Path(p).name[:15]})" if labels.count(lb) > 1 else lb for lb, p in zip(labels, paths)]
     table = TABLE_HEADER + "".join(table_row(lb, r["config"]["frames"], r["results"]["pvrbench"])
                                    for lb, r in zip(labels, results))
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.md").write_text(table + "\n" + TABLE_LEGEND)
-    evaluation.chart(out / "compare.png", results, labels)
+    run_files.chart(out / "compare.png", results, labels)
     print(table + TABLE_LEGEND + f"written: {out / 'compare.md'}, {out / 'compare.png'}")
     return table
 
@@ -543,17 +542,17 @@ def main(argv=None):
     return evaluate(args, None if args.export else resolve_model(args), bench)
 
 
-def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, run_key=None, tables=None):
+def evaluate(args, target, bench, models=MODELS, reports=None, read_kwargs=None, run_key=None, tables=TABLES):
     """Sec. 4's static protocol on `bench` with `target` (None: --export, the videos only); results.json,
     the samples, the table. An extension passes its own `models` (MODELS and its schemes), `reports`
     ({results.json key: report}), `read_kwargs` (video.read_frames arguments: a frame sampler), `run_key`
     (its settings that change a generation) and `tables` ({protocol: (table, legend)}, TABLES and its own)."""
-    t_start, models, read_kwargs = time.perf_counter(), models or MODELS, read_kwargs or {}
+    t_start, read_kwargs = time.perf_counter(), read_kwargs or {}
     settings = eval_settings(args)   # what the machinery reads (the namespace stays here)
     groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
     if args.export:
         return export(args, settings, bench, groups, manifest, read_kwargs)
-    keyed = evaluation.run_config(settings, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
+    keyed = run_files.run_config(settings, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
                                   run_key)
     run_hash = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
     model_dir = Path(args.out) / target.name
@@ -570,7 +569,7 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     if model is not None and (note := judges.stand_in_note(args.judge, evaluation.parameters(model))):
         print(note, flush=True)   # (the default offline judge on a real model)
     runner = evaluation.Runner(settings, store, model, judge, manifest, read_kwargs, pending)
-    with runner, concurrent.futures.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+    with runner, concurrent.futures.ThreadPoolExecutor(4) as pool:
         for window in runner.windows(groups):   # each video read once, each (video, condition) corrupted once
             if not runner.generate(window, corrupted(window, pool)):
                 print(f"--stop-after {args.stop_after}: stopped after {runner.generated} samples (as if killed)")
@@ -579,11 +578,10 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     flat = store.records(groups, args.style, args.scoring)
     results = summarize(flat, bench.subtypes, args.style)
     results["diagnostics"] = diagnostics.collapse(flat, bench.sources)   # did the model stop looking at the video?
-    tables = tables or TABLES
     table, legend = tables.get(args.protocol, TABLES["pvrbench"])
     table = table(target.name, args.frames, results["pvrbench"])
     legend += diagnostics.warning_line(results["diagnostics"])
-    previous = evaluation.latest_results(model_dir, run_hash, args.judge)
+    previous = run_files.latest_results(model_dir, run_hash, args.judge)
     if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
         print(f"nothing new since {previous[0]}: no new results file\n" + table + legend, flush=True)
         return previous[1]
@@ -591,7 +589,7 @@ def evaluate(args, target, bench, models=None, reports=None, read_kwargs=None, r
     out = results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports or {}, ts)
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
-    evaluation.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
+    run_files.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
     print_results(out, bench, target, model_dir / (ts + "_results.json"), table + legend)
     return out
 

@@ -223,8 +223,8 @@ def chart(s, path):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from machinery.eval import evaluation
-    return evaluation.bar_chart(path, [f"{w['steps'][0]}-{w['steps'][1]}" for w in windows],
+    from machinery.eval import run_files
+    return run_files.bar_chart(path, [f"{w['steps'][0]}-{w['steps'][1]}" for w in windows],
                                 [("easy discarded", (214, 96, 77), [w["easy_discarded"] for w in windows]),
                                  ("hard deferred", (67, 147, 195), [w["hard_deferred"] for w in windows])],
                                 "ROVA's curriculum per window of steps (share of the samples assessed)")

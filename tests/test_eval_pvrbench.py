@@ -20,7 +20,7 @@ import perturb
 from machinery import runtime, video
 from machinery.corruption import depth
 from machinery.datasets import answers, data, synthetic
-from machinery.eval import evaluation
+from machinery.eval import evaluation, run_files
 from machinery.model import policy
 from machinery.model import tiny as tiny_model
 
@@ -244,7 +244,7 @@ def test_stored_records_are_scored_again_under_the_runs_style(tmp_path):
 def test_the_scoring_rule_is_part_of_the_run_hash_when_not_the_default(tmp_path):
     def key(*flags):
         args = ev.parse_args(["--benchmark", f"synthetic={tmp_path}", "--depth-model", "proxy", *flags])
-        return evaluation.run_config(ev.eval_settings(args), ev.Target("m", "m", "", str(tmp_path)),
+        return run_files.run_config(ev.eval_settings(args), ev.Target("m", "m", "", str(tmp_path)),
                                      {"synthetic": tmp_path}, {}, ["fog"], ev.perturb.RENDER_VERSION)
     assert "scoring" not in key()   # the default: the hashes of earlier runs stay as they were
     assert key("--scoring", "lmms-eval-0.7.3")["scoring"] == "lmms-eval-0.7.3"

@@ -137,7 +137,7 @@ def parse_config(ap, config, argv=None, settings=None, demo=None):
     from dataclasses import fields
 
     args = vars(ap.parse_args(argv))
-    chosen = (demo or {}) if not args["model"] and not args["data"] else {}
+    chosen = _demo_defaults(args, demo)
     if chosen:
         ap.set_defaults(**{k: v for k, v in chosen.items() if k in args})
         args = vars(ap.parse_args(argv))
@@ -150,6 +150,11 @@ def parse_config(ap, config, argv=None, settings=None, demo=None):
         if f.metadata.get("choices") and getattr(cfg, f.name) not in f.metadata["choices"]:
             ap.error(f"{f.name} must be one of {', '.join(f.metadata['choices'])}, got {getattr(cfg, f.name)!r}")
     return cfg, bool(chosen)
+
+
+def _demo_defaults(args, demo):
+    """The demo's defaults when neither --model nor --data is given, else none."""
+    return {} if args["model"] or args["data"] else dict(demo or {})
 
 
 def _settings(ap, kinds, items):
