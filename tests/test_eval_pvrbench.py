@@ -555,7 +555,8 @@ def test_a_judge_added_later_sees_each_clip_it_rates(assets, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     FakeAPI.requests, FakeAPI.judged, FakeAPI.fail_first, FakeAPI.always_fail = [], [], 0, False
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    args = cli(assets, tmp_path / "out", "--subtypes", "fog", "--limit", "3")
+    subtypes = "fog,rain,snow,dusk,night,static,zoom"   # more clips to render than the pool has threads
+    args = cli(assets, tmp_path / "out", "--subtypes", subtypes, "--assign", "all", "--limit", "3")
     try:
         ev.main(args)
         model_dir, first = outputs(tmp_path / "out")
@@ -563,12 +564,12 @@ def test_a_judge_added_later_sees_each_clip_it_rates(assets, tmp_path):
         before = [f.read_bytes() for f in generated]
         ev.main(args + ["--judge", "openai:fake-judge", "--judge-base-url", url])
         assert [f.read_bytes() for f in generated] == before and FakeAPI.requests == []
-        assert len(FakeAPI.judged) == 6   # 3 clean traces with themselves, 3 under fog with the clean ones
+        assert len(FakeAPI.judged) == 3 * 8   # 3 clean traces with themselves, 3 under each subtype with the clean
         shown = [tuple(p["image_url"]["url"] for p in body["messages"][0]["content"] if p["type"] == "image_url")
                  for body in FakeAPI.judged]
         assert all(len(frames) == 4 for frames in shown)
         rated = {(r["video_id"], r["condition"]) for f in generated for r in lines(f)}
-        assert len(rated) >= 2 and len(set(shown)) == len(rated)   # each clip, clean and under fog, as it was shown
+        assert len(rated) >= 8 and len(set(shown)) == len(rated)   # each clip, clean and corrupted, as it was shown
     finally:
         server.shutdown()
 

@@ -446,16 +446,18 @@ class Runner:
         return out
 
     def generate(self, window, corrupted):
-        """A window's pending samples, each stored as it finishes, then its judge started in the background;
-        `corrupted`: the stage's clips ({(video id, condition): frames, or a Future of them}, those not started
-        cancelled when it stops). False when --stop-after is reached (the judge waited for)."""
-        window.corrupted = corrupted
+        """A window's pending samples, each stored as it finishes, then its judge started in the background (it
+        may need clips that nothing generated from); `corrupted`: the stage's clips ({(video id, condition):
+        frames, or a Future of them}). False when --stop-after is reached: the judge waited for, the clips not yet
+        started cancelled."""
+        window.corrupted, done = corrupted, False
         try:
             done = (self.generate_stream if hasattr(self.model, "stream") else self.generate_batches)(window)
         finally:
-            for c in corrupted.values():
-                if isinstance(c, concurrent.futures.Future):
-                    c.cancel()
+            if not done:   # stopped, or failed: what is not rendered yet is not needed
+                for c in corrupted.values():
+                    if isinstance(c, concurrent.futures.Future):
+                        c.cancel()
         if not done:
             self.wait_judge()
             return False
