@@ -227,8 +227,8 @@ def sft_step(cfg, model, processor, batch, clips, observer):
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None
-    blank = None if items else learner.stand_in(cfg, processor, observer, batch[0])   # (no readable clip)
-    return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items], blank)
+    return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
+                                (observer, batch[0]))
 
 
 # ----------------------------------------------------------------------------- RL (Alg. 2)

@@ -1,4 +1,4 @@
-"""eval_pvrbench.py's per-task bar charts (per_task.png, compare.png): evaluation.chart, drawn by
+"""eval_pvrbench.py's per-task bar charts (per_task.png, compare.png): run_files.chart, drawn by
 run_files.bar_chart."""
 import numpy as np
 from PIL import Image

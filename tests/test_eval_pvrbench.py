@@ -547,33 +547,6 @@ def test_api_model_against_a_fake_server(assets, tmp_path, monkeypatch):
         server.shutdown()
 
 
-def test_a_judge_added_later_sees_each_clip_it_rates(assets, tmp_path):
-    """Generations stored by a run without a judge, then judged by a served one on a second run: nothing is
-    generated again (the store has it all), and the judge is shown --judge-frames frames of each clip it rates, the
-    corrupted ones too (the window asks the stage for the clips its judge needs, not only those it generates)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeAPI)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    FakeAPI.requests, FakeAPI.judged, FakeAPI.fail_first, FakeAPI.always_fail = [], [], 0, False
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    subtypes = "fog,rain,snow,dusk,night,static,zoom"   # more clips to render than the pool has threads
-    args = cli(assets, tmp_path / "out", "--subtypes", subtypes, "--assign", "all", "--limit", "3")
-    try:
-        ev.main(args)
-        model_dir, first = outputs(tmp_path / "out")
-        generated = sorted(model_dir.glob("run_*/samples*"))
-        before = [f.read_bytes() for f in generated]
-        ev.main(args + ["--judge", "openai:fake-judge", "--judge-base-url", url])
-        assert [f.read_bytes() for f in generated] == before and FakeAPI.requests == []
-        assert len(FakeAPI.judged) == 3 * 8   # 3 clean traces with themselves, 3 under each subtype with the clean
-        shown = [tuple(p["image_url"]["url"] for p in body["messages"][0]["content"] if p["type"] == "image_url")
-                 for body in FakeAPI.judged]
-        assert all(len(frames) == 4 for frames in shown)
-        rated = {(r["video_id"], r["condition"]) for f in generated for r in lines(f)}
-        assert len(rated) >= 8 and len(set(shown)) == len(rated)   # each clip, clean and corrupted, as it was shown
-    finally:
-        server.shutdown()
-
-
 class FakeVideoServer(http.server.BaseHTTPRequestHandler):
     """A vLLM-like server: answers A to a request whose frames come as one video part (refuses it with a 400
     when `refuse` is set: `refuse` is the error body, e.g. a server without video support's)."""

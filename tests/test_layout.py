@@ -45,25 +45,42 @@ def test_the_machinery_never_imports_a_stage_script():
     assert edges == []
 
 
+# Where functions go down by design (docs/DESIGN.md, Layout): the scene compositor draws the layers of perturb.py's
+# effects (scene.Layer, particles), and runtime.run(main) is a program's entry point (as `sys.exit(main())`).
+HANDED_BY_DESIGN = ("machinery.corruption.scene", "machinery.runtime.run")
+
+
+def local_names(tree, path):
+    """(a stage script's own top-level defs, {alias: stage module}, {alias: the machinery name it imports})."""
+    own = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} if path.stem in STAGES else set()
+    stages = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+              if a.name in STAGES}
+    machinery = {a.asname or a.name: f"{n.module}.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                 and (n.module or "").startswith("machinery") for a in n.names}
+    return own, stages, machinery
+
+
 def stage_functions_handed_to_the_machinery(path):
-    """(line, call) of each call in `path` to a machinery module's function that is given a stage's function: a
-    def of the stage script itself (`corrupt`), a stage module's (`perturb.apply`, `grpo.grpo_loss`) or a lambda.
-    Not such a call: runtime.run(main), the program's entry (as `sys.exit(main())`), and a method of the stage's
-    own objects handed to its own collaborator (Eq. 7's `self.loss` to the Learner: TRL's compute_loss form)."""
+    """(line, call) of each call in `path` to a machinery function or class (`evaluation.Runner(...)`, or a name
+    imported from the machinery) that is given a stage's function: a def of the stage script itself (`corrupt`), a
+    stage module's function (`perturb.apply`, `judges.make_judge` under its alias) or a lambda. A method of the
+    stage's own objects handed to its own collaborator (Eq. 7's `self.loss` to its Learner) is not such a call."""
     import importlib
     tree = ast.parse(path.read_text(), str(path))
-    own = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} if path.stem in STAGES else set()
-    machinery = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                 and (n.module or "").startswith("machinery") for a in n.names}
+    own, stages, machinery = local_names(tree, path)
+
+    def target(f):   # the machinery module's dotted name of the function called, or None
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in machinery:
+            return f"{machinery[f.value.id]}.{f.attr}"
+        return machinery.get(f.id) if isinstance(f, ast.Name) else None
 
     def stage_function(v):
-        if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id in STAGES:
-            return callable(getattr(importlib.import_module(v.value.id), v.attr))
+        if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id in stages:
+            return callable(getattr(importlib.import_module(stages[v.value.id]), v.attr))
         return isinstance(v, ast.Lambda) or (isinstance(v, ast.Name) and v.id in own)
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id in machinery
-                and ast.unparse(node.func) != "runtime.run"
+        called = target(node.func) if isinstance(node, ast.Call) else None
+        if (called and not called.startswith(HANDED_BY_DESIGN)
                 and any(stage_function(v) for v in [*node.args, *(k.value for k in node.keywords)])):
             yield node.lineno, ast.unparse(node.func)
 
@@ -78,11 +95,14 @@ def test_no_stage_function_is_handed_to_the_machinery():
 
 def test_the_check_of_handed_functions_sees_one(tmp_path):
     probe = tmp_path / "train.py"
-    probe.write_text("import perturb\nfrom machinery.eval import evaluation\ndef corrupt(x):\n    return x\n"
+    probe.write_text("import perturb\nimport judge as judges\nfrom machinery.eval import evaluation\n"
+                     "from machinery.eval.evaluation import Runner\nfrom machinery.corruption.scene import Layer\n"
+                     "def corrupt(x):\n    return x\n"
                      "evaluation.Runner(1, corrupt)\nevaluation.export(perturb.apply)\nevaluation.write(x=lambda: 0)\n"
-                     "evaluation.Runner(1, [2], perturb.RENDER_VERSION)\n")
-    assert [c for _, c in stage_functions_handed_to_the_machinery(probe)] == ["evaluation.Runner", "evaluation.export",
-                                                                               "evaluation.write"]
+                     "Runner(judges.make_judge)\nevaluation.Runner(1, [2], perturb.RENDER_VERSION)\n"
+                     "Layer(1, lambda f: f)\n")
+    assert [c for _, c in stage_functions_handed_to_the_machinery(probe)] == [
+        "evaluation.Runner", "evaluation.export", "evaluation.write", "Runner"]
 
 
 # machinery/'s layers, lowest first (docs/DESIGN.md, Layout): a module imports only modules of its own layer or a

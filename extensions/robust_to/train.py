@@ -65,9 +65,8 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
                                        max_subqueries=cfg.max_subqueries)
     items = [(s, clips.get(s)) for s in batch]
     items = [(s, f) for s, f in items if f is not None]
-    if not items:   # a stand-in prompt at weight 0 (learner.stand_in)
-        return learner.sft_backward(cfg, model, processor, None, [], learner.stand_in(cfg, processor, Observer(cfg),
-                                                                                      batch[0]))
+    if not items:
+        return learner.sft_backward(cfg, model, processor, None, [], (Observer(cfg), batch[0]))
     samples = [s for s, _ in items]
     questions, sel, chosen = agent.prepare(samples, [f for _, f in items])
     plans = [[orchestrate.SubQuery(orchestrate.guess_type(q), q)] for q in questions]
@@ -79,7 +78,7 @@ def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=Non
     targets += [orchestrate.warmup_target(s, ev) for s, ev in zip(samples, evidence)]
     prompts = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": t}]}] for t in texts]
     inputs = policy.make_inputs(processor, prompts, chosen + chosen)
-    return learner.sft_backward(cfg, model, processor, inputs, targets, None)
+    return learner.sft_backward(cfg, model, processor, inputs, targets, (Observer(cfg), batch[0]))
 
 
 class AgentRL(train.RL):

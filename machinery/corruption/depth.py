@@ -37,7 +37,7 @@ import json
 import os
 import threading
 import warnings
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -298,12 +298,10 @@ class ClipMemo:
 
     def __init__(self, source: Source, size: int = 8):
         self.source, self.size, self.items, self.lock = source, max(1, size), OrderedDict(), threading.Lock()
-        self.computing = defaultdict(threading.Lock)   # video id -> its computation's lock (one at a time)
+        self.computing = [threading.Lock() for _ in range(16)]   # a clip's computation holds its video id's lock
 
     def __call__(self, frames, video_id: str = "", indices=None, **kwargs) -> np.ndarray:
-        with self.lock:
-            computing = self.computing[video_id]
-        with computing:   # a clip's other specs, corrupted at the same time, wait for its one computation
+        with self.computing[hash(video_id) % len(self.computing)]:   # its other specs at the same time: wait for it
             with self.lock:
                 hit = self.items.get(video_id)
             if hit is not None and hit[0] is frames:

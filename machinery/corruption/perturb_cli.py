@@ -184,6 +184,7 @@ class Job:
 
     def write(self, rendered, category_of):
         (self._write_grid if self.target.suffix == ".png" else self._write_out)(rendered, category_of)
+        self.frames = self.depth = None   # (a whole --out clip is not kept while the --grid's is read)
 
     def _write_out(self, rendered, _):
         (spec, out), = rendered
@@ -276,6 +277,7 @@ def _on_input(args, out, grid):
     if out is not None:
         frames, indices, fps, what = _read_for_out(args, info)
         yield Job(args, out, frames, fps, *_depth(args, frames, video_id, indices, None, what), [args.subtype])
+        del frames
     if grid is not None:
         n, mp = args.frames or min(GRID_FRAMES, info["frames"]), args.max_pixels or GRID_MAX_PIXELS
         frames, indices, _ = _read(args.input, n, mp)

@@ -90,7 +90,7 @@ class Exporter:
     def __init__(self, manifest, settings: EvalSettings, read_kwargs):
         self.root, self.settings, self.read_kwargs = Path(settings.export), settings, read_kwargs
         self.source = depths.Depth(settings.depth_model, settings.depth_cache or None)
-        self.specs, self.written, self.rows, self.shown = defaultdict(list), {}, [], None
+        self.specs, self.written, self.rows, self.shown = defaultdict(list), {}, [], {}
         for row in manifest:
             self.specs[(row["source"], row["video_id"])].append(row)
 
@@ -106,16 +106,17 @@ class Exporter:
             clean = self.written[(g.video_id, "clean")] = str(Path(g.video_id) / "clean.mp4")
             video.write_video(self.root / clean, frames, fps=fps, lossless=True)
             d, entry = export_depth(self.root, g, frames, indices, self.source)
-            self.shown = dict(clean_file=clean, source_video=g.path, fps=fps, depth=entry,
-                              frames=self.settings.frames, max_pixels=self.settings.max_pixels)
+            self.shown[g.video_id] = dict(clean_file=clean, source_video=g.path, fps=fps, depth=entry,
+                                          frames=self.settings.frames, max_pixels=self.settings.max_pixels)
             for r in self.specs[(g.source, g.video_id)]:
                 yield r, frames, d
 
     def write(self, row, frames):
         """A manifest row's corrupted clip (the stage's: the row's spec applied to the clean frames)."""
         f = self.written[(row["video_id"], row["subtype"])] = str(Path(row["video_id"]) / f"{row['subtype']}.mp4")
-        video.write_video(self.root / f, frames, fps=self.shown["fps"], lossless=True)
-        self.rows.append(dict(row, file=f, **self.shown))
+        shown = self.shown[row["video_id"]]
+        video.write_video(self.root / f, frames, fps=shown["fps"], lossless=True)
+        self.rows.append(dict(row, file=f, **shown))
 
     def close(self):
         write_jsonl(self.root / "manifest.jsonl", self.rows)
@@ -216,7 +217,7 @@ class APIModel:
 
     def stream(self, samples, prompts, clips, fps, style, max_new_tokens):
         """(index, (text, error)) of each request as it finishes, `concurrency` in flight: a finished request
-        is replaced at once (no batch waits for its slowest). `clips`: frames, or futures of frames (the Runner
+        is replaced at once (no batch waits for its slowest). `clips`: frames, or futures of frames (the stage
         corrupts the window's clips while the first requests are in flight); each clip is one object, its
         JPEGs encoded once for all its questions, by the pool, ahead of their requests (first in, first
         out: a request never waits for an encoding that has not started). Closing the generator cancels what
@@ -313,6 +314,11 @@ class Store:
                     out.append(((s.id, c), data.question_text(s), clean["response"], r["response"]))
         return out
 
+    def unjudged(self, g):
+        """The conditions of a group's (question, condition) pairs without a verdict (a judge rates each once its
+        answers are in: after this window's generation too)."""
+        return [c for s, conds in g.items for c in conds if (s.id, c) not in self.jdg[g.source]]
+
     def records(self, groups, style="reason", scoring=answers.SCORINGS[0]):
         """{source: the final records, in plan order, each with its verdict}, scored again from the stored response
         under the current rules (a store written before a change of the scoring code gets today's scores)."""
@@ -346,7 +352,7 @@ class Window:
     clean: dict             # video id -> (frames, fps) of the clean clip
     indices: dict           # video id -> the frame indices read (the depth cache's key)
     todo: list              # the pending (group, sample, condition), in (video, condition) order
-    asked: list             # (group, condition) of the clips the samples and the judge ask for, in that order
+    judged: list            # (group, condition) of the clips a served judge rates (--judge-frames), after those
     specs: dict             # the manifest's {(source, video id, condition): spec}
     corrupted: dict         # the stage's {(video id, condition): frames, or a Future of them}
     memo: depths.ClipMemo   # the window's clips' depth, computed once each
@@ -357,10 +363,11 @@ class Window:
         return self.memo(self.clean[g.video_id][0], g.video_id, self.indices[g.video_id], video_path=g.path)
 
     def conditions(self):
-        """(group, condition, clean frames, manifest spec) of each corrupted clip the window asks for, in the order
-        asked (a served model's first requests need the first clips)."""
-        return [(g, c, self.clean[g.video_id][0], self.specs[g.source, g.video_id, c]) for g, c in self.asked
-                if c != "clean"]
+        """(group, condition, clean frames, manifest spec) of each corrupted clip the window needs: those its samples
+        are generated from, in their order (a served model's first requests need the first clips), then the judge's."""
+        by_id = {g.video_id: g for g in self.groups}
+        keys = dict.fromkeys([(g.video_id, c) for g, _, c in self.todo] + [(g.video_id, c) for g, c in self.judged])
+        return [(by_id[v], c, self.clean[v][0], self.specs[by_id[v].source, v, c]) for v, c in keys if c != "clean"]
 
     def clip(self, g, cond):
         """(frames, fps) of a (video, condition): the clean clip, or the stage's corrupted one (waited for)."""
@@ -411,26 +418,26 @@ class Runner:
     def prepare(self, groups):
         """The Window of `groups`: their clean clips read; an unreadable video's samples stored as errors (its
         reason, never fatal)."""
-        pending = [(g, self.store.pending(g), self.store.to_judge(g, self.judge)) for g in groups]
-        pending = [(g, pend, judged) for g, pend, judged in pending if pend or judged]
+        pending = [(g, self.store.pending(g)) for g in groups]
+        pending = [(g, pend) for g, pend in pending if pend or self.store.to_judge(g, self.judge)]
         window = Window([], {}, {}, [], [], self.specs, {}, depths.ClipMemo(self.depth, len(groups)))
-        for (g, pend, judged), clip in zip(pending, self.read([g for g, _, _ in pending])):
+        for (g, pend), clip in zip(pending, self.read([g for g, _ in pending])):
             if isinstance(clip, str):
                 self.store.append("samples", g.source, [record(g, s, c, None, None, clip) for s, c in pend])
             else:
-                self.add(window, g, clip, pend, judged)
+                self.add(window, g, clip, pend)
         return window
 
-    def add(self, window, g, clip, pend, judged):
+    def add(self, window, g, clip, pend):
         """A group whose clip was read (frames, fps, indices) into `window`: its pending samples clip by clip (clean,
-        then each subtype), and the clips they and the judge ask for (a served judge with --judge-frames sees them)."""
+        then each subtype), and the clips a served judge with --judge-frames will see (every unjudged pair's)."""
         frames, fps, window.indices[g.video_id] = clip
         window.groups.append(g)
         window.clean[g.video_id] = (frames, fps)
         conds = list(dict.fromkeys(c for _, c in pend))
         window.todo += [(g, s, c) for cond in conds for s, c in pend if c == cond]
-        shown = getattr(self.judge, "served", False) and self.settings.judge_frames > 0
-        window.asked += [(g, c) for c in dict.fromkeys(conds + [p[0][1] for p in judged if shown])]
+        if getattr(self.judge, "served", False) and self.settings.judge_frames > 0:
+            window.judged += [(g, c) for c in dict.fromkeys(self.store.unjudged(g))]
 
     def read(self, groups):
         """Each group's clean clip (frames, fps, indices), or the reason it cannot be read; in parallel (decoding

@@ -183,9 +183,9 @@ def stand_in(cfg: LearnerSettings, processor, observer, sample):
 
 def sft_backward(cfg: LearnerSettings, model, processor, inputs, targets, blank):
     """-log p(target + <|im_end|> | prompt) of each row of `inputs`, micro-batched, the gradient being the mean
-    over every target token of the step on every rank (as one big batch would give). `blank`: a rank with no rows
-    gives its stand-in prompt (stand_in; None when it has rows). Returns (this rank's mean NLL per token, its
-    target tokens)."""
+    over every target token of the step on every rank (as one big batch would give). `blank`: (observer, sample) of
+    the stand-in prompt (stand_in) a rank with no rows gives, built only then. Returns (this rank's mean NLL per
+    token, its target tokens)."""
     ids, mask = policy.target_ids(processor, targets)
     tokens, nll_sum, base = int(mask.sum()), 0.0, parallel.unwrap(model)
     model.train()
@@ -195,7 +195,7 @@ def sft_backward(cfg: LearnerSettings, model, processor, inputs, targets, blank)
             return policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
         if targets:  # fewer micro-batches than another rank: its first row again, at weight 0
             return policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1]
-        return (blank, *policy.target_ids(processor, [""]))  # no rows at all: a blank video, at weight 0
+        return (stand_in(cfg, processor, *blank), *policy.target_ids(processor, [""]))  # no rows: weight 0
 
     def backward(rows, denominator):
         nonlocal nll_sum

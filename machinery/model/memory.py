@@ -52,8 +52,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # Published config.json numbers of huggingface.co/Qwen/Qwen2.5-VL-{3B,7B,32B,72B}-Instruct (vision tower shared by
 # all four: 32 blocks of 1280, MLP 3420, window 112, full attention in blocks 7/15/23/31; out_hidden_size = the LM's).
 QWEN25_VISION = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, in_channels=3, patch_size=14,
-               spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
-               tokens_per_second=2, hidden_act="silu")
+                     spatial_merge_size=2, temporal_patch_size=2, window_size=112,
+                     fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2, hidden_act="silu")
 PRESETS = {
     "qwen2.5-vl-3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
                           num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),

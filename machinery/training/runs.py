@@ -154,7 +154,9 @@ def parse_config(ap, config, argv=None, settings=None, demo=None):
 
 def _demo_defaults(args, demo):
     """The demo's defaults when neither --model nor --data is given, else none."""
-    return {} if args["model"] or args["data"] else dict(demo or {})
+    if not demo:
+        return {}
+    return {} if args["model"] or args["data"] else dict(demo)
 
 
 def _settings(ap, kinds, items):

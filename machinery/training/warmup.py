@@ -69,5 +69,5 @@ class AnswerabilityWarmUp:
             if frames is not None:
                 rows.append((data.build_messages(s), run.observer(s, frames), data.sft_target(s)))
         inputs = run.observer.inputs(run.processor, [m for m, _, _ in rows], [v for _, v, _ in rows]) if rows else None
-        blank = None if rows else learner.stand_in(run.cfg, run.processor, run.observer, run.shard[0])
-        return learner.sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows], blank)
+        return learner.sft_backward(run.cfg, run.train_model, run.processor, inputs, [t for _, _, t in rows],
+                                    (run.observer, run.shard[0]))
