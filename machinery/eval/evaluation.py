@@ -352,7 +352,7 @@ class Window:
     clean: dict             # video id -> (frames, fps) of the clean clip
     indices: dict           # video id -> the frame indices read (the depth cache's key)
     todo: list              # the pending (group, sample, condition), in (video, condition) order
-    judged: list            # (group, condition) of the clips a served judge rates (--judge-frames), after those
+    judged: list            # (group, condition) of the clips a served judge rates (--judge-frames)
     specs: dict             # the manifest's {(source, video id, condition): spec}
     corrupted: dict         # the stage's {(video id, condition): frames, or a Future of them}
     memo: depths.ClipMemo   # the window's clips' depth, computed once each
@@ -369,13 +369,15 @@ class Window:
         keys = dict.fromkeys([(g.video_id, c) for g, _, c in self.todo] + [(g.video_id, c) for g, c in self.judged])
         return [(by_id[v], c, self.clean[v][0], self.specs[by_id[v].source, v, c]) for v, c in keys if c != "clean"]
 
+    def frames(self, g, cond):
+        """The frames of a (video, condition): the clean clip's, or the stage's corrupted ones (or the Future they
+        are being rendered in)."""
+        return self.clean[g.video_id][0] if cond == "clean" else self.corrupted[(g.video_id, cond)]
+
     def clip(self, g, cond):
-        """(frames, fps) of a (video, condition): the clean clip, or the stage's corrupted one (waited for)."""
-        frames, fps = self.clean[g.video_id]
-        if cond == "clean":
-            return frames, fps
-        c = self.corrupted[(g.video_id, cond)]
-        return (c.result() if isinstance(c, concurrent.futures.Future) else c), fps
+        """(frames, fps) of a (video, condition), the corrupted frames waited for."""
+        c = self.frames(g, cond)
+        return (c.result() if isinstance(c, concurrent.futures.Future) else c), self.clean[g.video_id][1]
 
 
 class Runner:
@@ -514,7 +516,7 @@ class Runner:
         todo = window.todo
         if not todo:
             return True
-        clips = [window.clean[g.video_id][0] if c == "clean" else window.corrupted[(g.video_id, c)] for g, _, c in todo]
+        clips = [window.frames(g, c) for g, _, c in todo]   # (a Future's frames are encoded once ready)
         fps = [window.clean[g.video_id][1] for g, _, _ in todo]
         prompts = [data.build_prompt(s, self.settings.style) for _, s, _ in todo]
         t0 = time.perf_counter()
