@@ -87,9 +87,9 @@ class Config(runs.RunConfig):
     sft_epochs: float = option(1.0, "SFT warm-up epochs on `process` + `solution` (App. D: 1)", "SFT")
     sft_batch_size: int = option(8, "videos per SFT step per process", "SFT")
     sft_lr: float = option(1e-5, "AdamW learning rate of SFT, cosine schedule (App. D: 1e-5)", "SFT")
-    sft_jitter: float = option(0.0, "photometric jitter of the SFT clips: contrast and brightness each scaled by "
-                               "U(1 - x, 1 + x) per clip (0: none; reproduce.py's toy sets it, for the lighting "
-                               "invariance a pretrained VLM brings and a tiny model trained from scratch lacks)")
+    sft_jitter: float = option(0.0, "SFT clips' photometric jitter, contrast and brightness each scaled by U(1 - x, "
+                               "1 + x): the lighting invariance a pretrained VLM has and a tiny model lacks (0: none)")
+    sft_jitter_fresh: bool = option(False, "sft_jitter drawn anew at each showing of a clip (else once per clip)")
     # RL
     mode: str = option("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
                                "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL", MODES)
@@ -125,10 +125,8 @@ class Config(runs.RunConfig):
     weight_decay: float = option(0.0, "AdamW weight decay")
     top_p: float = option(1.0, "nucleus sampling of rollouts")
     temperature: float = option(1.0, "sampling temperature of rollouts")
-    unanswerable_below: float = option(0.5, "P(YES) on the answerability prompt (Fig. 10) below which a sample is "
-                                            "difficult (Sec. 3.2); 0 ignores it")
-    reeval_rollouts: int = option(0, "perturbed rollouts per buffered sample at re-evaluation by the accuracy rule "
-                                  "(0: G, as at assessment)")
+    unanswerable_below: float = option(0.5, "P(YES) on Fig. 10's prompt under which a sample is difficult (0: off)")
+    reeval_rollouts: int = option(0, "rollouts per buffered sample when the accuracy rule re-assesses it (0: G)")
     answerability_epochs: float = option(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
                                          "training clip, clean and corrupted, the target YES where the SFT model's "
                                          "greedy answer on that clip is right, else NO (0: none)")
@@ -163,18 +161,18 @@ class Config(runs.RunConfig):
                                          "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
 
 
-# The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes. These replace the defaults
-# above (flags given on the command line still win). The tiny model is taught Fig. 10's answerability question
-# after its task SFT (answerability_epochs), so that its confidence c means something (tau's discard of easy
-# samples); its verdict does not also veto (unanswerable_below 0). Its benchmark is synthetic.DEMO_BENCHMARK,
-# its SFT 20 epochs at lr 1e-3 (at 3e-3 two seeds in five never learnt the turn; 10 epochs left clean accuracy
-# 10 points apart over seeds), its check all 240 held-out questions (docs/MEASURED.md, benchmarks/demo_spread.py).
+# The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes; flags given still win. The
+# tiny model is taught Fig. 10's answerability question after its task SFT (answerability_epochs), so that its
+# confidence c means something (tau's discard of easy samples); its verdict does not also veto (unanswerable_below
+# 0). Its benchmark is synthetic.DEMO_BENCHMARK, its SFT 20 epochs at lr 1e-3 with the jitter drawn anew at each
+# showing (one draw per clip left corrupted accuracy 10 points apart over seeds), its check all 240 held-out
+# questions: every figure within 5 points over 5 seeds (docs/MEASURED.md, benchmarks/demo_spread.py).
 _BENCH = synthetic.DEMO_BENCHMARK
 DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=20.0, sft_batch_size=16,
-            sft_lr=1e-3, lr=1e-4, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64, save_every=50,
-            reeval_period=10, unanswerable_below=0.0, answerability_epochs=1.0, video_cache=4096, eval_limit=240,
-            micro_batch_size=0, demo_clips=_BENCH["n"], demo_families=",".join(_BENCH["families"]),
-            demo_turn=",".join(map(str, _BENCH["turn"])))
+            sft_lr=1e-3, sft_jitter=0.3, sft_jitter_fresh=True, lr=3e-5, rl_steps=100, batch_size=4, group_size=8,
+            max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0, answerability_epochs=1.0,
+            video_cache=4096, eval_limit=240, micro_batch_size=0, demo_clips=_BENCH["n"],
+            demo_families=",".join(_BENCH["families"]), demo_turn=",".join(map(str, _BENCH["turn"])))
 
 
 def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, check=None) -> Config:
@@ -218,11 +216,13 @@ def _check_config(ap, cfg):
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
 
-def sft_step(cfg, model, processor, batch, clips, observer):
-    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video)."""
+def sft_step(cfg, model, processor, batch, clips, observer, step=1):
+    """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video). `step`: the
+    SFT step's number, the key of a fresh jitter draw (sft_jitter_fresh)."""
     items = [(s, clips.get(s)) for s in batch]
     if cfg.sft_jitter > 0:
-        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, runtime.Seeds(cfg.seed).sft_jitter(s.id)))
+        key = runtime.Seeds(cfg.seed).sft_jitter
+        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, key(s.id, step if cfg.sft_jitter_fresh else None)))
                  for s, f in items]
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
@@ -572,7 +572,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     """Stage 1: the SFT warm-up on the chain-of-thought data (App. D: 1 epoch), then, with
     answerability_epochs, the answerability warm-up on its labels (one optimiser; the cosine schedule restarts
     for the answerability part, which at the tail of SFT's would train at almost no learning rate).
-    `sft_step(cfg, model, processor, batch, clips, observer) -> (NLL, tokens)`: one SFT step. Returns False if
+    `sft_step(cfg, model, processor, batch, clips, observer, step) -> (NLL, tokens)`: one SFT step. Returns False if
     killed."""
     cfg = run.cfg
     per_rank_n = len(run.samples) // run.world
@@ -589,7 +589,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
         t0 = time.perf_counter()
         if state["step"] < task:
             batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size)]
-            nll, n = sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer)
+            nll, n = sft_step(cfg, run.train_model, run.processor, batch, run.clips, run.observer, state["step"] + 1)
         else:   # half answerability, half the task (replayed: alone, the model forgets it)
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
             nll, n = warm_up.step(answerability_shown(run, warm_up, half), task_batch)

@@ -489,9 +489,10 @@ class Seeds:
         """The dynamic protocol's corruption draws of RL (Sec. 4: a fresh spec per video and step)."""
         return [self.seed, self.rank, 0xC0DE]
 
-    def sft_jitter(self, sample_id: str) -> list:
-        """A clip's photometric jitter in SFT: the same on every epoch and rank."""
-        return [self.seed, hash48("sft-jitter", sample_id)]
+    def sft_jitter(self, sample_id: str, step: int | None = None) -> list:
+        """A clip's photometric jitter in SFT: without `step` the same draw on every epoch and rank; with the SFT
+        step's number a fresh draw each time the clip is shown (the same again on a resumed run)."""
+        return [self.seed, hash48("sft-jitter", sample_id)] + ([] if step is None else [step])
 
     def answerability_spec(self, i: int) -> list:
         """The corruption of the answerability warm-up's i-th example (the same on a rerun)."""

@@ -21,6 +21,9 @@ def test_a_clips_jitter_does_not_depend_on_the_rank_and_differs_between_clips():
     a, b = runtime.Seeds(3, 0), runtime.Seeds(3, 5)
     assert a.sft_jitter("clip_1") == b.sft_jitter("clip_1") != a.sft_jitter("clip_2")
     assert runtime.Seeds(4).sft_jitter("clip_1") != a.sft_jitter("clip_1")
+    # drawn anew at each showing: keyed by the SFT step as well, still not by the rank
+    assert a.sft_jitter("clip_1", 2) == b.sft_jitter("clip_1", 2) != a.sft_jitter("clip_1", 3)
+    assert a.sft_jitter("clip_1", 2)[:2] == a.sft_jitter("clip_1")
 
 
 def test_no_stream_is_seeded_outside_the_table():

@@ -83,7 +83,7 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
 def test_the_demo_runs_its_whole_path_in_miniature(tmp_path):
     """No --model, no --data: setup builds the tiny model and the synthetic benchmark under OUT (runs.Demo), SFT with
     the answerability warm-up (shown its clips by train.answerability_shown), RL, the before/after checks and the
-    table. 16 clips instead of 480, a quarter epoch, one RL step."""
+    table. 16 clips instead of 960, a quarter epoch, one RL step."""
     out = tmp_path / "demo"
     train.main(["--out", str(out), "--sft-epochs", "0.25", "--rl-steps", "1", "--batch-size", "2", "--group-size", "2",
                 "--max-new-tokens", "8"], demo_clips=16, eval_limit=4, answerability_epochs=0.25)
@@ -567,6 +567,33 @@ def test_sft_jitter_is_a_fixed_photometric_draw_per_clip():
     c, g = np.random.default_rng([0, 5]).uniform(0.7, 1.3, 2)
     expected = np.clip((x - x.mean()) * c + x.mean() * g, 0, 255)
     assert np.abs(a - expected).max() <= 1.0
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_sft_jitter_is_drawn_anew_at_each_showing_only_when_fresh(assets, monkeypatch, fresh):
+    """sft_jitter_fresh keys a clip's draw by the SFT step (the same key again on a resumed run's step)."""
+    from machinery.datasets import data
+    from machinery.model import learner
+    samples, _ = data.load_video_r1(assets[2])
+    cfg = train.Config(frames=4, max_pixels=56 * 56, sft_jitter=0.3, sft_jitter_fresh=fresh)
+    drawn = []
+    monkeypatch.setattr(train, "jitter", lambda frames, strength, seed: drawn.append(list(seed)) or frames)
+    monkeypatch.setattr(learner, "sft_backward", lambda *a: (0.0, 1))
+    clips = clips_mod.Clips(cfg, [], len(samples))
+    for step in (1, 2, 2):
+        train.sft_step(cfg, None, None, samples[:1], clips, _Shown(), step)
+    assert (drawn[0] != drawn[1]) == fresh and drawn[1] == drawn[2]
+    assert drawn[0][:2] == train.runtime.Seeds(0).sft_jitter(samples[0].id)
+
+
+class _Shown:
+    """An observer that shows the policy the clip as it is and builds no model inputs."""
+
+    def __call__(self, sample, frames):
+        return frames
+
+    def inputs(self, processor, messages, views):
+        return None
 
 
 def test_a_before_after_check_of_no_questions_prints_no_table(assets, tmp_path):

@@ -54,13 +54,14 @@ def check(ap, cfg):
         ap.error(f"--synthesis-tokens must be >= 0 (0: --max-new-tokens), got {cfg.synthesis_tokens}")
 
 
-def agent_sft_step(cfg, model, processor, batch, clips, observer=None, agent=None):
+def agent_sft_step(cfg, model, processor, batch, clips, observer=None, step=1, agent=None):
     """The agent's warm-up (ours; Robust-TO describes none, but a policy never shown the agent's prompts
     answers them with noise, and GRPO then sees only zero rewards). On the clean videos, both of the
     agent's outputs by teacher forcing: the decomposition as the one-sub-query plan (the question, typed
     by orchestrate.guess_type) in DECOMPOSE_PROMPT's JSON, and the synthesis over the evidence the tools
     return on the selected frames as orchestrate.warmup_target (the tiers' own synthesis when their
-    evidence reaches the answer, else the evidence, Video-R1's chain of thought and the answer)."""
+    evidence reaches the answer, else the evidence, Video-R1's chain of thought and the answer). `step`
+    is unused: the agent's clips are not jittered."""
     agent = agent or orchestrate.Agent(parallel.unwrap(model), processor, k=cfg.agent_k,
                                        max_subqueries=cfg.max_subqueries)
     items = [(s, clips.get(s)) for s in batch]

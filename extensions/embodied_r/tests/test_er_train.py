@@ -50,7 +50,7 @@ def test_reward_weights_schedule_and_the_consistency_reward(assets, tmp_path):
 
 
 def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
-    """`python -m extensions.embodied_r.train` after `python train.py`: the same 480 clips are not rendered twice."""
+    """`python -m extensions.embodied_r.train` after `python train.py`: the same 960 clips are not rendered twice."""
     monkeypatch.chdir(tmp_path)
     made = []
 
