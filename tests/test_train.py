@@ -97,10 +97,13 @@ def test_the_demo_runs_its_whole_path_in_miniature(tmp_path):
 
 
 def test_resume_gives_the_weights_of_an_uninterrupted_run(assets, tmp_path):
+    """Killed in SFT, then in RL: the weights and rewards of an uninterrupted run (the SFT jitter drawn per
+    showing, keyed by the step, draws the same again)."""
     common = ["--mode", "dual", "--rl-steps", "4", "--save-every", "2", "--sft-epochs", "0.5", "--sft-batch-size", "2",
-              "--lr", "1e-3", "--sft-lr", "1e-3"]
+              "--lr", "1e-3", "--sft-lr", "1e-3", "--set", "sft_jitter=0.3", "--set", "sft_jitter_fresh=true"]
     train.main(args(assets, tmp_path / "a", *common))
-    train.main(args(assets, tmp_path / "b", *common), stop_after=5)   # 3 SFT + 2 RL steps, then "killed"
+    train.main(args(assets, tmp_path / "b", *common), stop_after=2)   # 2 of 3 SFT steps, then "killed"
+    train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"), stop_after=3)   # then 1 SFT + 2 RL
     assert not (tmp_path / "b" / "final").exists()
     train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"))
     a, b = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final")
