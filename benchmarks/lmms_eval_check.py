@@ -9,7 +9,7 @@
    ``eval_pvrbench.py --export-lmms-eval DIR --style S``, once per style (official: each benchmark's direct prompt and
    official scorer; reason: the think/answer prompt the demo's model was trained on, so that its figures are not 0).
 3. vLLM's CPU server (benchmarks/vllm_check.py's venv and server) serving --model (default vllm_check's tiny model
-   with sharpened attention; CI gives the demo's trained model, whose answers are right about half the time), with
+   with sharpened attention; CI gives the demo's trained model, whose answers follow the clip), with
    ``--allowed-local-media-path`` on the export (lmms-eval's pass_video_url sends file:// URLs).
 4. ``lmms-eval --include_path DIR --tasks pvrbench --model openai`` (pass_video_url, max_frames_num = the clips'
    frames, --log_samples), and ``eval_pvrbench.py --model openai:NAME --video-format mp4 --style S`` on the same
