@@ -125,8 +125,8 @@ class Config(runs.RunConfig):
     weight_decay: float = option(0.0, "AdamW weight decay")
     top_p: float = option(1.0, "nucleus sampling of rollouts")
     temperature: float = option(1.0, "sampling temperature of rollouts")
-    unanswerable_below: float = option(0.5, "P(YES) on Fig. 10's prompt under which a sample is difficult (0: off)")
-    reeval_rollouts: int = option(0, "rollouts per buffered sample when the accuracy rule re-assesses it (0: G)")
+    unanswerable_below: float = option(0.5, "difficult below this P(YES) on Fig. 10's prompt (Sec. 3.2; 0: off)")
+    reeval_rollouts: int = option(0, "perturbed rollouts per buffered sample re-assessed by the accuracy rule (0: G)")
     answerability_epochs: float = option(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
                                          "training clip, clean and corrupted, the target YES where the SFT model's "
                                          "greedy answer on that clip is right, else NO (0: none)")
@@ -221,9 +221,8 @@ def sft_step(cfg, model, processor, batch, clips, observer, step=1):
     SFT step's number, the key of a fresh jitter draw (sft_jitter_fresh)."""
     items = [(s, clips.get(s)) for s in batch]
     if cfg.sft_jitter > 0:
-        key = runtime.Seeds(cfg.seed).sft_jitter
-        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, key(s.id, step if cfg.sft_jitter_fresh else None)))
-                 for s, f in items]
+        showing, key = step if cfg.sft_jitter_fresh else None, runtime.Seeds(cfg.seed).sft_jitter
+        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, key(s.id, showing))) for s, f in items]
     items = [(s, observer(s, f)) for s, f in items if f is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None

@@ -582,21 +582,12 @@ def test_sft_jitter_is_drawn_anew_at_each_showing_only_when_fresh(assets, monkey
     drawn = []
     monkeypatch.setattr(train, "jitter", lambda frames, strength, seed: drawn.append(list(seed)) or frames)
     monkeypatch.setattr(learner, "sft_backward", lambda *a: (0.0, 1))
+    monkeypatch.setattr(policy, "make_inputs", lambda *a: None)   # no model: only the draws' keys matter here
     clips = clips_mod.Clips(cfg, [], len(samples))
     for step in (1, 2, 2):
-        train.sft_step(cfg, None, None, samples[:1], clips, _Shown(), step)
+        train.sft_step(cfg, None, None, samples[:1], clips, train.Observer(cfg), step)
     assert (drawn[0] != drawn[1]) == fresh and drawn[1] == drawn[2]
     assert drawn[0][:2] == train.runtime.Seeds(0).sft_jitter(samples[0].id)
-
-
-class _Shown:
-    """An observer that shows the policy the clip as it is and builds no model inputs."""
-
-    def __call__(self, sample, frames):
-        return frames
-
-    def inputs(self, processor, messages, views):
-        return None
 
 
 def test_a_before_after_check_of_no_questions_prints_no_table(assets, tmp_path):
