@@ -93,7 +93,7 @@ def main(argv=None):
                   "ranges": ranges, "per_seed": {str(s): v for s, v in per_seed.items()},
                   "date": time.strftime("%Y-%m-%d"), "git_commit": runtime.versions().get("git_commit")}
         runtime.DEMO_RANGE.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {runtime.DEMO_RANGE}")
+        print(f"wrote {runtime.DEMO_RANGE.relative_to(ROOT)}")   # no machine path in the recorded figure
 
 
 if __name__ == "__main__":
