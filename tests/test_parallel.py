@@ -233,15 +233,19 @@ def test_a_collective_only_one_rank_entered_fails_instead_of_hanging(tmp_path):
 
 # Every torchrun configuration a user may start, 2 processes: RL straight from a checkpoint (no SFT) in each mode
 # under FSDP2, and LoRA under DDP; with the before/after evaluation, which rank 0 runs alone inside the gathered
-# weights (the path that aborted with a collective mismatch), and, for rova, the buffer's re-evaluation each step.
-MATRIX = [("rova", "fsdp"), ("dual", "fsdp"), ("grpo", "fsdp"), ("grpo-aug", "fsdp"), ("rova", "ddp")]
+# weights (the path that aborted with a collective mismatch), and, for rova, the buffer's re-evaluation each step;
+# FSDP2 with the vision encoder frozen (freeze_vision: frozen and trained weights in one sharded model).
+MATRIX = [("rova", "fsdp"), ("dual", "fsdp"), ("grpo", "fsdp"), ("grpo-aug", "fsdp"), ("rova", "ddp"),
+          ("dual", "fsdp-frozen-vision")]
 
 
 @pytest.mark.parametrize("mode,sharding", MATRIX, ids=[f"{m}-{s}" for m, s in MATRIX])
 def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
     root, tiny, data_json = assets
     out = tmp_path / "run"
-    extra = ["--lora-r", "4"] if sharding == "ddp" else []
+    extra = {"ddp": ["--lora-r", "4"], "fsdp-frozen-vision": ["--set", "freeze_vision=true", "--sft-epochs", "0.5",
+                                                              "--sft-batch-size", "2", "--sft-lr", "1e-3"]}
+    extra = extra.get(sharding, [])
     torchrun(2, "train.py", "--model", tiny, "--data", data_json, "--out", out, "--frames", "4",
              "--max-pixels", 56 * 56, "--sft-epochs", "0", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
              "--max-new-tokens", "8", "--save-every", "1", "--mode", mode, "--reeval-period", "1",
@@ -254,3 +258,10 @@ def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
     rl = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if json.loads(x)["stage"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2]
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("rl-"))[-1] == "rl-0000002"
+    if sharding == "fsdp-frozen-vision":   # the encoder's blocks as loaded, the rest trained
+        from safetensors.torch import load_file
+        final = load_file(str(out / "final" / "model.safetensors"))
+        base = load_file(str(Path(tiny) / "model.safetensors"))
+        vision = {k for k in final if "visual." in k and ".merger." not in k}
+        moved = {k for k in final.keys() & base.keys() if not torch.equal(final[k], base[k].to(final[k].dtype))}
+        assert vision and not moved & vision and moved, sorted(moved)[:5]

@@ -114,6 +114,22 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(assets, tmp_path):
     assert [r["step"] for r in rb] == [1, 2, 3, 4] and [r["r_total"] for r in ra] == [r["r_total"] for r in rb]
 
 
+def test_freeze_vision_trains_the_merger_and_language_model_and_resumes_exactly(assets, tmp_path):
+    """freeze_vision: the vision encoder's blocks end as loaded, its merger and the language model move; a run
+    killed in RL (the frozen weights are not in the checkpoint) resumes to the uninterrupted run's weights."""
+    common = ["--mode", "dual", "--rl-steps", "2", "--sft-epochs", "0.5", "--sft-batch-size", "2", "--lr", "1e-3",
+              "--sft-lr", "1e-3", "--set", "freeze_vision=true"]
+    train.main(args(assets, tmp_path / "a", *common))
+    train.main(args(assets, tmp_path / "b", *common), stop_after=3)   # SFT's 2 steps, 1 RL step, then "killed"
+    train.main(args(assets, tmp_path / "b", *common, "--resume", "auto"))
+    a, b, base = weights(tmp_path / "a" / "final"), weights(tmp_path / "b" / "final"), weights(Path(assets[1]))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    vision = [k for k in a if "visual." in k and ".merger." not in k]
+    moved = {k for k in a if not torch.equal(a[k], base[k])}
+    assert vision and not moved & set(vision)
+    assert any(".merger." in k for k in moved) and any("visual." not in k for k in moved), sorted(moved)[:5]
+
+
 def test_lora_and_4bit_take_a_step(assets, tmp_path):
     train.main(args(assets, tmp_path / "lora", "--mode", "grpo", "--rl-steps", "1", "--lora-r", "4", "--lr", "1e-2"))
     adapter = weights(tmp_path / "lora" / "final")

@@ -59,6 +59,8 @@ class RunConfig:
     snapshot_every: int = arg(0, "also save the full weights to OUT/snapshots/step_N every this many RL steps "
                               "(0: never), to evaluate a run part-way")
     gradient_checkpointing: bool = arg(True, "activation checkpointing (on GPUs only)")
+    freeze_vision: bool = arg(False, "the vision encoder's blocks stay as loaded, its merger and the language model "
+                              "train (Qwen2.5-VL's fine-tuning scripts' tune_mm_vision=False)")
     eval_data: str = arg("", "VSI-Bench-format file of the before/after check: clean and perturbed accuracy before "
                          "and after training (the demo's: its held-out questions; PVRBench itself: eval_pvrbench.py)")
     eval_video_root: str = arg("", "video root of --eval-data (default: its folder)")
@@ -423,6 +425,8 @@ def load_model(cfg, sharding, world, device, ckpt):
         cfg.model, None, lora_r=cfg.lora_r, lora_dropout=cfg.lora_dropout, load_in_4bit=cfg.load_in_4bit, device=device,
         gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda",
         dtype=torch.float32 if sharding == "fsdp" else None)
+    if cfg.freeze_vision:
+        policy.freeze_vision_encoder(model)
     if sharding == "fsdp":
         parallel.shard(model, device)
     return model, processor
