@@ -15,10 +15,12 @@ subtype sees the same corrupted clip, which the manifest (video id, subtype, spe
 depth, questions) and the clean frames regenerate: with the depth proxy (the default) from nothing else, with
 --depth-model NAME (depth.py: a monocular depth model, its maps cached) with the depth maps --export writes
 beside the clips. Conditions:
-"clean" and the chosen subtypes (Table 8); `--assign all`: every question under every subtype; `--assign cycle`
+"clean" and the chosen subtypes (Table 8); `--assign all`: every question under every subtype; `--assign balanced`
 (default): every question clean and under ONE subtype, round-robin within each task from an offset hashed from
-the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
-not confounded by the task mix.
+the task's name over its questions in order of their answers, so that every subtype gets an equal share (+-1) of
+every task (the per-category scores are not confounded by the task mix) and of each answer (a model that falls
+back on one answer where it cannot see scores alike under every subtype); `--assign cycle`: the round-robin in the
+questions' order, the default before 2026-12.
 
 Scores: each source's official rules (App. B.1, answers.score_sample; answers.condition_score): with --style
 official exactly its official code's, with --style reason (the default) with the project's extensions
@@ -47,7 +49,7 @@ import hashlib
 import json
 import re
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -282,20 +284,31 @@ class Group:
     items: list   # [(sample, [conditions])]
 
 
+def one_subtype_each(samples, subtypes, assign):
+    """The subtype of each question (--assign balanced or cycle): round-robin within its task from an offset hashed
+    from the task's name; balanced goes round in order of the questions' answers (perturb.assign_subtypes: every
+    subtype also gets an equal share of each answer), cycle in the questions' order."""
+    by_task = {}
+    for k, s in enumerate(samples):
+        by_task.setdefault(s.task, []).append(k)
+    out = [None] * len(samples)
+    for task, ks in by_task.items():
+        off = int(hashlib.sha256(task.encode()).hexdigest(), 16)
+        answers = [samples[k].answer for k in ks] if assign == "balanced" else [""] * len(ks)
+        for k, sub in zip(ks, perturb.assign_subtypes(answers, subtypes, off)):
+            out[k] = sub
+    return out
+
+
 def make_plan(sources, subtypes, assign, eta, depth=None):
     """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs, each with its
     source's scene kind, SCENES, in an occlusion spec's params; `depth`:
     the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy)."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
-        seen = Counter()
-        for s in samples:
-            if assign == "all" or not subtypes:
-                conds = ["clean", *subtypes]
-            else:   # cycle: round-robin within the task, offset by a stable hash of the task name
-                off = int(hashlib.sha256(s.task.encode()).hexdigest(), 16)
-                conds = ["clean", subtypes[(seen[s.task] + off) % len(subtypes)]]
-                seen[s.task] += 1
+        one = one_subtype_each(samples, subtypes, assign) if assign != "all" and subtypes else None
+        for k, s in enumerate(samples):
+            conds = ["clean", *subtypes] if one is None else ["clean", one[k]]
             vid = data.video_identity(s)
             groups.setdefault((src, vid), Group(src, vid, s.video, [])).items.append((s, conds))
             for sub in conds[1:]:
@@ -402,8 +415,9 @@ def parser():
       "(lighting, occlusion, camera, weather)")
     g("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="what --subtypes all means: "
       "pvrbench (Table 8's 12) or an extension's (perturb.register_protocol)")
-    g("--assign", default="cycle", choices=["cycle", "all"], help="cycle: clean + one subtype per question "
-      "(round-robin within each task); all: clean + every subtype")
+    g("--assign", default="balanced", choices=["balanced", "cycle", "all"], help="balanced: clean + one subtype per "
+      "question, round-robin within each task in order of the answers (each subtype an equal share of each answer); "
+      "cycle: the same in the questions' order (before 2026-12); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
     g("--eta", type=perturb.eta_arg, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
       "D: 0.7), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes')")

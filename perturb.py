@@ -70,6 +70,7 @@ CATEGORIES = {  # Table 8
 SUBTYPES = tuple(s for subs in CATEGORIES.values() for s in subs)
 CATEGORY_OF = {s: c for c, subs in CATEGORIES.items() for s in subs}  # + registered extensions' subtypes
 PROTOCOLS = {"pvrbench": SUBTYPES}  # + register_protocol's
+PHOTOMETRIC = ("lighting", "weather")   # the categories that leave the scene's geometry and motion as they are
 DEFAULT_ETA = 0.7  # App. D: perturbation intensity eta = 0.7
 SPEC_VERSION = 1
 # The engine's look: what a spec renders. A change that draws different pixels from the same spec bumps it, so
@@ -259,6 +260,18 @@ def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False, scene="auto")
     seed = hash48("pvrbench", video_id, subtype)
     return PerturbSpec(subtype=subtype, eta=eta_of(parse_eta(eta), subtype), seed=seed, shuffle=shuffle,
                        params=props.spec_params(subtype, seed, scene))
+
+
+def assign_subtypes(answers, subtypes, offset=0) -> list:
+    """Static protocol (Sec. 4), one subtype per question: round-robin over the questions in order of their answers
+    (stable), from `offset`. Every subtype gets an equal share (+-1) of the questions and of each answer, so a model
+    that falls back on one answer when it cannot see scores the same under every subtype (per-subtype answer counts
+    drawn at random differ by several questions in 20). Returns the subtype of each question, in the given order."""
+    order = sorted(range(len(answers)), key=lambda i: str(answers[i]))
+    out = [None] * len(answers)
+    for rank, i in enumerate(order):
+        out[i] = subtypes[(rank + offset) % len(subtypes)]
+    return out
 
 
 def with_scene(spec, frames, depth=None) -> PerturbSpec:

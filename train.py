@@ -90,6 +90,8 @@ class Config(runs.RunConfig):
     sft_jitter: float = option(0.0, "SFT clips' photometric jitter, contrast and brightness each scaled by U(1 - x, "
                                "1 + x): the lighting invariance a pretrained VLM has and a tiny model lacks (0: none)")
     sft_jitter_fresh: bool = option(False, "sft_jitter drawn anew at each showing of a clip (else once per clip)")
+    sft_corruption: float = option(0.0, "share of SFT showings also under a lighting or weather corruption drawn as in "
+                                   "RL (perturb.sample_spec at eta; 0: clean SFT, the paper's)")
     # RL
     mode: str = option("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
                                "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL", MODES)
@@ -161,18 +163,7 @@ class Config(runs.RunConfig):
                                          "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
 
 
-# The CPU demo (no --model, no --data): what a 2-core laptop trains in a few minutes; flags given still win. The
-# tiny model is taught Fig. 10's answerability question after its task SFT (answerability_epochs), so that its
-# confidence c means something (tau's discard of easy samples); its verdict does not also veto (unanswerable_below
-# 0). Its benchmark is synthetic.DEMO_BENCHMARK, its SFT 20 epochs at lr 1e-3 with the jitter drawn anew at each
-# showing (one draw per clip left corrupted accuracy 10 points apart over seeds), its RL lr 3e-5, its check all
-# 240 held-out questions (docs/MEASURED.md, benchmarks/demo_spread.py: the figures' spread over 5 seeds).
-_BENCH = synthetic.DEMO_BENCHMARK
-DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=20.0, sft_batch_size=16,
-            sft_lr=1e-3, sft_jitter=0.3, sft_jitter_fresh=True, lr=3e-5, rl_steps=100, batch_size=4, group_size=8,
-            max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0, answerability_epochs=1.0,
-            video_cache=4096, eval_limit=240, micro_batch_size=0, demo_clips=_BENCH["n"],
-            demo_families=",".join(_BENCH["families"]), demo_turn=",".join(map(str, _BENCH["turn"])))
+DEMO = runs.DEMO   # the CPU demo's preset (no --model, no --data)
 
 
 def parse_args(argv=None, settings=None, config=Config, groups=None, demo=None, check=None) -> Config:
@@ -201,15 +192,13 @@ def _check_config(ap, cfg):
         ap.error(f"demo_families: unknown {sorted(unknown)}; valid: {', '.join(synthetic.SYNTH_FAMILIES)}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
-    if cfg.temporal_grpo < 0:
-        ap.error(f"--temporal-grpo must be >= 0 (0: off), got {cfg.temporal_grpo}")
-    if not 0 <= cfg.temporal_corruption <= 1:
-        ap.error(f"temporal_corruption is a share in [0, 1], got {cfg.temporal_corruption}")
+    for name, lo, hi in (("temporal_grpo", 0, None), ("updates_per_generation", 1, None), ("temporal_corruption", 0, 1),
+                         ("sft_corruption", 0, 1)):
+        if not lo <= getattr(cfg, name) <= (float("inf") if hi is None else hi):
+            ap.error(f"{name} must be {f'>= {lo}' if hi is None else f'in [{lo}, {hi}]'}, got {getattr(cfg, name)}")
     if cfg.temporal_corruption and cfg.temporal_grpo:
         ap.error("temporal_corruption with --temporal-grpo: T-GRPO compares the ordered clip with a shuffled one, "
                  "and a temporally corrupted clip is already shuffled (the same permutation); use one of them")
-    if cfg.updates_per_generation < 1:
-        ap.error(f"updates_per_generation must be >= 1, got {cfg.updates_per_generation}")
     if bool(cfg.model) != bool(cfg.data):
         raise runtime.UserError("give both --model and --data (or neither, for the demo)")
 
@@ -218,16 +207,26 @@ def _check_config(ap, cfg):
 
 def sft_step(cfg, model, processor, batch, clips, observer, step=1):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video). `step`: the
-    SFT step's number, the key of a fresh jitter draw (sft_jitter_fresh)."""
-    items = [(s, clips.get(s)) for s in batch]
-    if cfg.sft_jitter > 0:
-        showing, key = step if cfg.sft_jitter_fresh else None, runtime.Seeds(cfg.seed).sft_jitter
-        items = [(s, f if f is None else jitter(f, cfg.sft_jitter, key(s.id, showing))) for s, f in items]
-    items = [(s, observer(s, f)) for s, f in items if f is not None]
+    SFT step's number, the key of the draws made anew at each showing of a clip."""
+    items = [(s, observer(s, sft_view(cfg, clips, s, f, step))) for s in batch if (f := clips.get(s)) is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None
     return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
                                 (observer, batch[0]))
+
+
+def sft_view(cfg, clips, sample, frames, step):
+    """What SFT shows of a clip: under sft_jitter (drawn once per clip, or at each showing: sft_jitter_fresh) and,
+    with probability sft_corruption, under a lighting or weather corruption of the training protocol (Sec. 4's
+    dynamic specs, at eta), drawn at each showing."""
+    seeds = runtime.Seeds(cfg.seed)
+    if cfg.sft_jitter > 0:
+        frames = jitter(frames, cfg.sft_jitter, seeds.sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None))
+    rng = np.random.default_rng(seeds.sft_corruption(sample.id, step))
+    if cfg.sft_corruption > 0 and rng.random() < cfg.sft_corruption:
+        spec = perturb.sample_spec(rng, str(rng.choice(perturb.PHOTOMETRIC)), eta=cfg.eta)
+        frames = perturbed(clips, sample, frames, spec)
+    return frames
 
 
 # ----------------------------------------------------------------------------- RL (Alg. 2)
@@ -550,11 +549,13 @@ class RL:
 
 def accuracy_check(run, name=None):
     """The demo's before/after check (runs.greedy_accuracy) on the first eval_limit held-out questions under Sec. 4's
-    static protocol: the k-th question gets the k-th of the 12 subtypes in turn, one corruption per (video, subtype)."""
+    static protocol: one of the 12 subtypes per question, in turn in order of the answers (perturb.assign_subtypes),
+    one corruption per (video, subtype)."""
+    samples = run.eval_samples[:run.cfg.eval_limit]
+
     def clips():
-        for k, s in enumerate(run.eval_samples[:run.cfg.eval_limit]):
+        for s, subtype in zip(samples, perturb.assign_subtypes([s.answer for s in samples], perturb.SUBTYPES)):
             if (frames := run.clips.checked(s)) is not None:
-                subtype = perturb.SUBTYPES[k % len(perturb.SUBTYPES)]
                 yield s, frames, perturbed(run.clips, s, frames, perturb.static_spec(data.video_identity(s), subtype,
                                                                                      eta=run.cfg.eta))
     return runs.greedy_accuracy(run, clips(), name)

@@ -494,6 +494,10 @@ class Seeds:
         step's number a fresh draw each time the clip is shown (the same again on a resumed run)."""
         return [self.seed, hash48("sft-jitter", sample_id)] + ([] if step is None else [step])
 
+    def sft_corruption(self, sample_id: str, step: int) -> list:
+        """Whether, and how, a clip is corrupted at one showing in SFT (sft_corruption; the same on a resumed run)."""
+        return [self.seed, hash48("sftc", sample_id), step]
+
     def answerability_spec(self, i: int) -> list:
         """The corruption of the answerability warm-up's i-th example (the same on a rerun)."""
         return [self.seed, self.rank, 0xA5, i]

@@ -290,6 +290,29 @@ def test_subtype_parsing_and_cycle_assignment():
     assert [c for g in groups for _, c in g.items] == [["clean", "fog", "rain"]] * 3
 
 
+def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer():
+    """--assign balanced (the default): per task, each subtype gets every answer equally often (+-1), where the
+    questions' order (answers drawn at random) leaves cycle's shares far apart; cycle is the round-robin in order."""
+    rng = np.random.default_rng(0)
+    answers = [str(a) for a in rng.choice(list("ABC"), 240)]
+    samples = [data.Sample(id=f"q{i}", video=f"v{i}.mp4", question="Q", options=["A. x", "B. y", "C. z"], answer=a,
+                           problem_type="multiple choice", task="route", source="synthetic")
+               for i, a in enumerate(answers)]
+    spread = {}
+    for assign in ("balanced", "cycle"):
+        conds = dict(zip((s.id for s in samples), ev.one_subtype_each(samples, list(perturb.SUBTYPES), assign)))
+        counts = {(sub, a): sum(conds[s.id] == sub and s.answer == a for s in samples)
+                  for sub in perturb.SUBTYPES for a in "ABC"}
+        spread[assign] = {a: max(counts[sub, a] for sub in perturb.SUBTYPES) - min(counts[sub, a]
+                                                                             for sub in perturb.SUBTYPES) for a in "ABC"}
+        per_subtype = [sum(counts[sub, a] for a in "ABC") for sub in perturb.SUBTYPES]
+        assert max(per_subtype) - min(per_subtype) <= 1 and sum(per_subtype) == 240
+    assert max(spread["balanced"].values()) <= 1 and max(spread["cycle"].values()) >= 4, spread
+    off = int(hashlib.sha256(b"route").hexdigest(), 16)   # cycle: the k-th question's subtype is (k + off) mod 12
+    assert ev.one_subtype_each(samples, list(perturb.SUBTYPES), "cycle") == [
+        perturb.SUBTYPES[(k + off) % 12] for k in range(240)]
+
+
 # ----------------------------------------------------------------------------- end to end
 
 def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
