@@ -15,12 +15,12 @@ subtype sees the same corrupted clip, which the manifest (video id, subtype, spe
 depth, questions) and the clean frames regenerate: with the depth proxy (the default) from nothing else, with
 --depth-model NAME (depth.py: a monocular depth model, its maps cached) with the depth maps --export writes
 beside the clips. Conditions:
-"clean" and the chosen subtypes (Table 8); `--assign all`: every question under every subtype; `--assign balanced`
+"clean" and the chosen subtypes (Table 8); `--assign all`: every question under every subtype; `--assign cycle`
 (default): every question clean and under ONE subtype, round-robin within each task from an offset hashed from
-the task's name over its questions in order of their answers, so that every subtype gets an equal share (+-1) of
-every task (the per-category scores are not confounded by the task mix) and of each answer (a model that falls
-back on one answer where it cannot see scores alike under every subtype); `--assign cycle`: the round-robin in the
-questions' order, the default before 2026-12.
+the task's name, so that every subtype gets an equal share (+-1) of every task and the per-category scores are
+not confounded by the task mix; `--assign balanced`: the same round-robin over the task's questions in order of
+their answers, so that every subtype also gets an equal share of each answer (a model that falls back on one
+answer where it cannot see then scores alike under every subtype).
 
 Scores: each source's official rules (App. B.1, answers.score_sample; answers.condition_score): with --style
 official exactly its official code's, with --style reason (the default) with the project's extensions
@@ -415,9 +415,9 @@ def parser():
       "(lighting, occlusion, camera, weather)")
     g("--protocol", default="pvrbench", choices=sorted(perturb.PROTOCOLS), help="what --subtypes all means: "
       "pvrbench (Table 8's 12) or an extension's (perturb.register_protocol)")
-    g("--assign", default="balanced", choices=["balanced", "cycle", "all"], help="balanced: clean + one subtype per "
-      "question, round-robin within each task in order of the answers (each subtype an equal share of each answer); "
-      "cycle: the same in the questions' order (before 2026-12); all: clean + every subtype")
+    g("--assign", default="cycle", choices=["cycle", "balanced", "all"], help="cycle: clean + one subtype per "
+      "question (round-robin within each task); balanced: the same in order of the answers (each subtype also an "
+      "equal share of each answer); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
     g("--eta", type=perturb.eta_arg, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
       "D: 0.7), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes')")

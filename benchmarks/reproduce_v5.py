@@ -54,9 +54,7 @@ ABLATIONS = {
 }
 # The toy, calibrated on the validation split (docs/results/v5-rules.md, "The toy"): the etas are calibrate_toy.py's
 # rule applied there.
-# (sft_corruption and freeze_vision: the demo's since 2026-12-06, off here, so the recorded start stays this one's)
 TOY = dict(demo_families="next_action", sft_jitter=0.15, demo_turn="0.005,0.05", demo_clips=480, sft_epochs=20.0,
-           sft_corruption=0.0, freeze_vision=False,
            eta="0.7,dusk=1,night=0.35,overexposure=0.35,shadow=0.85,translation=0.85,zoom=1,rotation=1,static=1,"
                "dynamic=0.1,fog=0.35,rain=1,snow=1")
 RL = dict(frames=8, max_pixels=56 * 56, batch_size=4, group_size=8, max_new_tokens=64, reeval_period=10,

@@ -291,7 +291,7 @@ def test_subtype_parsing_and_cycle_assignment():
 
 
 def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer():
-    """--assign balanced (the default): per task, each subtype gets every answer equally often (+-1), where the
+    """--assign balanced: per task, each subtype gets every answer equally often (+-1), where the
     questions' order (answers drawn at random) leaves cycle's shares far apart; cycle is the round-robin in order."""
     rng = np.random.default_rng(0)
     answers = [str(a) for a in rng.choice(list("ABC"), 240)]

@@ -606,6 +606,25 @@ def test_sft_jitter_is_drawn_anew_at_each_showing_only_when_fresh(assets, monkey
     assert drawn[0][:2] == train.runtime.Seeds(0).sft_jitter(samples[0].id)
 
 
+def test_sft_corruption_shows_a_share_of_the_clips_under_a_lighting_or_weather_spec(assets, monkeypatch):
+    """sft_corruption: each showing is corrupted with that probability, by a spec of a photometric category drawn
+    from the sample's key and the step (the same again on a resumed run's step); 0 shows the clip itself."""
+    from machinery.datasets import data
+    samples, _ = data.load_video_r1(assets[2])
+    frames = np.random.default_rng(0).integers(0, 256, (4, 56, 56, 3)).astype(np.uint8)
+    specs = []
+    monkeypatch.setattr(train, "perturbed", lambda clips, s, f, spec: specs.append(spec) or 255 - f)
+    for share, steps in ((0.0, range(1, 41)), (0.5, range(1, 201)), (1.0, range(1, 41))):
+        specs.clear()
+        cfg = train.Config(frames=4, max_pixels=56 * 56, sft_corruption=share)
+        shown = [train.sft_view(cfg, None, samples[0], frames, step) for step in steps]
+        corrupted = [not np.array_equal(v, frames) for v in shown]
+        assert len(specs) == sum(corrupted) and abs(np.mean(corrupted) - share) < 0.1, (share, np.mean(corrupted))
+        assert {s.category for s in specs} <= set(perturb.PHOTOMETRIC) and all(s.eta == 0.7 for s in specs)
+    again = [train.sft_view(cfg, None, samples[0], frames, 7) for _ in range(2)]
+    assert specs[6] == specs[-1] == specs[-2] and np.array_equal(*again)   # step 7's draw, every time
+
+
 def test_a_before_after_check_of_no_questions_prints_no_table(assets, tmp_path):
     """eval_limit 0 checks no question: the run ends with its summary and no table (it raised on the empty one)."""
     root, _, train_json = assets

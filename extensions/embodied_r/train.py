@@ -172,9 +172,7 @@ def uses_consistency(cfg):
 
 
 GROUPS = {"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"}
-# The demo perceives by classical vision (no model to download); a text policy has no vision encoder to freeze, and
-# its demo keeps clean SFT.
-DEMO = {k: v for k, v in train.DEMO.items() if k not in ("freeze_vision", "sft_corruption")} | {"perceiver": "cv"}
+DEMO = train.DEMO | {"perceiver": "cv"}   # the demo perceives by classical vision: no model to download
 
 
 def parse_args(argv=None, settings=None):
