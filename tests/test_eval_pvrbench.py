@@ -266,53 +266,6 @@ def test_urbanvideo_and_pvrbench_combination_by_hand():
     assert both["pvrbench"]["overall"]["snow"] == 0.5 and both["pvrbench"]["overall"]["dusk"] == pytest.approx(0.05)
 
 
-def test_subtype_parsing_and_cycle_assignment():
-    assert ev.parse_subtypes("all") == list(perturb.SUBTYPES)
-    assert ev.parse_subtypes("rain,lighting,fog") == ["dusk", "night", "overexposure", "shadow", "fog", "rain"]
-    assert ev.parse_subtypes("none") == []
-    with pytest.raises(ev.runtime.UserError):
-        ev.parse_subtypes("hail")
-    samples = [data.Sample(id=f"{t}{i}", video=f"v{i % 5}.mp4", question="Q", options=["A. x", "B. y"], answer="A",
-                           problem_type="multiple choice", task=t, source="urbanvideo", meta={"video_id": f"v{i % 5}"})
-               for t in ("Causal", "Duration") for i in range(25)]
-    groups, manifest = ev.make_plan({"urbanvideo": samples}, list(perturb.SUBTYPES), "cycle", 0.7)
-    assert len(groups) == 5 and sum(len(g.items) for g in groups) == 50
-    for task in ("Causal", "Duration"):   # every subtype gets an equal share of every task (+-1)
-        got = [c[1] for g in groups for s, c in g.items if s.task == task]
-        counts = [got.count(sub) for sub in perturb.SUBTYPES]
-        assert max(counts) - min(counts) <= 1 and sum(counts) == 25
-    for row in manifest:   # one spec per (video, subtype), seeded by the video identity (Sec. 4), in its scene
-        assert row["spec"] == perturb.static_spec(row["video_id"], row["subtype"], 0.7, scene="aerial").to_dict()
-        if row["subtype"] in ("static", "dynamic"):   # UrbanVideo's drone views: the occluders of an aerial scene
-            assert row["spec"]["params"]["scene"] == "aerial"
-            assert row["spec"]["params"]["style"] in {"smudge", "raindrop", "plant", "bird", "drone", "foliage"}
-    groups, _ = ev.make_plan({"urbanvideo": samples[:3]}, ["fog", "rain"], "all", 0.7)
-    assert [c for g in groups for _, c in g.items] == [["clean", "fog", "rain"]] * 3
-
-
-def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer():
-    """--assign balanced: per task, each subtype gets every answer equally often (+-1), where the
-    questions' order (answers drawn at random) leaves cycle's shares far apart; cycle is the round-robin in order."""
-    rng = np.random.default_rng(0)
-    answers = [str(a) for a in rng.choice(list("ABC"), 240)]
-    samples = [data.Sample(id=f"q{i}", video=f"v{i}.mp4", question="Q", options=["A. x", "B. y", "C. z"], answer=a,
-                           problem_type="multiple choice", task="route", source="synthetic")
-               for i, a in enumerate(answers)]
-    spread = {}
-    for assign in ("balanced", "cycle"):
-        conds = dict(zip((s.id for s in samples), ev.one_subtype_each(samples, list(perturb.SUBTYPES), assign)))
-        counts = {(sub, a): sum(conds[s.id] == sub and s.answer == a for s in samples)
-                  for sub in perturb.SUBTYPES for a in "ABC"}
-        spread[assign] = {a: max(counts[sub, a] for sub in perturb.SUBTYPES) - min(counts[sub, a]
-                                                                             for sub in perturb.SUBTYPES) for a in "ABC"}
-        per_subtype = [sum(counts[sub, a] for a in "ABC") for sub in perturb.SUBTYPES]
-        assert max(per_subtype) - min(per_subtype) <= 1 and sum(per_subtype) == 240
-    assert max(spread["balanced"].values()) <= 1 and max(spread["cycle"].values()) >= 4, spread
-    off = int(hashlib.sha256(b"route").hexdigest(), 16)   # cycle: the k-th question's subtype is (k + off) mod 12
-    assert ev.one_subtype_each(samples, list(perturb.SUBTYPES), "cycle") == [
-        perturb.SUBTYPES[(k + off) % 12] for k in range(240)]
-
-
 # ----------------------------------------------------------------------------- end to end
 
 def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):

@@ -198,20 +198,6 @@ def frozen_copy(model, deep=True):
     return ref
 
 
-def freeze_vision_encoder(model) -> int:
-    """Keeps the vision encoder's patch embedding and blocks as loaded; its merger (the projector into the language
-    model) and the language model still train: Qwen2.5-VL's own fine-tuning recipe without tune_mm_vision. Returns
-    the number of parameters frozen; a model without a vision tower is refused."""
-    frozen = 0
-    for name, p in model.named_parameters():
-        if "visual." in name and ".merger." not in name and p.requires_grad:
-            p.requires_grad_(False)
-            frozen += p.numel()
-    if not frozen and is_text_model(model):
-        raise runtime.UserError("freeze_vision: the model has no vision encoder")
-    return frozen
-
-
 def model_device(model):
     """The device of the model's first parameter (inputs follow the model)."""
     return next(model.parameters()).device

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from machinery import runtime
 from machinery.corruption import depth as depths
 from machinery.datasets import answers, data, synthetic
-from machinery.model import memory, parallel, policy
+from machinery.model import learner, memory, parallel, policy
 from machinery.model import tiny as tiny_model
 from machinery.model.engine import EngineSettings
 from machinery.model.learner import LearnerSettings
@@ -441,7 +441,7 @@ def load_model(cfg, sharding, world, device, ckpt):
         gradient_checkpointing=cfg.gradient_checkpointing and device.type == "cuda",
         dtype=torch.float32 if sharding == "fsdp" else None)
     if cfg.freeze_vision:
-        policy.freeze_vision_encoder(model)
+        learner.freeze_vision_encoder(model)
     if sharding == "fsdp":
         parallel.shard(model, device)
     return model, processor
