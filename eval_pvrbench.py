@@ -284,29 +284,13 @@ class Group:
     items: list   # [(sample, [conditions])]
 
 
-def one_subtype_each(samples, subtypes, assign):
-    """The subtype of each question (--assign balanced or cycle): round-robin within its task from an offset hashed
-    from the task's name; balanced goes round in order of the questions' answers (perturb.assign_subtypes: every
-    subtype also gets an equal share of each answer), cycle in the questions' order."""
-    by_task = {}
-    for k, s in enumerate(samples):
-        by_task.setdefault(s.task, []).append(k)
-    out = [None] * len(samples)
-    for task, ks in by_task.items():
-        off = int(hashlib.sha256(task.encode()).hexdigest(), 16)
-        answers = [samples[k].answer for k in ks] if assign == "balanced" else [""] * len(ks)
-        for k, sub in zip(ks, perturb.assign_subtypes(answers, subtypes, off)):
-            out[k] = sub
-    return out
-
-
 def make_plan(sources, subtypes, assign, eta, depth=None):
     """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs, each with its
     source's scene kind, SCENES, in an occlusion spec's params; `depth`:
     the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy)."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
-        one = one_subtype_each(samples, subtypes, assign) if assign != "all" and subtypes else None
+        one = evaluation.round_robin(samples, subtypes, assign == "balanced") if assign != "all" and subtypes else None
         for k, s in enumerate(samples):
             conds = ["clean", *subtypes] if one is None else ["clean", one[k]]
             vid = data.video_identity(s)

@@ -262,18 +262,6 @@ def static_spec(video_id, subtype, eta=DEFAULT_ETA, shuffle=False, scene="auto")
                        params=props.spec_params(subtype, seed, scene))
 
 
-def assign_subtypes(answers, subtypes, offset=0) -> list:
-    """Static protocol (Sec. 4), one subtype per question: round-robin over the questions in order of their answers
-    (stable), from `offset`. Every subtype gets an equal share (+-1) of the questions and of each answer, so a model
-    that falls back on one answer when it cannot see scores the same under every subtype (per-subtype answer counts
-    drawn at random differ by several questions in 20). Returns the subtype of each question, in the given order."""
-    order = sorted(range(len(answers)), key=lambda i: str(answers[i]))
-    out = [None] * len(answers)
-    for rank, i in enumerate(order):
-        out[i] = subtypes[(rank + offset) % len(subtypes)]
-    return out
-
-
 def with_scene(spec, frames, depth=None) -> PerturbSpec:
     """`spec` with its occluders' scene, where it says "auto", resolved from the clip as apply does (props.resolve):
     the same pixels, and a stored spec that names its scene (a user's clip: the CLI's --scene)."""

@@ -1,4 +1,5 @@
-"""PVRBench's static protocol: which subtypes a question is asked under (eval_pvrbench.make_plan, --assign)."""
+"""PVRBench's static protocol: which subtypes a question is asked under (eval_pvrbench.make_plan, --assign;
+evaluation.round_robin)."""
 import hashlib
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import eval_pvrbench as ev
 import perturb
 from machinery.datasets import data
+from machinery.eval import evaluation
 
 
 def test_subtype_parsing_and_cycle_assignment():
@@ -43,7 +45,8 @@ def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer()
                for i, a in enumerate(answers)]
     spread = {}
     for assign in ("balanced", "cycle"):
-        conds = dict(zip((s.id for s in samples), ev.one_subtype_each(samples, list(perturb.SUBTYPES), assign)))
+        one = evaluation.round_robin(samples, list(perturb.SUBTYPES), assign == "balanced")
+        conds = dict(zip((s.id for s in samples), one))
         counts = {(sub, a): sum(conds[s.id] == sub and s.answer == a for s in samples)
                   for sub in perturb.SUBTYPES for a in "ABC"}
         shares = {a: [counts[sub, a] for sub in perturb.SUBTYPES] for a in "ABC"}
@@ -52,5 +55,16 @@ def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer()
         assert max(per_subtype) - min(per_subtype) <= 1 and sum(per_subtype) == 240
     assert max(spread["balanced"].values()) <= 1 and max(spread["cycle"].values()) >= 4, spread
     off = int(hashlib.sha256(b"route").hexdigest(), 16)   # cycle: the k-th question's subtype is (k + off) mod 12
-    assert ev.one_subtype_each(samples, list(perturb.SUBTYPES), "cycle") == [
+    assert evaluation.round_robin(samples, list(perturb.SUBTYPES)) == [
         perturb.SUBTYPES[(k + off) % 12] for k in range(240)]
+
+
+def test_round_robin_by_answer_by_hand():
+    """Hand-worked: the A questions (0, 3, 6, 7) take x y z x from the task's offset, the B ones (1, 4, 8) y z x,
+    the C ones (2, 5) y z, each rank counted over the task's questions sorted by answer."""
+    samples = [data.Sample(id=str(i), video="v.mp4", question="Q", options=[], answer=a, problem_type="multiple choice",
+                           task="t", source="synthetic") for i, a in enumerate("ABCABCAAB")]
+    off = int(hashlib.sha256(b"t").hexdigest(), 16) % 3
+    subs = [["x", "y", "z"][(i + 3 - off) % 3] for i in range(3)]   # so that rank 0 lands on "x"
+    assert evaluation.round_robin(samples, subs, by_answer=True) == ["x", "y", "y", "y", "z", "z", "z", "x", "x"]
+    assert evaluation.round_robin(samples, subs) == ["x", "y", "z"] * 3

@@ -119,13 +119,6 @@ def test_sample_spec_dynamic_protocol():
     assert perturb.sample_spec(7, subtype="rain", eta=0.3).eta == 0.3
 
 
-def test_assign_subtypes_goes_round_in_order_of_the_answers():
-    # hand-worked: the A questions (0, 3, 6, 7) take x y z x, the B ones (1, 4, 8) y z x, the C ones (2, 5) y z
-    assert perturb.assign_subtypes(list("ABCABCAAB"), ["x", "y", "z"]) == ["x", "y", "y", "y", "z", "z", "z", "x", "x"]
-    assert perturb.assign_subtypes(list("AB"), ["x", "y", "z"], offset=2) == ["z", "x"]
-    assert perturb.assign_subtypes([], ["x"]) == []
-
-
 def test_eta_per_subtype():
     table = perturb.parse_eta("0.5, fog=0.3,night=0.45")
     assert table == {"*": 0.5, "fog": 0.3, "night": 0.45} and perturb.parse_eta("0.7") == 0.7
