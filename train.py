@@ -222,10 +222,11 @@ def sft_view(cfg, clips, sample, frames, step):
     seeds = runtime.Seeds(cfg.seed)
     if cfg.sft_jitter > 0:
         frames = jitter(frames, cfg.sft_jitter, seeds.sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None))
-    rng = np.random.default_rng(seeds.sft_corruption(sample.id, step))
-    if cfg.sft_corruption > 0 and rng.random() < cfg.sft_corruption:
-        spec = perturb.sample_spec(rng, str(rng.choice(perturb.PHOTOMETRIC)), eta=cfg.eta)
-        frames = perturbed(clips, sample, frames, spec)
+    if cfg.sft_corruption > 0:   # (no draw at all when off)
+        rng = np.random.default_rng(seeds.sft_corruption(sample.id, step))
+        if rng.random() < cfg.sft_corruption:
+            spec = perturb.sample_spec(rng, str(rng.choice(perturb.PHOTOMETRIC)), eta=cfg.eta)
+            frames = perturbed(clips, sample, frames, spec)
     return frames
 
 

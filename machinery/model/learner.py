@@ -28,18 +28,15 @@ class LearnerSettings(Protocol):
     max_pixels: int           # ... and pixels per frame
 
 
-def freeze_vision_encoder(model) -> int:
+def freeze_vision_encoder(model):
     """Keeps the vision encoder's patch embedding and blocks as loaded; its merger (the projector into the language
-    model) and the language model still train: Qwen2.5-VL's own fine-tuning recipe without tune_mm_vision. Returns
-    the number of parameters frozen; a model without a vision tower is refused."""
-    frozen = 0
-    for name, p in model.named_parameters():
-        if "visual." in name and ".merger." not in name and p.requires_grad:
-            p.requires_grad_(False)
-            frozen += p.numel()
-    if not frozen and policy.is_text_model(model):
+    model) and the language model still train: Qwen2.5-VL's own fine-tuning recipe without tune_mm_vision. A model
+    without a vision tower is refused."""
+    if policy.is_text_model(model):
         raise runtime.UserError("freeze_vision: the model has no vision encoder")
-    return frozen
+    for name, p in model.named_parameters():
+        if "visual." in name and ".merger." not in name:
+            p.requires_grad_(False)
 
 
 @dataclass
