@@ -307,7 +307,8 @@ class Reproduction:
         cmd = [*self.trainer, "--out", str(self.sft), "--rl-steps", "0", *flags({"demo_clips": args.demo_clips}),
                "--resume", "auto", "--sft-epochs", str(args.sft_epochs), *self.cache]
         if not self.text:
-            cmd += flags({"demo_families": args.families, "sft_jitter": args.sft_jitter})
+            cmd += [*flags({"demo_families": args.families, "sft_jitter": args.sft_jitter}),
+                    "--set", "freeze_vision=false"]   # (v4's start: the demo froze its encoder later)
         if args.smoke:
             cmd += flags({"eval_limit": 4})
         kept_seconds = self.st.timings.get("sft")
