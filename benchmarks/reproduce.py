@@ -180,6 +180,11 @@ def flags(d):
             for x in (("--set", f"{k}={v}") if k in SETTINGS else ("--" + k.replace("_", "-"), str(v)))]
 
 
+# The demo's settings that came after the recorded SFT starts (v4's here, v5's): a start trained again gets their
+# earlier values, so that it is the recorded one.
+START_PINS = {"freeze_vision": False}
+
+
 class Stages:
     """Runs commands, skipping those whose output exists; keeps wall times across resumed runs, and across
     reproduce.py processes that share OUT with disjoint --seeds (the second with --lr, so that only the
@@ -307,8 +312,7 @@ class Reproduction:
         cmd = [*self.trainer, "--out", str(self.sft), "--rl-steps", "0", *flags({"demo_clips": args.demo_clips}),
                "--resume", "auto", "--sft-epochs", str(args.sft_epochs), *self.cache]
         if not self.text:
-            cmd += [*flags({"demo_families": args.families, "sft_jitter": args.sft_jitter}),
-                    "--set", "freeze_vision=false"]   # (v4's start: the demo froze its encoder later)
+            cmd += flags({"demo_families": args.families, "sft_jitter": args.sft_jitter, **START_PINS})
         if args.smoke:
             cmd += flags({"eval_limit": 4})
         kept_seconds = self.st.timings.get("sft")

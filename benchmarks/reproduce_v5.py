@@ -171,8 +171,7 @@ class Reproduction:
         args, toy = self.args, self.args.toy
         cmd = [self.py, "train.py", "--out", str(self.sft), "--rl-steps", "0", "--resume", "auto",
                "--sft-epochs", str(toy["sft_epochs"]),
-               *v4.flags({k: v for k, v in toy.items() if k not in ("sft_epochs", "eta")}),
-               "--set", "freeze_vision=false"]   # (the recorded start's: the demo froze its encoder later)
+               *v4.flags({k: v for k, v in toy.items() if k not in ("sft_epochs", "eta")} | v4.START_PINS)]
         if args.quick:
             cmd += v4.flags({"eval_limit": 4})
         self.run("sft", cmd, lambda: (self.sft / "summary.json").is_file())
