@@ -129,9 +129,9 @@ class Config(runs.RunConfig):
     temperature: float = option(1.0, "sampling temperature of rollouts")
     unanswerable_below: float = option(0.5, "difficult below this P(YES) on Fig. 10's prompt (Sec. 3.2; 0: off)")
     reeval_rollouts: int = option(0, "perturbed rollouts per buffered sample re-assessed by the accuracy rule (0: G)")
-    answerability_epochs: float = option(0.0, "epochs of an answerability warm-up after SFT: Fig. 10's prompt on each "
-                                         "training clip, clean and corrupted, the target YES where the SFT model's "
-                                         "greedy answer on that clip is right, else NO (0: none)")
+    answerability_epochs: float = option(0.0, "epochs of an answerability warm-up after SFT (0: none): Fig. 10's "
+                                         "prompt on each training clip, clean and corrupted, YES where SFT is right")
+    answerability_lr: float = option(0.0, "peak lr of the answerability warm-up's restarted cosine (0: sft_lr)")
     assess: str = option("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
                          "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                          "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
@@ -577,7 +577,8 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     per_rank_n = len(run.samples) // run.world
     task, half = int(math.ceil(cfg.sft_epochs * per_rank_n / cfg.sft_batch_size)), max(1, cfg.sft_batch_size // 2)
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
-    optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0)
+    optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0,
+                               restart_lr=cfg.answerability_lr)
     cursor = runtime.Cursor(len(run.shard), runtime.Seeds(cfg.seed, run.rank).sft_order)
     warm_up = warmup.AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
     if ckpt:

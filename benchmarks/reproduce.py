@@ -182,7 +182,7 @@ def flags(d):
 
 # The demo's settings that came after the recorded SFT starts (v4's here, v5's): a start trained again gets their
 # earlier values, so that it is the recorded one.
-START_PINS = {"freeze_vision": False}
+START_PINS = {"freeze_vision": False, "answerability_lr": 0.0}
 
 
 class Stages:

@@ -176,6 +176,23 @@ def test_the_sft_optimizer_is_gone_before_rl(assets, tmp_path, monkeypatch):
     assert len(made) == 2 and seen["sft_alive"] is False
 
 
+@pytest.mark.parametrize("restart_lr", [0.0, 1e-4])
+def test_the_schedule_restarts_at_the_answerability_part_from_its_own_peak(restart_lr):
+    """SFT's cosine over its task steps (here 6 of 10, from 1e-3), then again over the answerability part from
+    restart_lr (0: the SFT lr): hand-worked values of 0.5 (1 + cos(pi k / K)) times the peak."""
+    model = torch.nn.Linear(2, 1)
+    optim = learner.Optim.make(train.Config(), model, 1e-3, 10, torch.device("cpu"), restart=6, restart_lr=restart_lr)
+    lrs = []
+    for _ in range(10):
+        lrs.append(optim.sched.get_last_lr()[0])
+        model(torch.ones(1, 2)).sum().backward()
+        optim.step(True)
+    peak = restart_lr or 1e-3
+    expected = [1e-3, 0.9330127e-3, 0.75e-3, 0.5e-3, 0.25e-3,
+                0.0669873e-3, peak, 0.8535534 * peak, 0.5 * peak, 0.1464466 * peak]
+    assert lrs == pytest.approx(expected, rel=1e-6, abs=1e-12)
+
+
 def test_sft_micro_batches_give_the_gradient_of_one_batch(assets):
     """SFT's loss is the mean over every target token of the step, whatever the micro-batch size."""
     from machinery.datasets import data

@@ -173,8 +173,10 @@ def uses_consistency(cfg):
 
 GROUPS = {"Embodied-R": "Embodied-R's text policy, key frames and rewards (Embodied-R Sec. 2)"}
 # The demo perceives by classical vision (no model to download); its text policy has no vision encoder to keep
-# frozen, and its SFT keeps the jitter (+-30%) its figures were measured with.
-DEMO = {k: v for k, v in train.DEMO.items() if k != "freeze_vision"} | {"perceiver": "cv", "sft_jitter": 0.3}
+# frozen, and its SFT keeps the jitter (+-30%) and the answerability warm-up's lr (SFT's) its figures were measured
+# with.
+_NOT_KEPT = ("freeze_vision", "answerability_lr")
+DEMO = {k: v for k, v in train.DEMO.items() if k not in _NOT_KEPT} | {"perceiver": "cv", "sft_jitter": 0.3}
 
 
 def parse_args(argv=None, settings=None):

@@ -49,14 +49,16 @@ class Optim:
     max_grad_norm: float
 
     @classmethod
-    def make(cls, cfg: LearnerSettings, model, lr, total_steps, device, restart=0):
-        """`restart`: the schedule starts again from lr at that step (SFT's answerability part)."""
+    def make(cls, cfg: LearnerSettings, model, lr, total_steps, device, restart=0, restart_lr=0.0):
+        """`restart`: the schedule starts again at that step (SFT's answerability part), from `restart_lr` (0: lr)."""
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
 
         def cosine(step):
-            start, end = (restart, total_steps) if 0 < restart <= step else (0, restart or total_steps)
-            return 0.5 * (1 + math.cos(math.pi * min(step - start, end - start) / max(end - start, 1)))
+            again = 0 < restart <= step
+            start, end = (restart, total_steps) if again else (0, restart or total_steps)
+            peak = (restart_lr or lr) / lr if again else 1.0
+            return peak * 0.5 * (1 + math.cos(math.pi * min(step - start, end - start) / max(end - start, 1)))
         return cls(params, opt, torch.optim.lr_scheduler.LambdaLR(opt, cosine), cfg.max_grad_norm)
 
     def step(self, trained: bool):

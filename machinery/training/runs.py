@@ -185,18 +185,21 @@ RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard") 
 
 # The CPU demo's preset (train.DEMO; no --model, no --data): what a 2-core laptop trains in a few minutes; flags
 # given still win. The tiny model is taught Fig. 10's answerability question after its task SFT
-# (answerability_epochs), so that its confidence c means something (tau's discard of easy samples); its verdict does
-# not also veto (unanswerable_below 0). Its benchmark is synthetic.DEMO_BENCHMARK, its SFT 20 epochs at lr 1e-3 with
-# a wide photometric jitter drawn anew at each showing (brightness and contrast x0.15-1.85: dim clips are seen in
-# SFT, none of the benchmark's corruptions is) and its vision encoder kept as built (the merger and the language
-# model learn; with the +-30% jitter before, dusk and night were read or not by the luck of the seed), its RL lr
-# 3e-5, its check all 240 held-out questions (docs/MEASURED.md, benchmarks/demo_spread.py: the figures' spread).
+# (answerability_epochs), so that its confidence c means something (tau's discard of easy samples), at a tenth of
+# SFT's peak lr (answerability_lr; at SFT's own, that epoch undid what SFT had taught of dim clips, by the luck of
+# the seed); its verdict does not also veto (unanswerable_below 0). Its benchmark is synthetic.DEMO_BENCHMARK, its
+# SFT 20 epochs at lr 1e-3 with a wide photometric jitter drawn anew at each showing (brightness and contrast
+# x0.15-1.85: dim clips are seen in SFT, none of the benchmark's corruptions is) and its vision encoder kept as built
+# (the merger and the language model learn; with the +-30% jitter before, dusk and night were read or not by the
+# luck of the seed), its RL lr 3e-5, its check all 240 held-out questions (docs/MEASURED.md,
+# benchmarks/demo_spread.py: the figures' spread).
 _BENCH = synthetic.DEMO_BENCHMARK
 DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=20.0, sft_batch_size=16,
             sft_lr=1e-3, sft_jitter=0.85, sft_jitter_fresh=True, freeze_vision=True, lr=3e-5, rl_steps=100,
             batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0,
-            answerability_epochs=1.0, video_cache=4096, eval_limit=240, micro_batch_size=0, demo_clips=_BENCH["n"],
-            demo_families=",".join(_BENCH["families"]), demo_turn=",".join(map(str, _BENCH["turn"])))
+            answerability_epochs=1.0, answerability_lr=1e-4, video_cache=4096, eval_limit=240, micro_batch_size=0,
+            demo_clips=_BENCH["n"], demo_families=",".join(_BENCH["families"]),
+            demo_turn=",".join(map(str, _BENCH["turn"])))
 
 
 @dataclass(frozen=True)
