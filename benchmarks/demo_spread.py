@@ -7,8 +7,8 @@ For each seed: ``python train.py --out OUT/seed<K> --seed K`` (the tiny model an
 by seed 0's run, and copied: every seed starts from the same weights on the same questions), then
 ``python eval_pvrbench.py`` on its final weights and its benchmark. A seed whose run and evaluation are done is
 skipped, so the command resumes. Prints each figure per seed and its range (max - min, in points); ``--write`` puts
-the ranges into docs/results/demo_range.json, which the demo and the evaluation of the demo's model compare their
-own figures with (runtime.demo_range_note).
+the ranges and each seed's figures into docs/results/demo_range.json, from which the demo and the evaluation of the
+demo's model check their own figures against the seeds' 95% prediction interval (runtime.demo_range_note).
 """
 from __future__ import annotations
 
@@ -59,13 +59,15 @@ def run_seed(out, seed, train_args=()):
 
 
 def report(per_seed):
-    """{figure: [min, max]} over the seeds, each printed with its range in points."""
+    """{figure: [min, max]} over the seeds, each printed with its range in points and the 95% prediction interval
+    that another machine's figure is checked against (runtime.prediction_interval)."""
     ranges = {}
     for name in next(iter(per_seed.values())):
         values = [figures[name] for figures in per_seed.values()]
         ranges[name] = [min(values), max(values)]
+        lo, hi = runtime.prediction_interval(values)
         print(f"{name}: {min(values):.3f}-{max(values):.3f} over {len(values)} seeds, range "
-              f"{100 * (max(values) - min(values)):.1f} points")
+              f"{100 * (max(values) - min(values)):.1f} points (95% prediction interval {lo:.3f}-{hi:.3f})")
     return ranges
 
 

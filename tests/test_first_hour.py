@@ -168,13 +168,20 @@ def test_the_stand_in_judge_is_named_on_a_real_model_only():
     assert judges.stand_in_note("hf:Qwen/Qwen3-14B", 7_000_000_000) is None
 
 
-def test_the_demo_says_whether_its_figures_fall_inside_the_measured_range(tmp_path, monkeypatch):
-    """runtime.demo_range_note: one line per figure that benchmarks/demo_spread.py measured; nothing without it."""
+def test_the_demo_says_whether_its_figures_fall_inside_the_seeds_prediction_interval(tmp_path, monkeypatch):
+    """runtime.demo_range_note: one line per figure that benchmarks/demo_spread.py measured, against the 95%
+    prediction interval of its seeds (hand-worked: mean 0.42, sd 0.0158114, t(0.975, 4) = 2.7764451, half-width
+    2.7764451 * 0.0158114 * sqrt(1.2) = 0.048090); nothing without a measurement."""
     monkeypatch.setattr(runtime, "DEMO_RANGE", tmp_path / "demo_range.json")
     assert runtime.demo_range_note({"after RL, clean": 0.6}) == []
+    values = {"after RL, clean": [1.0] * 4 + [0.98], "after RL, perturbed": [0.40, 0.42, 0.44, 0.41, 0.43]}
     runtime.DEMO_RANGE.write_text(json.dumps({"seeds": [0, 1, 2, 3, 4], "date": "2026-12-05", "ranges": {
-        "after RL, clean": [0.58, 0.62], "after RL, perturbed": [0.40, 0.44]}}))
-    inside, outside = runtime.demo_range_note({"after RL, clean": 0.6, "after RL, perturbed": 0.5, "other": 0.1})
-    assert inside == ("  after RL, clean 0.600: inside the range 0.580-0.620 of 5 seeds (2026-12-05, "
-                      "docs/results/demo_range.json)")
-    assert outside.startswith("  after RL, perturbed 0.500: OUTSIDE the range 0.400-0.440")
+        "after RL, clean": [0.98, 1.0], "after RL, perturbed": [0.40, 0.44]}, "per_seed": {
+        str(k): {name: v[k] for name, v in values.items()} for k in range(5)}}))
+    assert runtime.prediction_interval(values["after RL, perturbed"]) == pytest.approx((0.371910, 0.468090), abs=1e-6)
+    high, clean, outside = runtime.demo_range_note({"after RL, perturbed": 0.46, "after RL, clean": 1.0, "other": 0.1}
+                                                 ) + runtime.demo_range_note({"after RL, perturbed": 0.5})
+    assert high == ("  after RL, perturbed 0.460: inside 0.372-0.468, the 95% prediction interval of 5 seeds (they "
+                    "spanned 0.400-0.440; 2026-12-05, docs/results/demo_range.json)")   # (outside min-max)
+    assert clean.startswith("  after RL, clean 1.000: inside 0.969-1.000,")   # (0.996 + 0.0272, clipped at 1)
+    assert outside.startswith("  after RL, perturbed 0.500: OUTSIDE 0.372-0.468")
