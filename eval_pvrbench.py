@@ -588,7 +588,7 @@ def evaluate(args, target, bench, models=MODELS, reports=None, read_kwargs=None,
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
     run_files.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
-    print_results(out, bench, target, model_dir / (ts + "_results.json"), table + legend)
+    print_results(out, bench, target, model_dir / (ts + "_results.json"), table + legend, args)
     return out
 
 
@@ -604,15 +604,25 @@ def export(args, settings, bench, groups, manifest, read_kwargs):
     return None
 
 
-def print_results(out, bench, target, path, text):
+# What the demo's recorded range was measured with (benchmarks/demo_spread.py: these settings at their defaults)
+DEMO_PROTOCOL = ("subtypes", "protocol", "assign", "limit", "eta", "frames", "max_pixels", "style", "scoring")
+
+
+def demo_protocol(args):
+    """Whether `args` evaluate as benchmarks/demo_spread.py did (DEMO_PROTOCOL's settings at their defaults)."""
+    plain = parse_args(["--benchmark", args.benchmark])
+    return all(getattr(args, k) == getattr(plain, k) for k in DEMO_PROTOCOL)
+
+
+def print_results(out, bench, target, path, text, args):
     """Each source's clean and perturbed scores, the table (`text`), where the results went, and on the demo's
-    model the range its figures fall in (runtime.demo_range_note)."""
+    model, evaluated as the demo's range was, where its figures fall (runtime.demo_range_note)."""
     for src, block in out["results"]["sources"].items():
         acc = block["accuracy"]
         print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
               f"{block['n_samples']} samples, {block['n_errors']} errors")
     print(text + f"results: {path} ({out['timing']['total_s']:.0f} s)", flush=True)
-    if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir():   # the demo's model
+    if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir() and demo_protocol(args):
         acc = out["results"]["pvrbench"]["accuracy"]
         for line in runtime.demo_range_note({"eval Orig.": acc["orig"], "eval Avg.": acc["avg"]}):
             print(line, flush=True)

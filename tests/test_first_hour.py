@@ -185,3 +185,15 @@ def test_the_demo_says_whether_its_figures_fall_inside_the_seeds_prediction_inte
                     "spanned 0.400-0.440; 2026-12-05, docs/results/demo_range.json)")   # (outside min-max)
     assert clean.startswith("  after RL, clean 1.000: inside 0.969-1.000,")   # (0.996 + 0.0272, clipped at 1)
     assert outside.startswith("  after RL, perturbed 0.500: OUTSIDE 0.372-0.468")
+
+
+@pytest.mark.parametrize("extra", [[], ["--assign", "all"], ["--limit", "10"], ["--eta", "0.5"], ["--frames", "4"],
+                                   ["--subtypes", "fog"]])
+def test_the_evaluation_checks_the_demo_range_only_under_the_settings_it_was_measured_with(tmp_path, extra):
+    """eval_pvrbench.demo_protocol: the evaluation's range lines are for the demo's model evaluated as
+    benchmarks/demo_spread.py evaluates it; --assign all or a --limit measure something else."""
+    import eval_pvrbench
+
+    args = eval_pvrbench.parse_args(["--model", str(tmp_path / "final"), "--benchmark",
+                                     f"synthetic={tmp_path / 'synthetic'}", *extra])
+    assert eval_pvrbench.demo_protocol(args) is (not extra)
