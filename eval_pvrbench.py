@@ -604,25 +604,20 @@ def export(args, settings, bench, groups, manifest, read_kwargs):
     return None
 
 
-# What the demo's recorded range was measured with (benchmarks/demo_spread.py: these settings at their defaults)
 DEMO_PROTOCOL = ("subtypes", "protocol", "assign", "limit", "eta", "frames", "max_pixels", "style", "scoring")
 
 
-def demo_protocol(args):
-    """Whether `args` evaluate as benchmarks/demo_spread.py did (DEMO_PROTOCOL's settings at their defaults)."""
-    plain = parse_args(["--benchmark", args.benchmark])
-    return all(getattr(args, k) == getattr(plain, k) for k in DEMO_PROTOCOL)
-
-
 def print_results(out, bench, target, path, text, args):
-    """Each source's clean and perturbed scores, the table (`text`), where the results went, and on the demo's
-    model, evaluated as the demo's range was, where its figures fall (runtime.demo_range_note)."""
+    """Each source's clean and perturbed scores, the table (`text`), where the results went, and on the demo's model
+    evaluated as demo_spread.py does (DEMO_PROTOCOL at its defaults) its range's lines (runtime.demo_range_note)."""
     for src, block in out["results"]["sources"].items():
         acc = block["accuracy"]
         print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
               f"{block['n_samples']} samples, {block['n_errors']} errors")
     print(text + f"results: {path} ({out['timing']['total_s']:.0f} s)", flush=True)
-    if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir() and demo_protocol(args):
+    plain = parse_args(["--benchmark", args.benchmark])   # (--assign all, a --limit, ...: another measure)
+    if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir() and \
+            all(getattr(args, k) == getattr(plain, k) for k in DEMO_PROTOCOL):   # the demo's model, as measured
         acc = out["results"]["pvrbench"]["accuracy"]
         for line in runtime.demo_range_note({"eval Orig.": acc["orig"], "eval Avg.": acc["avg"]}):
             print(line, flush=True)

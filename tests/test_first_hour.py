@@ -189,11 +189,22 @@ def test_the_demo_says_whether_its_figures_fall_inside_the_seeds_prediction_inte
 
 @pytest.mark.parametrize("extra", [[], ["--assign", "all"], ["--limit", "10"], ["--eta", "0.5"], ["--frames", "4"],
                                    ["--subtypes", "fog"]])
-def test_the_evaluation_checks_the_demo_range_only_under_the_settings_it_was_measured_with(tmp_path, extra):
-    """eval_pvrbench.demo_protocol: the evaluation's range lines are for the demo's model evaluated as
+def test_the_evaluation_checks_the_demo_range_only_under_the_settings_it_was_measured_with(tmp_path, monkeypatch,
+                                                                                         capsys, extra):
+    """eval_pvrbench.print_results: the range lines are for the demo's model evaluated as
     benchmarks/demo_spread.py evaluates it; --assign all or a --limit measure something else."""
+    import types
+
     import eval_pvrbench
 
-    args = eval_pvrbench.parse_args(["--model", str(tmp_path / "final"), "--benchmark",
+    monkeypatch.setattr(runtime, "DEMO_RANGE", tmp_path / "demo_range.json")
+    runtime.DEMO_RANGE.write_text(json.dumps({"seeds": [0, 1], "date": "2026-12-06", "ranges": {
+        "eval Avg.": [0.8, 0.9]}, "per_seed": {"0": {"eval Avg.": 0.8}, "1": {"eval Avg.": 0.9}}}))
+    (tmp_path / "run" / "tiny").mkdir(parents=True)   # the demo's model: its tiny/ beside final/
+    args = eval_pvrbench.parse_args(["--model", str(tmp_path / "run" / "final"), "--benchmark",
                                      f"synthetic={tmp_path / 'synthetic'}", *extra])
-    assert eval_pvrbench.demo_protocol(args) is (not extra)
+    out = {"results": {"sources": {}, "pvrbench": {"accuracy": {"orig": 1.0, "avg": 0.85}}}, "timing": {"total_s": 1}}
+    eval_pvrbench.print_results(out, types.SimpleNamespace(paths={"synthetic": "x"}), types.SimpleNamespace(
+        path=str(tmp_path / "run" / "final")), "results.json", "", args)
+    printed = capsys.readouterr().out
+    assert ("eval Avg. 0.850: inside" in printed) is (not extra)
