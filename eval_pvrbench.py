@@ -615,9 +615,9 @@ def print_results(out, bench, target, path, text, args):
         print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
               f"{block['n_samples']} samples, {block['n_errors']} errors")
     print(text + f"results: {path} ({out['timing']['total_s']:.0f} s)", flush=True)
-    plain = parse_args(["--benchmark", args.benchmark])   # (--assign all, a --limit, ...: another measure)
-    if set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir() and \
-            all(getattr(args, k) == getattr(plain, k) for k in DEMO_PROTOCOL):   # the demo's model, as measured
+    demo_model = set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir()
+    plain = parse_args(["--benchmark", args.benchmark]) if demo_model else None   # (--assign all, ...: another measure)
+    if demo_model and all(getattr(args, k) == getattr(plain, k) for k in DEMO_PROTOCOL):
         acc = out["results"]["pvrbench"]["accuracy"]
         for line in runtime.demo_range_note({"eval Orig.": acc["orig"], "eval Avg.": acc["avg"]}):
             print(line, flush=True)
