@@ -238,7 +238,8 @@ def evaluate(url, bench, out, video_format, limit):
            f"synthetic={bench}", "--limit", str(limit), "--judge", "none", "--video-format", video_format,
            "--out", str(out / video_format), "--api-retries", "0"]
     # afresh: the benchmark is a new temporary folder each time, so a kept run (another run hash) is never resumed
-    shutil.rmtree(out / video_format, ignore_errors=True)   # and would only be found beside this one
+    # and would only be found beside this one
+    shutil.rmtree(out / video_format, ignore_errors=True)
     t0 = time.perf_counter()
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     seconds = time.perf_counter() - t0
