@@ -111,12 +111,16 @@ class Config(runs.RunConfig):
     max_new_tokens: int = option(256, "tokens per rollout", "RL")
     rollout_engine: str = option("hf", "rollouts by hf (transformers generate, shared prefix) or vllm (a colocated "
                                  "vLLM engine per rank, synced after every update: requirements-vllm.txt)", "RL")
+    engine_max_gap: float = option(0.05, "--rollout-engine vllm: the largest mean |engine - policy| log-prob gap per "
+                                   "token of a step's rollouts (measured without dropout, at the sampling "
+                                   "temperature); above it on 3 steps in a row the run stops: the engine is not "
+                                   "sampling from the trained policy")
     # curriculum
     tau: float = option(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
                         "curriculum")
     a_min: float = option(0.3, "perturbed accuracy below a_min: difficult (App. D)", "curriculum")
     a_max: float = option(0.85, "perturbed accuracy at least a_max (and answers agree): easy (App. D)", "curriculum")
-    buffer_capacity: int = option(1000, "memory buffer size |M|_max (App. D: 1000)")
+    buffer_capacity: int = option(1000, "memory buffer size |M|_max (App. D: 1000)", "curriculum")
     n_max: int = option(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
                         "curriculum")
     reeval_period: int = option(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
@@ -157,8 +161,10 @@ class Config(runs.RunConfig):
                             "reward') or per_component (format, accuracy, alignment and any other term each normalised "
                             "in its group, then added with its weight: App. H.1's multi-component reading)",
                        choices=grpo.ADVANTAGES)
-    fill_rounds: int = option(4, "--mode rova: draws from the stream after a step's first while its selection is short "
-                              "of batch_size (samples arrive sequentially; 0: a step trains what its one draw selects)")
+    fill_rounds: int = option(0, "--mode rova: more draws from the stream while a step's selection is short of "
+                              "batch_size (this project's addition, not App. G's: each draw costs its rollouts and "
+                              "self-assessment; 0, App. G's step: a step rolls out and assesses batch_size samples "
+                              "and trains the ones it selects)")
     updates_per_generation: int = option(1, "mu: optimiser steps on each step's rollouts (TRL's num_iterations); at 1 "
                                          "the ratio of Eq. 7 is 1 and its clip never binds (as in Video-R1)")
 
