@@ -59,6 +59,11 @@ TOY = dict(demo_families="next_action", sft_jitter=0.15, demo_turn="0.005,0.05",
                "dynamic=0.1,fog=0.35,rain=1,snow=1")
 RL = dict(frames=8, max_pixels=56 * 56, batch_size=4, group_size=8, max_new_tokens=64, reeval_period=10,
           unanswerable_below=0.0, video_cache=4096, save_every=25)
+# Settings whose default changed after v5's recorded runs, pinned to what those runs used, outside `settings` (the
+# summary's settings are what was recorded, and a changed dict would start the reproduction afresh): v5's ROVA steps
+# drew from the stream until batch_size samples were selected (train.py's fill_rounds, 4 when v5 ran; the default
+# is now 0, App. G's step), so every step trained a full batch.
+RL_PINS = {"fill_rounds": 4}
 LRS, STEPS_MAX, SNAPSHOTS, GAIN_TARGET = (3e-5, 1e-4, 3e-4), 150, 50, 0.05
 PILOT_SEEDS, ABLATION_SEEDS, VAL_CLIPS, WINDOW = (100, 101, 102), (0, 1, 2), 160, 20
 QUICK = dict(demo_clips=16, sft_epochs=1.0, steps_max=4, snapshots=2, lrs=(1e-4,), pilot_seeds=(100,),
@@ -153,7 +158,7 @@ class Reproduction:
     def train(self, name, mode, seed, run, settings, model=None):
         cmd = [self.py, "train.py", "--model", str(model or self.start_dir), "--data", str(self.synth / "train.json"),
                "--out", str(run), "--mode", mode, "--seed", str(seed), "--sft-epochs", "0", "--resume", "auto",
-               "--eta", self.args.toy["eta"], *v4.flags(settings)]
+               "--eta", self.args.toy["eta"], *v4.flags(settings | RL_PINS)]
         self.run(f"rl-{name}", cmd, lambda: (run / "summary.json").is_file())
 
     def evaluate(self, name, model, bench, folder):

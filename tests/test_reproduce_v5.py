@@ -2,6 +2,7 @@
 (the same command, a later chunk) runs nothing; a chunk whose minutes are spent starts no stage. The claims'
 arithmetic is checked against hand-made summaries."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,25 @@ def test_the_main_rows_get_the_seeds_the_rest_of_the_budget_affords():
     # left: 7,200 - 1,800 - 4,200 = 1,200 s -> 1 seed
     assert v5.affordable_seeds(timings, args) == 1
     assert v5.affordable_seeds(timings, v5.parse_args(["--hours", "4"])) == 7   # (14,400 - 6,000) // 1,100
+
+
+def test_the_recorded_rl_commands_are_built_again_with_the_fill_up_pinned(tmp_path, monkeypatch):
+    """v5's ROVA steps filled their batch (train.py's fill_rounds 4 then, 0 now): a reproduction builds each recorded
+    train.py command again, with that setting pinned."""
+    import shutil
+    import reproduce_v5 as v5
+    summary = tmp_path / "v5.json"
+    shutil.copy(ROOT / "docs" / "results" / "v5.json", summary)
+    out = tmp_path / "runs" / "reproduce-v5"
+    r = v5.Reproduction(v5.parse_args(["--out", str(out), "--summary", str(summary), "--results",
+                                       str(tmp_path / "RESULTS.md")]))
+    built = []
+    monkeypatch.setattr(r, "run", lambda name, cmd, done: built.append(
+        " ".join(cmd).replace(sys.executable, "python").replace(str(tmp_path) + "/", "")))
+    r.train("rova-s0", "rova", 0, out / "runs" / "rova-s0", r.rl_settings())
+    r.train("rova-no-reeval-s1", "rova", 1, out / "runs" / "rova-no-reeval-s1",
+            r.rl_settings(v5.ABLATIONS["rova-no-reeval"][1]))
+    # (a chunk that ran on another path recorded absolute ones)
+    recorded = [re.sub(r"/\S*?/(runs/reproduce-v5)", r"\1", c) for c in json.loads(summary.read_text())["commands"]]
+    for cmd in built:
+        assert cmd.endswith(" --set fill_rounds=4") and cmd[:-len(" --set fill_rounds=4")] in recorded, cmd
