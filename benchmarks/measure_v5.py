@@ -82,19 +82,33 @@ def drop_pseudo(clips):
     return {c: 1 - (r + (a - r * o) / orig) for c, (o, a) in clips.items()}
 
 
+def counts(rec):
+    """(fresh samples, fresh samples trained, promotions trained) of one RL step record. Table 12's rho_t counts
+    fresh samples only (records.decisions); a record written before it did (no `trained` key: v5's runs) counted
+    the buffer's promotions, all trained, in `samples` and `selected`, and they are taken out here."""
+    promoted = rec.get("promoted_trained", 0) or 0
+    if "trained" in rec:
+        return rec.get("samples", 0), rec.get("selected", 0), promoted
+    return rec.get("samples", 0) - promoted, rec.get("selected", 0) - promoted, promoted
+
+
 def curriculum(recs, window=20):
-    """Table 12's columns per window of `window` steps: easy discarded and hard deferred (shares of the samples
-    assessed), rho (the share trained), and the buffer's mean size over the window's steps (at a re-evaluation step
-    it can be empty, so its size at the window's end says little)."""
+    """Table 12's columns per window of `window` steps: easy discarded and hard deferred (shares of the fresh
+    samples assessed), rho (the share of them trained: promotions from the buffer count in none of the three), and
+    the buffer's mean size over the window's steps (at a re-evaluation step it can be empty, so its size at the
+    window's end says little)."""
     out = []
     for start in range(0, len(recs), window):
         part = recs[start:start + window]
-        n = sum(r.get("samples", 0) for r in part)
+        fresh = [counts(r) for r in part]
+        n = sum(f for f, _, _ in fresh)
 
-        def share(key):
-            return sum(r.get(key, 0) for r in part) / n if n else None
-        out.append({"steps": [part[0]["step"], part[-1]["step"]], "easy_discarded": share("discarded"),
-                    "hard_deferred": share("deferred"), "rho": share("selected"),
+        def share(total):
+            return total / n if n else None
+        out.append({"steps": [part[0]["step"], part[-1]["step"]],
+                    "easy_discarded": share(sum(r.get("discarded", 0) for r in part)),
+                    "hard_deferred": share(sum(r.get("deferred", 0) for r in part)),
+                    "rho": share(sum(t for _, t, _ in fresh)),
                     "buffer": statistics.fmean(r.get("buffer_size", 0) for r in part)})
     return out
 
@@ -110,14 +124,19 @@ def reevaluation(buffer_stats):
 
 
 def training(run, window=20):
-    """What a train.py run's log.jsonl and summary.json say: optimiser updates, steps, samples seen, the curriculum
-    per window, re-evaluation outcomes, the zero-variance share, the trained groups, seconds per step."""
+    """What a train.py run's log.jsonl and summary.json say: optimiser updates, steps, samples seen (rolled out:
+    fresh samples and the buffer's promotions), the trained groups, rho (trained / seen, as v5 recorded it; its
+    rova-random runs discard at that rate), rho_fresh (Table 12's rho_t: the share of the fresh samples trained),
+    the curriculum per window, re-evaluation outcomes, the zero-variance share, seconds per step."""
     recs = rl_records(Path(run))
     summary = json.loads((Path(run) / "summary.json").read_text())
-    groups = sum(r.get("selected", 0) for r in recs)
-    seen = int(sum(r.get("samples", 0) for r in recs))
+    fresh = [counts(r) for r in recs]
+    promoted = int(sum(p for _, _, p in fresh))
+    n_fresh, n_fresh_trained = int(sum(f for f, _, _ in fresh)), int(sum(t for _, t, _ in fresh))
+    groups, seen = n_fresh_trained + promoted, n_fresh + promoted
     return {"updates": int(recs[-1].get("updates", 0)) if recs else 0, "steps": len(recs),
-            "samples_seen": seen, "trained_groups": int(groups), "rho": groups / seen if seen else None,
+            "samples_seen": seen, "trained_groups": groups, "promoted_trained": promoted,
+            "rho": groups / seen if seen else None, "rho_fresh": n_fresh_trained / n_fresh if n_fresh else None,
             "curriculum": curriculum(recs, window), "reeval": reevaluation(summary.get("buffer")),
             "zero_variance_share": (sum(r.get("flat_groups", 0) for r in recs) / groups) if groups else None,
             "sec_step": statistics.fmean(r["sec_step"] for r in recs) if recs else None,

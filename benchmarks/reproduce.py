@@ -587,10 +587,11 @@ def first_last(recs, key):
 
 
 def trained_completions(run, recs=None):
-    """The completions a run's GRPO updates were computed on: selected samples x G, summed over its steps
-    (`recs`: its RL records, if already read)."""
+    """The completions a run's GRPO updates were computed on: trained samples x G, summed over its steps
+    (`recs`: its RL records, if already read). `trained`: the fresh samples selected and the buffer's promotions;
+    a record without it (v4's) counted both in `selected`."""
     g = json.loads((run / "summary.json").read_text())["config"]["group_size"]
-    return sum(r.get("selected", 0) for r in (rl_records(run) if recs is None else recs)) * g
+    return sum(r.get("trained", r.get("selected", 0)) for r in (rl_records(run) if recs is None else recs)) * g
 
 
 def training_record(run):

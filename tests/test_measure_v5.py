@@ -42,3 +42,30 @@ def test_curriculum_windows_and_reevaluation_by_hand():
     assert w[1] == {"steps": [3, 4], "easy_discarded": 0.1, "hard_deferred": 0.1, "rho": 0.8, "buffer": 2}
     out = m.reevaluation({"reevaluations": 10, "promoted": 2, "evicted_easy": 3, "evicted_n_max": 1})
     assert out == {"promoted": 2, "evicted_easy": 3, "evicted_nmax": 1, "kept": 4, "reevaluations": 10}
+
+
+def test_rho_counts_fresh_samples_in_both_record_formats():
+    # one step: 5 fresh samples (1 discarded, 1 deferred, 3 trained) and 2 promotions from the buffer, trained
+    new = {"step": 1, "samples": 5, "selected": 3, "trained": 5, "promoted_trained": 2, "discarded": 1, "deferred": 1,
+           "buffer_size": 4}
+    # the same step as v5's runs logged it: the promotions among the samples and the selected, no `trained`
+    old = {"step": 1, "samples": 7, "selected": 5, "promoted_trained": 2, "discarded": 1, "deferred": 1,
+           "buffer_size": 4}
+    for rec in (new, old):
+        assert m.counts(rec) == (5, 3, 2)
+        assert m.curriculum([rec], window=1)[0] == {"steps": [1, 1], "easy_discarded": 0.2, "hard_deferred": 0.2,
+                                                    "rho": 0.6, "buffer": 4}   # (old reading: 5 / 7 = 0.714)
+
+
+def test_training_reads_rho_both_ways(tmp_path):
+    recs = [{"stage": "rl", "step": 1, "samples": 4, "selected": 2, "trained": 2, "promoted_trained": 0, "updates": 1,
+             "sec_step": 1.0, "flat_groups": 0},
+            {"stage": "rl", "step": 2, "samples": 2, "selected": 1, "trained": 3, "promoted_trained": 2, "updates": 2,
+             "sec_step": 3.0, "flat_groups": 1}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (tmp_path / "summary.json").write_text(json.dumps({"buffer": {"reevaluations": 2, "promoted": 2}}))
+    t = m.training(tmp_path, window=2)
+    # seen: 6 fresh + 2 promotions; trained 3 fresh + 2; rho (v5's reading) 5 / 8, rho_fresh 3 / 6
+    assert (t["samples_seen"], t["trained_groups"], t["promoted_trained"]) == (8, 5, 2)
+    assert t["rho"] == 5 / 8 and t["rho_fresh"] == 0.5 and t["curriculum"][0]["rho"] == 0.5
+    assert t["zero_variance_share"] == 1 / 5 and t["sec_step"] == 2.0 and t["updates"] == 2

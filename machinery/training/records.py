@@ -13,13 +13,21 @@ def flat(lists):
 def decisions(items, selected, categories, category_of):
     """The curriculum's counts of a step, overall and per corruption category (Table 12's rates by category:
     `cat_<category>_<samples | trained | deferred | discarded>`), and the trained groups whose rewards are all
-    equal (`flat_groups`: zero advantage, no gradient but the KL's)."""
-    out = {"discarded": sum(it.decision == "discard" for it in items), "promoted_trained": sum(it.promoted for it in
-           selected), "deferred": sum(it.decision == "defer" for it in items),
-           "flat_groups": sum(bool(it.rewards) and max(it.rewards) - min(it.rewards) < 1e-9 for it in selected)}
+    equal (`flat_groups`: zero advantage, no gradient but the KL's).
+
+    Table 12's rho_t is the share of a step's fresh samples that survive filtering (App. G, Eq. 13), so `samples`,
+    `selected`, `discarded`, `deferred` and the per-category counts count fresh samples only (those drawn from the
+    stream and self-assessed); the buffer's promotions (Alg. 2 l.17: trained without a new assessment) are counted
+    apart, as `promoted_trained`. `trained` is every group the step trained: selected + promoted_trained."""
+    fresh = [it for it in items if not it.promoted]
     trained = {id(it) for it in selected}
+    out = {"discarded": sum(it.decision == "discard" for it in fresh),
+           "deferred": sum(it.decision == "defer" for it in fresh),
+           "selected": sum(id(it) in trained for it in fresh), "trained": len(selected),
+           "promoted_trained": sum(it.promoted for it in selected),
+           "flat_groups": sum(bool(it.rewards) and max(it.rewards) - min(it.rewards) < 1e-9 for it in selected)}
     for cat in categories:  # every key on every rank (runtime.reduce_record sums them in order)
-        mine = [it for it in items if category_of.get(it.spec.subtype) == cat]
+        mine = [it for it in fresh if category_of.get(it.spec.subtype) == cat]
         out |= {f"cat_{cat}_samples": len(mine), f"cat_{cat}_trained": sum(id(it) in trained for it in mine),
                 f"cat_{cat}_deferred": sum(it.decision == "defer" for it in mine),
                 f"cat_{cat}_discarded": sum(it.decision == "discard" for it in mine)}
@@ -41,11 +49,13 @@ def values(items, selected, on_corrupted):
 
 def step_record(items, selected, loss_stats, n_rows, per_rollout, *, buffer_size, seconds, weights, categories,
                 category_of, missing=0, promoted=0, evicted=0):
-    """This rank's record of one step: counts, the curriculum's decisions, the sums of `per_rollout` values
-    ({key: list}), the loss statistics' means over the `n_rows` trained completions, each phase's `seconds`, and
-    the reward `weights` (w_format, w_acc, w_alignment); the rollout engine's sync check from the loss statistics
-    (the largest over ranks is logged as engine_logprob_gap; -1: none)."""
-    s = defaultdict(float, samples=len(items), selected=len(selected), judge_missing=missing, promoted=promoted,
+    """This rank's record of one step: counts (`samples`: the fresh ones; `promoted`, `evicted`: the buffer's
+    re-evaluation at this step), the curriculum's decisions (`decisions`), the sums of `per_rollout` values ({key:
+    list}), the loss statistics' means over the `n_rows` trained completions, each phase's `seconds`, and the reward
+    `weights` (w_format, w_acc, w_alignment); the rollout engine's sync check from the loss statistics (the largest
+    over ranks is logged as engine_logprob_gap; -1: none). runtime.reduce_record's rho = selected / samples is
+    Table 12's rho_t: fresh samples only."""
+    s = defaultdict(float, samples=sum(not it.promoted for it in items), judge_missing=missing, promoted=promoted,
                     evicted=evicted, buffer_size=buffer_size,
                     engine_logprob_gap_max=loss_stats.get("engine_logprob_gap", -1.0),
                     **decisions(items, selected, categories, category_of))
