@@ -267,7 +267,8 @@ class RL:
     """One rank's RL stage (Alg. 2): its cursor, buffer, promotion queue and the step's phases (an extension's own)."""
 
     def __init__(self, cfg, actor: Actor, ref_model, judge, optim, stream: Stream):
-        """Alg. 2's inputs (ref_model: the KL's reference, None with LoRA or no KL; judge: None when not asked)."""
+        """Alg. 2's inputs (ref_model: the KL's reference, None with LoRA, whose reference is an adapter of the policy
+        itself, or with no KL; judge: None when not asked)."""
         self.cfg, self.judge, self.optim = cfg, judge, optim
         self.model, self.processor, self.observer, self.device, train_model = actor
         self.rank, self.shard, self.by_id, self.clips = stream

@@ -131,7 +131,7 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
                    seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
     """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
     validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
-    `lora_r`, peft adapters and the adapters off), Eq. 7's loss (grpo.grpo_loss), backward, gradient clipping and
+    `lora_r`, peft adapters and a frozen reference adapter), Eq. 7's loss (grpo.grpo_loss), backward, gradient clipping and
     an AdamW step, as learner.py's.
     `dtype` of the weights (float32 or bfloat16: AdamW's states follow), `gradient_checkpointing` as load_policy sets
     it. Measured at the second update (AdamW's states exist: the steady state the plan describes). Returns bytes:
@@ -147,10 +147,12 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
     if gradient_checkpointing:  # as policy.load_policy (transformers >= 5.2x calls it activation checkpointing)
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ref = policy.frozen_copy(model) if (reference and not lora_r) else None
-    if lora_r:  # as policy.load_policy: adapters on the LM's projections; the reference is the adapters off
+    if lora_r:  # as policy.load_policy: adapters on the LM's projections; the reference a frozen second adapter
         from peft import LoraConfig, get_peft_model
-        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.05,
-                                                 target_modules=policy.LM_LORA_TARGETS, task_type="CAUSAL_LM"))
+        lora = dict(r=lora_r, lora_alpha=2 * lora_r, target_modules=policy.LM_LORA_TARGETS, task_type="CAUSAL_LM")
+        model = get_peft_model(model, LoraConfig(lora_dropout=0.05, **lora))
+        if reference:   # (as policy.add_reference_adapter after SFT)
+            model.add_adapter(policy.REFERENCE_ADAPTER, LoraConfig(lora_dropout=0.0, inference_mode=True, **lora))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     inputs, ids, mask = _validation_batch(config, rows, text_tokens, frames, side, new_tokens, seed)
     adv = torch.randn(rows, generator=torch.Generator().manual_seed(seed))

@@ -82,7 +82,8 @@ class Optim:
 class Learner:
     """The policy in the RL update: `model` (FSDP2-sharded or plain) generates; forward and backward go through
     `train_model` (the DDP wrapper, else the model); `ref_model` is the frozen reference of the KL (None: with
-    LoRA, the adapters off; with beta 0 none is needed). `stand_in()`: a one-row prompt for a rank that trains
+    LoRA, the policy's own frozen reference adapter, or its adapters off before any SFT; with beta 0 none is
+    needed: policy.reference_logprobs). `stand_in()`: a one-row prompt for a rank that trains
     nothing this step."""
 
     def __init__(self, model, processor, device, micro_batch_size, temperature=1.0, beta=0.0, train_model=None,

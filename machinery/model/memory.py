@@ -13,7 +13,8 @@ Modes (how the policy is trained; every figure is per GPU):
   ddp    full fine-tuning replicated, no FSDP (train.py before FSDP2): bf16 weights, grads and AdamW states on
          every GPU, the reference a bf16 frozen copy.
   lora   one GPU: bf16 base frozen, LoRA adapters (fp32 weights, grads, AdamW) on the LM's q/k/v/o/gate/up/down;
-         the reference is the same model with the adapters off (no copy).
+         the reference is the same model with a second, frozen adapter: the adapters as RL starts (fp32; none
+         when RL starts from untrained adapters, where the adapters off are exact).
   qlora  lora on NF4 base weights (double quantisation); peft's prepare_model_for_kbit_training (policy.load_policy)
          upcasts everything else to fp32, so the residual stream, the KV cache and the logits are fp32 too.
   single one process, fp32 everything, gradient checkpointing off, no CUDA overheads: the CPU case that
@@ -304,7 +305,9 @@ def _state(s: Shape, mode: str, n: int, st: Settings) -> _State:
         base = 2 * P
     else:  # qlora: NF4 decoder linears, everything else upcast to fp32 by prepare_model_for_kbit_training
         base = NF4_BYTES * s.lm_linear_params + 4 * (P - s.lm_linear_params)
-    return _State(base + 4 * A, 4 * A, 8 * A, 0, base + 4 * A, 0, 2 if mode == "lora" else 4, False)
+    ref_adapter = 4 * A if st.reference else 0   # the KL's reference: a frozen fp32 copy of the adapters after SFT
+    return _State(base + 4 * A, 4 * A, 8 * A, ref_adapter, base + 4 * A + ref_adapter, 0, 2 if mode == "lora" else 4,
+                  False)
 
 
 def _generation(s: Shape, w: _State, st: Settings, mode: str) -> dict:
@@ -477,12 +480,11 @@ def _lines(s: Shape, st: Settings, gen: dict, upd: dict, p: dict) -> list:
     state = [(f"weights ({dtype[mode]})", p["weights"]), ("gradients", p["grads"]),
              ("AdamW exp_avg + exp_avg_sq", p["optimizer"])]
     if p["reference"]:
-        state.append(("reference model (bf16 shards)" if mode == "fsdp" else "reference model (a frozen copy)",
-                      p["reference"]))
+        kind = {"fsdp": "reference model (bf16 shards)", "lora": "reference adapter (a frozen fp32 copy of the "
+                "adapters as RL starts)"}
+        state.append((kind.get("lora" if mode == "qlora" else mode, "reference model (a frozen copy)"), p["reference"]))
     if p["reference_root"]:
         state.append(("reference root, left unsharded by FSDP2 after its no-grad forward", p["reference_root"]))
-    if mode in ("lora", "qlora") and st.reference:
-        state.append(("reference model (the adapters off: no copy)", 0.0))
     state.append(("CUDA context, cuBLAS / NCCL workspaces", p["overhead"]))
     seq = gen["prompt"] + st.max_new_tokens
     vit = f", {upd['patches']} ViT patches" if s.v_depth else ""

@@ -39,6 +39,7 @@ prompts of a text policy are chat messages whose content is a string (no video).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -178,8 +179,9 @@ def save(model, processor, folder, state_dict=None, dtype=None):
     gathered full state dict), cast to `dtype` when given (bf16: the size of the released checkpoints)."""
     if state_dict is not None and dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
-    with runtime.no_hf_progress_bars():
-        model.save_pretrained(folder, safe_serialization=True, state_dict=state_dict)
+    adapters = {"selected_adapters": [model.active_adapter]} if hasattr(model, "peft_config") else {}
+    with runtime.no_hf_progress_bars():   # (LoRA: the trained adapter only, not the KL's reference)
+        model.save_pretrained(folder, safe_serialization=True, state_dict=state_dict, **adapters)
     if not hasattr(model, "peft_config"):
         processor.save_pretrained(folder)
     if dtype is not None and not hasattr(model, "peft_config"):  # the config says what the files hold
@@ -684,12 +686,77 @@ def target_ids(processor, target_texts):
 def reference_logprobs(model, inputs, completion_ids, completion_mask, ref_model=None, temperature=1.0):
     """log pi_ref of the completion tokens (as :func:`token_logprobs`), without gradient.
 
-    ``ref_model`` when given (see :func:`frozen_copy`); otherwise, for a peft (LoRA) model, the same model
-    with its adapters disabled, which is exactly the frozen base model.
+    ``ref_model`` when given (see :func:`frozen_copy`); otherwise, for a peft (LoRA) model, the same model with
+    its frozen ``reference`` adapter in place of the trained one when it has one (the adapters as RL started:
+    :func:`add_reference_adapter`), else with its adapters disabled (the base model: exact while the adapters
+    are untrained, as before any SFT).
     """
     if ref_model is not None:
         return token_logprobs(ref_model, inputs, completion_ids, completion_mask, temperature)
     if not hasattr(model, "disable_adapter"):  # peft.PeftModel's context manager
         raise ValueError("reference_logprobs needs ref_model= unless the model is a peft (LoRA) model")
-    with model.disable_adapter():
+    with as_reference(model):
         return token_logprobs(model, inputs, completion_ids, completion_mask, temperature)
+
+
+# ----------------------------------------------------------------------------- LoRA's reference adapter
+REFERENCE_ADAPTER = "reference"   # LoRA: the frozen copy of the adapters as RL starts (Eq. 7's pi_ref)
+
+
+def adapters_untrained(model) -> bool:
+    """True when every LoRA B matrix of the trained adapter is still zero (peft's initialisation): the adapters
+    add nothing, and the model with them off is the model itself."""
+    name = model.active_adapter
+    return all(not p.any() for n, p in model.named_parameters() if f"lora_B.{name}." in n)
+
+
+def save_reference_adapter(model, folder):
+    """The trained adapter as it is now, as a peft adapter folder (safetensors), without dropout: the reference
+    of Eq. 7's KL that add_reference_adapter loads."""
+    from peft import LoraConfig
+
+    model.save_pretrained(folder, safe_serialization=True, selected_adapters=[model.active_adapter])
+    config = LoraConfig.from_pretrained(str(folder))
+    config.lora_dropout, config.inference_mode = 0.0, True   # (a frozen reference: no dropout noise in pi_ref)
+    config.save_pretrained(str(folder))
+
+
+def add_reference_adapter(model, folder):
+    """LoRA's pi_ref when SFT trained the adapters (Eq. 7): the adapter saved in `folder` (save_reference_adapter)
+    added beside the trained one as REFERENCE_ADAPTER, every weight of it frozen; the trained adapter stays the
+    active one. (Adapters-off would be the model before SFT, and the KL would pull RL back toward it.)"""
+    from peft import LoraConfig, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    model.add_adapter(REFERENCE_ADAPTER, LoraConfig.from_pretrained(str(folder)))
+    weights = load_file(str(Path(folder) / "adapter_model.safetensors"), device=str(model_device(model)))
+    result = set_peft_model_state_dict(model, weights, adapter_name=REFERENCE_ADAPTER)
+    if result.unexpected_keys:
+        raise RuntimeError(f"{folder}: adapter weights that fit no layer: {result.unexpected_keys[:3]}")
+    for n, p in model.named_parameters():
+        if f".{REFERENCE_ADAPTER}." in n:
+            p.requires_grad_(False)
+
+
+@contextlib.contextmanager
+def as_reference(model):
+    """A peft (LoRA) model as Eq. 7's pi_ref within the block: its frozen REFERENCE_ADAPTER in place of the trained
+    one when it has one, else its adapters off (untrained adapters: the policy itself)."""
+    if REFERENCE_ADAPTER in model.peft_config:
+        with active_adapter(model, REFERENCE_ADAPTER):
+            yield model
+    else:
+        with model.disable_adapter():
+            yield model
+
+
+@contextlib.contextmanager
+def active_adapter(model, name):
+    """The peft model with adapter `name` alone active, then the adapter active before again (peft's set_adapter
+    also sets which adapter requires grad: the trained one is trainable again on the way out)."""
+    trained = model.active_adapter
+    model.set_adapter(name, inference_mode=True)
+    try:
+        yield model
+    finally:
+        model.set_adapter(trained)

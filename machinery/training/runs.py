@@ -342,12 +342,15 @@ class Run:
 
 
 def reference_model(run):
-    """The frozen reference of Eq. 7's KL: the policy as RL starts (with LoRA: the adapters off, None here; with
-    --beta 0 none is loaded). Saved once (a resumed run loads it back); under FSDP2 sharded like the policy, in
-    the compute dtype (forward only)."""
-    if run.cfg.beta <= 0 or run.cfg.lora_r > 0:
+    """The frozen reference of Eq. 7's KL: the policy as RL starts (with --beta 0 none is loaded). Saved once in
+    OUT/reference (a resumed run loads it back); under FSDP2 sharded like the policy, in the compute dtype (forward
+    only). With LoRA, None: the reference lives in the policy itself (lora_reference)."""
+    if run.cfg.beta <= 0:
         return None
     ref_dir = run.out / "reference"
+    if run.cfg.lora_r > 0:
+        lora_reference(run, ref_dir)
+        return None
     if not (ref_dir / "config.json").is_file():
         run.save_model(ref_dir)
     runtime.barrier()
@@ -356,6 +359,21 @@ def reference_model(run):
     if run.sharding == "fsdp":
         parallel.shard(ref, run.device)
     return policy.frozen_copy(ref, deep=False)
+
+
+def lora_reference(run, ref_dir):
+    """LoRA's reference as RL starts: the adapters SFT trained, copied into a frozen second adapter of the policy
+    (policy.add_reference_adapter; saved once in `ref_dir`, so a resumed run adds it back before its checkpoint
+    fills it). Adapters still untrained (no SFT): none, the adapters off are the policy itself (exact and free)."""
+    model, saved = parallel.unwrap(run.model), (ref_dir / "adapter_config.json").is_file()
+    runtime.barrier()   # (every rank has looked before rank 0 writes)
+    if not saved:
+        if policy.adapters_untrained(model):   # (the same weights on every rank: the same answer)
+            return
+        if run.rank == 0:
+            policy.save_reference_adapter(model, ref_dir)
+        runtime.barrier()
+    policy.add_reference_adapter(model, ref_dir)
 
 
 def setup(cfg: RunSettings, *, observer, text_policy=False, policy_flag="", demo=Demo(), read_kwargs=None):
