@@ -22,9 +22,12 @@
     easy        -> evicted                                        (l.18-19)
     difficult   -> kept with k + 1; evicted once k > N_max        (l.18-19, Eq. 6)
 
-   App. D: N_max = 3 over at most |M|_max = 1000 entries, every 50 steps (its K_max = 537 conflicts: `n_max`
-   is a parameter). A full buffer (the paper is silent) evicts the entry with the most re-evaluations (the
-   oldest among equals) to make room, and is then due. The state is JSON, for checkpoints.
+   App. D gives N_max = 3 replay attempts over at most |M|_max = 1000 entries, re-evaluated every 50
+   steps; it also writes K_max = 537, which conflicts with it: `n_max` is a parameter.
+   Adding to a full buffer (the paper is silent): the entry with the most re-evaluations (the oldest
+   among equals) is evicted to make room (counted as evicted for "capacity"), so new difficult samples
+   are never refused and no entry is kept past its chances; `due()` is then true, so the next check
+   re-evaluates the whole buffer. The buffer's state is JSON, for checkpoints.
 """
 from __future__ import annotations
 

@@ -284,13 +284,27 @@ class Group:
     items: list   # [(sample, [conditions])]
 
 
+def round_robin(samples, subtypes, by_answer=False) -> list:
+    """One subtype per question (eval_pvrbench's --assign cycle, or balanced with `by_answer`): round-robin within
+    each task from an offset hashed from the task's name, over the task's questions in their order, or in order of
+    their answers (stable), so that every subtype also gets an equal share (+-1) of each answer."""
+    by_task, out = defaultdict(list), [None] * len(samples)
+    for k, s in enumerate(samples):
+        by_task[s.task].append(k)
+    for task, ks in by_task.items():
+        off = int(hashlib.sha256(task.encode()).hexdigest(), 16)
+        for rank, k in enumerate(sorted(ks, key=lambda k: str(samples[k].answer)) if by_answer else ks):
+            out[k] = subtypes[(rank + off) % len(subtypes)]
+    return out
+
+
 def make_plan(sources, subtypes, assign, eta, depth=None):
     """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs, each with its
     source's scene kind, SCENES, in an occlusion spec's params; `depth`:
     the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy)."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
-        one = evaluation.round_robin(samples, subtypes, assign == "balanced") if assign != "all" and subtypes else None
+        one = round_robin(samples, subtypes, assign == "balanced") if assign != "all" and subtypes else None
         for k, s in enumerate(samples):
             conds = ["clean", *subtypes] if one is None else ["clean", one[k]]
             vid = data.video_identity(s)
@@ -588,7 +602,7 @@ def evaluate(args, target, bench, models=MODELS, reports=None, read_kwargs=None,
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
     run_files.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
-    print_results(out, bench, target, model_dir / (ts + "_results.json"), table + legend, args)
+    print_results(out, model_dir / (ts + "_results.json"), table + legend)
     return out
 
 
@@ -604,23 +618,13 @@ def export(args, settings, bench, groups, manifest, read_kwargs):
     return None
 
 
-DEMO_PROTOCOL = ("subtypes", "protocol", "assign", "limit", "eta", "frames", "max_pixels", "style", "scoring")
-
-
-def print_results(out, bench, target, path, text, args):
-    """Each source's clean and perturbed scores, the table (`text`), where the results went, and on the demo's model
-    evaluated as demo_spread.py does (DEMO_PROTOCOL at its defaults) its range's lines (runtime.demo_range_note)."""
+def print_results(out, path, text):
+    """Each source's clean and perturbed scores, the table (`text`) and where the results went."""
     for src, block in out["results"]["sources"].items():
         acc = block["accuracy"]
         print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
               f"{block['n_samples']} samples, {block['n_errors']} errors")
     print(text + f"results: {path} ({out['timing']['total_s']:.0f} s)", flush=True)
-    demo_model = set(bench.paths) == {"synthetic"} and (Path(target.path).parent / "tiny").is_dir()
-    plain = parse_args(["--benchmark", args.benchmark]) if demo_model else None   # (--assign all, ...: another measure)
-    if demo_model and all(getattr(args, k) == getattr(plain, k) for k in DEMO_PROTOCOL):
-        acc = out["results"]["pvrbench"]["accuracy"]
-        for line in runtime.demo_range_note({"eval Orig.": acc["orig"], "eval Avg.": acc["avg"]}):
-            print(line, flush=True)
 
 
 def results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports, ts):

@@ -460,7 +460,8 @@ class RL:
         weights = {"format": w_f, "accuracy": w_a, "alignment": 1.0, "other": 1.0}
         return grpo.component_advantages(comps, weights).view(-1)
 
-    def extra_terms(self, it):   # R_j's terms beyond Alg. 1's three, as added (T-GRPO's bonus; a subclass's own)
+    def extra_terms(self, it):
+        """R_j's terms beyond Alg. 1's three, each as added to it (T-GRPO's bonus; a subclass adds its own)."""
         return [it.comp["temporal"]] if self.cfg.temporal_grpo else []
 
     def stand_in(self):

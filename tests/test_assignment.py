@@ -1,5 +1,5 @@
 """PVRBench's static protocol: which subtypes a question is asked under (eval_pvrbench.make_plan, --assign;
-evaluation.round_robin)."""
+eval_pvrbench.round_robin)."""
 import hashlib
 
 import numpy as np
@@ -8,7 +8,6 @@ import pytest
 import eval_pvrbench as ev
 import perturb
 from machinery.datasets import data
-from machinery.eval import evaluation
 
 
 def test_subtype_parsing_and_cycle_assignment():
@@ -45,7 +44,7 @@ def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer()
                for i, a in enumerate(answers)]
     spread = {}
     for assign in ("balanced", "cycle"):
-        one = evaluation.round_robin(samples, list(perturb.SUBTYPES), assign == "balanced")
+        one = ev.round_robin(samples, list(perturb.SUBTYPES), assign == "balanced")
         conds = dict(zip((s.id for s in samples), one))
         counts = {(sub, a): sum(conds[s.id] == sub and s.answer == a for s in samples)
                   for sub in perturb.SUBTYPES for a in "ABC"}
@@ -55,7 +54,7 @@ def test_balanced_assignment_gives_every_subtype_an_equal_share_of_each_answer()
         assert max(per_subtype) - min(per_subtype) <= 1 and sum(per_subtype) == 240
     assert max(spread["balanced"].values()) <= 1 and max(spread["cycle"].values()) >= 4, spread
     off = int(hashlib.sha256(b"route").hexdigest(), 16)   # cycle: the k-th question's subtype is (k + off) mod 12
-    assert evaluation.round_robin(samples, list(perturb.SUBTYPES)) == [
+    assert ev.round_robin(samples, list(perturb.SUBTYPES)) == [
         perturb.SUBTYPES[(k + off) % 12] for k in range(240)]
 
 
@@ -66,5 +65,5 @@ def test_round_robin_by_answer_by_hand():
                            task="t", source="synthetic") for i, a in enumerate("ABCABCAAB")]
     off = int(hashlib.sha256(b"t").hexdigest(), 16) % 3
     subs = [["x", "y", "z"][(i + 3 - off) % 3] for i in range(3)]   # so that rank 0 lands on "x"
-    assert evaluation.round_robin(samples, subs, by_answer=True) == ["x", "y", "y", "y", "z", "z", "z", "x", "x"]
-    assert evaluation.round_robin(samples, subs) == ["x", "y", "z"] * 3
+    assert ev.round_robin(samples, subs, by_answer=True) == ["x", "y", "y", "y", "z", "z", "z", "x", "x"]
+    assert ev.round_robin(samples, subs) == ["x", "y", "z"] * 3

@@ -56,20 +56,6 @@ class EvalSettings:
     benchmark: str            # --benchmark as given (the lmms-eval task's export.json)
 
 
-def round_robin(samples, subtypes, by_answer=False) -> list:
-    """One subtype per question (eval_pvrbench's --assign cycle, or balanced with `by_answer`): round-robin within
-    each task from an offset hashed from the task's name, over the task's questions in their order, or in order of
-    their answers (stable), so that every subtype also gets an equal share (+-1) of each answer."""
-    by_task, out = defaultdict(list), [None] * len(samples)
-    for k, s in enumerate(samples):
-        by_task[s.task].append(k)
-    for task, ks in by_task.items():
-        off = int(hashlib.sha256(task.encode()).hexdigest(), 16)
-        for rank, k in enumerate(sorted(ks, key=lambda k: str(samples[k].answer)) if by_answer else ks):
-            out[k] = subtypes[(rank + off) % len(subtypes)]
-    return out
-
-
 def read_for_model(group, settings: EvalSettings, read_kwargs, with_indices=False):
     """A question group's clip as the model is shown it: (frames, fps[, the frame indices read]) or a VideoError;
     fps: qwen-vl-utils' sample fps, or --fps. read_kwargs: an extension's video.read_frames arguments (a frame

@@ -28,17 +28,6 @@ class LearnerSettings(Protocol):
     max_pixels: int           # ... and pixels per frame
 
 
-def freeze_vision_encoder(model):
-    """Keeps the vision encoder's patch embedding and blocks as loaded; its merger (the projector into the language
-    model) and the language model still train: Qwen2.5-VL's own fine-tuning recipe without tune_mm_vision. A model
-    without a vision tower is refused."""
-    if policy.is_text_model(model):
-        raise runtime.UserError("freeze_vision: the model has no vision encoder")
-    for name, p in model.named_parameters():
-        if "visual." in name and ".merger." not in name:
-            p.requires_grad_(False)
-
-
 @dataclass
 class Optim:
     """AdamW over the trainable parameters (fp32: FSDP2's sharded master weights, or LoRA's adapters; fused on

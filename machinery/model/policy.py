@@ -173,6 +173,17 @@ def load_checkpoint(name_or_path, weights=None, *, lora_r=0, load_in_4bit=False,
     return model, processor
 
 
+def freeze_vision_encoder(model):
+    """Keeps the vision encoder's patch embedding and blocks as loaded; its merger (the projector into the language
+    model) and the language model still train: Qwen2.5-VL's own fine-tuning recipe without tune_mm_vision. A model
+    without a vision tower is refused."""
+    if is_text_model(model):
+        raise runtime.UserError("freeze_vision: the model has no vision encoder")
+    for name, p in model.named_parameters():
+        if "visual." in name and ".merger." not in name:
+            p.requires_grad_(False)
+
+
 def save(model, processor, folder, state_dict=None, dtype=None):
     """safetensors: the full model with its processor, or only the LoRA adapter; transformers' own bars
     off (no "Writing model shards" bar inside a training bar). `state_dict`: the weights to write (FSDP2's
