@@ -7,8 +7,7 @@ For each seed: ``python train.py --out OUT/seed<K> --seed K`` (the tiny model an
 by seed 0's run, and copied: every seed starts from the same weights on the same questions), then
 ``python eval_pvrbench.py`` on its final weights and its benchmark. A seed whose run and evaluation are done is
 skipped, so the command resumes. Prints each figure per seed and its range (max - min, in points); ``--write`` puts
-the ranges and each seed's figures into docs/results/demo_range.json, from which the demo and the evaluation of the
-demo's model check their own figures against the seeds' 95% prediction interval (runtime.demo_range_note).
+the ranges and each seed's figures into docs/results/demo_range.json (the README's ranges).
 """
 from __future__ import annotations
 
@@ -26,6 +25,15 @@ sys.path.insert(0, str(ROOT))
 
 from machinery import runtime  # noqa: E402
 
+DEMO_RANGE = ROOT / "docs" / "results" / "demo_range.json"
+DEMO_STAGES = (("after SFT", "after_sft"), ("after RL", "after"))
+
+
+def demo_figures(summary):
+    """The demo's printed figures by name ("after RL, clean", ...) from its summary.json."""
+    return {f"{name}, {k}": summary[key][k] for name, key in DEMO_STAGES if summary.get(key)
+            for k in ("clean", "perturbed")}
+
 
 def same_config(summary, run, seed, train_args):
     """Whether a finished seed was trained as the demo trains now: its summary's config against train.py's."""
@@ -36,7 +44,7 @@ def same_config(summary, run, seed, train_args):
 
 
 def run_seed(out, seed, train_args=()):
-    """{figure: value} of one seed: the demo's table (runtime.demo_figures) and the evaluation's Orig. and Avg."""
+    """{figure: value} of one seed: the demo's table (demo_figures) and the evaluation's Orig. and Avg."""
     run, evaluated = out / f"seed{seed}", out / f"eval{seed}"
     if (run / "summary.json").is_file():
         if not same_config(json.loads((run / "summary.json").read_text()), run, seed, train_args):
@@ -55,19 +63,17 @@ def run_seed(out, seed, train_args=()):
     summary = json.loads((run / "summary.json").read_text())
     results = sorted(evaluated.glob("*/*_results.json"))[-1]
     accuracy = json.loads(results.read_text())["results"]["pvrbench"]["accuracy"]
-    return runtime.demo_figures(summary) | {"eval Orig.": accuracy["orig"], "eval Avg.": accuracy["avg"]}
+    return demo_figures(summary) | {"eval Orig.": accuracy["orig"], "eval Avg.": accuracy["avg"]}
 
 
 def report(per_seed):
-    """{figure: [min, max]} over the seeds, each printed with its range in points and the 95% prediction interval
-    that another machine's figure is checked against (runtime.prediction_interval)."""
+    """{figure: [min, max]} over the seeds, each printed with its range in points."""
     ranges = {}
     for name in next(iter(per_seed.values())):
         values = [figures[name] for figures in per_seed.values()]
         ranges[name] = [min(values), max(values)]
-        lo, hi = runtime.prediction_interval(values)
         print(f"{name}: {min(values):.3f}-{max(values):.3f} over {len(values)} seeds, range "
-              f"{100 * (max(values) - min(values)):.1f} points (95% prediction interval {lo:.3f}-{hi:.3f})")
+              f"{100 * (max(values) - min(values)):.1f} points")
     return ranges
 
 
@@ -94,8 +100,8 @@ def main(argv=None):
         record = {"about": "the CPU demo's figures over seeds (benchmarks/demo_spread.py)", "seeds": seeds,
                   "ranges": ranges, "per_seed": {str(s): v for s, v in per_seed.items()},
                   "date": time.strftime("%Y-%m-%d"), "git_commit": runtime.versions().get("git_commit")}
-        runtime.DEMO_RANGE.write_text(json.dumps(record, indent=1) + "\n")
-        print(f"wrote {runtime.DEMO_RANGE.relative_to(ROOT)}")   # no machine path in the recorded figure
+        DEMO_RANGE.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {DEMO_RANGE.relative_to(ROOT)}")   # no machine path in the recorded figure
 
 
 if __name__ == "__main__":

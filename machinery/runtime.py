@@ -19,11 +19,9 @@ import errno
 import hashlib
 import json
 import logging
-import math
 import os
 import random
 import shutil
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -599,50 +597,6 @@ class StepLog:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix({k: round(rec[k], 3) for k in self.postfix[rec["stage"]] if rec.get(k) is not None})
-
-
-DEMO_RANGE = Path(__file__).resolve().parents[1] / "docs" / "results" / "demo_range.json"
-
-
-DEMO_STAGES = (("after SFT", "after_sft"), ("after RL", "after"))
-
-
-def demo_figures(summary):
-    """The demo's printed figures by name ("after RL, clean", ...) from its summary.json: what the demo compares
-    with the measured range, and what benchmarks/demo_spread.py measures."""
-    return {f"{name}, {k}": summary[key][k] for name, key in DEMO_STAGES if summary.get(key)
-            for k in ("clean", "perturbed")}
-
-
-def prediction_interval(values, level=0.95):
-    """Where one more draw should fall with probability `level` (were the draws normal): mean +- t(n - 1) sd
-    sqrt(1 + 1/n), clipped to [0, 1] (the figures are accuracies). Five seeds span a new one's figure only 4 times
-    in 6; this is the band another machine's demo is checked against."""
-    from scipy import stats
-
-    if len(values) < 2:   # (one seed: no spread to go by)
-        return min(values), max(values)
-    n, mean, sd = len(values), statistics.fmean(values), statistics.stdev(values)
-    half = float(stats.t.ppf((1 + level) / 2, n - 1)) * sd * math.sqrt(1 + 1 / n)
-    return max(0.0, mean - half), min(1.0, mean + half)
-
-
-def demo_range_note(figures):
-    """Lines saying whether each of the demo's `figures` ({name: value}) falls inside the 95% prediction interval
-    of the seeds that benchmarks/demo_spread.py measured (DEMO_RANGE); none when nothing was measured."""
-    if not DEMO_RANGE.is_file():
-        return []
-    measured = json.loads(DEMO_RANGE.read_text())
-    lines = []
-    for name, value in figures.items():
-        if value is not None and name in measured["ranges"]:
-            lo, hi = prediction_interval([seed[name] for seed in measured["per_seed"].values()])
-            where = "inside" if lo <= value <= hi else "OUTSIDE"
-            low, high = measured["ranges"][name]
-            lines.append(f"  {name} {value:.3f}: {where} {lo:.3f}-{hi:.3f}, the 95% prediction interval of "
-                         f"{len(measured['seeds'])} seeds (they spanned {low:.3f}-{high:.3f}; {measured['date']}, "
-                         f"docs/results/demo_range.json)")
-    return lines
 
 
 def leave(code: int = 0):
