@@ -61,3 +61,33 @@ def test_p_value_and_verdicts():
     assert powered.verdict(0.001, 0.003, significant=False) == "does not hold"     # MDE 0.0084: powered null
     assert powered.verdict(0.001, 0.004, significant=False) == "inconclusive"      # MDE 0.0112
     assert powered.verdict(0.02, 0.005, significant=True, informative=False) == "uninformative"
+
+
+def test_t_based_p_and_mde_with_three_seeds_by_hand():
+    """Three seeds, one value each (a run's cost): 1, 2, 3. Mean 2, sd 1, SE 1 / sqrt(3), t = 2 sqrt(3) = 3.464 at
+    G - 1 = 2 degrees of freedom. Student's t with 2 df has the closed form F(t) = 1/2 + t / (2 sqrt(2 + t^2)), so
+    the two-sided p = 1 - t / sqrt(2 + t^2) = 1 - sqrt(12 / 14) = 0.07418: not significant at 5%, where the normal
+    approximation's p = erfc(3.464 / sqrt(2)) = 0.00053 is."""
+    m = [[1.0], [2.0], [3.0]]
+    mean, se = powered.two_way_se(m)
+    assert (mean, se) == (2.0, pytest.approx(1 / math.sqrt(3)))
+    assert powered.degrees_of_freedom(m) == 2
+    assert powered.p_value_t(mean, se, 2) == pytest.approx(1 - math.sqrt(6 / 7), rel=1e-9)   # 0.07418
+    assert powered.p_value(mean, se) == pytest.approx(0.000532, abs=1e-6)
+    # the MDE: t_{0.975, 2} from F(t) = 0.975: t^2 = 0.9025 (2 + t^2), t = sqrt(1.805 / 0.0975) = 4.3027; t_{0.8, 2}:
+    # t^2 = 0.36 (2 + t^2), t = sqrt(1.125) = 1.0607: 5.3633 SE against the normal's 2.8016 SE
+    assert powered.mde_t(1.0, 2) == pytest.approx(math.sqrt(1.805 / 0.0975) + math.sqrt(1.125), rel=1e-9)
+    # the same verdict rule: with t the claim is not significant, and the MDE 5.3633 / sqrt(3) = 3.10 is above a
+    # target of 1: inconclusive; the normal approximation calls it significant: holds
+    assert powered.verdict(mean, se, significant=powered.p_value_t(mean, se, 2) < 0.05, target=1.0, df=2) == \
+        "inconclusive"
+    assert powered.verdict(mean, se, significant=powered.p_value(mean, se) < 0.05, target=1.0) == "holds"
+    # a target the t-based MDE reaches: not significant, yet detectable -> does not hold
+    assert powered.verdict(0.1, se, significant=False, target=3.2, df=2) == "does not hold"
+
+
+def test_degrees_of_freedom_are_the_smaller_cluster_count_less_one():
+    assert powered.degrees_of_freedom([[0.0] * 120] * 6) == 5     # 6 seeds x 120 clips: G = 6
+    assert powered.degrees_of_freedom([[0.0, 1.0]] * 3) == 1      # 3 seeds x 2 clips: G = 2
+    assert powered.degrees_of_freedom([[0.0]] * 6) == 5           # a cost per seed: not clustered by clip
+    assert powered.p_value_t(1.0, 0.1, 0) == 1.0 and powered.mde_t(1.0, 0) is None   # one seed: nothing to test
