@@ -361,18 +361,33 @@ def test_promotions_leave_the_fresh_draws_and_their_specs_aligned_across_modes(a
     assert len(draws["rova"]) < len(draws["dual"]) and draws["rova"] == draws["dual"][:len(draws["rova"])]
 
 
+def test_a_rova_step_is_app_g_s_by_default(assets, tmp_path, monkeypatch):
+    """App. G's step (fill_rounds 0, the default): a ROVA step rolls out and assesses batch_size fresh samples and
+    trains the ones it selects, however few; rho is the share of them selected."""
+    assert train.Config().fill_rounds == 0
+    decisions = iter(["discard", "train", "train", "defer", "train", "discard"])
+    monkeypatch.setattr(train.RL, "assess", lambda self, c, *a, **k: SimpleNamespace(decision=next(decisions),
+                                                                                   difficulty="informative"))
+    out = tmp_path / "app_g"
+    train.main(args(assets, out, "--mode", "rova", "--rl-steps", "3", "--lr", "1e-3"), assess="accuracy")
+    recs = records(out)
+    assert [r["samples"] for r in recs] == [2, 2, 2] and [r["selected"] for r in recs] == [1, 1, 1]
+    assert [r["rho"] for r in recs] == [0.5, 0.5, 0.5] and [r["updates"] for r in recs] == [1, 2, 3]
+
+
 def test_a_rova_step_draws_until_its_batch_is_selected_and_the_schedule_counts_updates(assets, tmp_path,
                                                                                       monkeypatch):
-    """Samples arrive sequentially: a ROVA step whose selection is short of batch_size draws more from the stream
-    (fill_rounds), so every step trains a full batch and makes an update; the cosine schedule advances only with an
-    update (a step that trains nothing anywhere leaves it where it was)."""
+    """fill_rounds > 0 (this project's addition): a ROVA step whose selection is short of batch_size draws more
+    from the stream, so every step trains a full batch and makes an update; the cosine schedule advances only with
+    an update (a step that trains nothing anywhere leaves it where it was)."""
     decisions = iter(["discard", "train", "train", "defer", "train"] * 20)
 
     def assess(self, c, *a, **k):
         return SimpleNamespace(decision=next(decisions), difficulty="informative")
     monkeypatch.setattr(train.RL, "assess", assess)
     out = tmp_path / "fill"
-    train.main(args(assets, out, "--mode", "rova", "--rl-steps", "3", "--lr", "1e-3"), assess="accuracy")
+    train.main(args(assets, out, "--mode", "rova", "--rl-steps", "3", "--lr", "1e-3"), assess="accuracy",
+               fill_rounds=4)
     recs = records(out)
     assert [r["selected"] for r in recs] == [2, 2, 2] and [r["updates"] for r in recs] == [1, 2, 3]
     # the draws: [discard train] [train] | [defer train] [discard] [train] | [train defer] [train]
