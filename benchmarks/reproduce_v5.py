@@ -6,6 +6,7 @@ written into the summary). Everything measured goes to docs/results/v5.json, rew
     python benchmarks/reproduce_v5.py --chunk-minutes 90    # one chunk; the same command continues
     python benchmarks/reproduce_v5.py --quick --out /tmp/r5 --summary /tmp/r5/v5.json   # the pipeline in minutes
     python benchmarks/reproduce_v5.py --render       # docs/RESULTS.md's section again from the summary alone
+    python benchmarks/reproduce_v5.py --claims       # the claims again from the summary's data, then --render
 
 Stages, in order; each is skipped when the summary already records it, so a chunk on a fresh machine (the
 working folder gone) continues where the last one stopped. The start's weights are saved beside the summary
@@ -88,6 +89,8 @@ def parse_args(argv=None):
     a("--quick", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     a("--render", action="store_true", help="run nothing: the results page's section again from --summary")
     a("--print", action="store_true", help="with --render: print the section instead of writing --results")
+    a("--claims", action="store_true", help="run nothing: the claims (reproduce_v5_report.claims) again from the "
+      "summary's data, written into --summary, then --render")
     args = ap.parse_args(argv)
     args.command = " ".join(["python benchmarks/reproduce_v5.py", *(argv if argv is not None else sys.argv[1:])])
     q = QUICK if args.quick else {}
@@ -310,6 +313,12 @@ def affordable_seeds(timings, args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.claims:
+        s = json.loads(Path(args.summary).read_text())
+        s["claims"] = report.claims(s)
+        s["power"] = report.power(s)
+        v4.write_json(args.summary, s)
+        args.render = True
     if args.render:
         text = report.render(json.loads(Path(args.summary).read_text()))
         if args.print:

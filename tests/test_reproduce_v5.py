@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import reproduce_v5_report as report  # noqa: E402
@@ -103,3 +105,44 @@ def test_the_recorded_rl_commands_are_built_again_with_the_fill_up_pinned(tmp_pa
     recorded = [re.sub(r"/\S*?/(runs/reproduce-v5)", r"\1", c) for c in json.loads(summary.read_text())["commands"]]
     for cmd in built:
         assert cmd.endswith(" --set fill_rounds=4") and cmd[:-len(" --set fill_rounds=4")] in recorded, cmd
+
+
+def test_v5s_claims_keep_the_pre_registered_figures_beside_students_t():
+    """The claims again from docs/results/v5.json's data: the committed rule's p, MDE and verdict as recorded, and
+    Student's t at G - 1 df beside them (what the summary holds)."""
+    s = json.loads((ROOT / "docs" / "results" / "v5.json").read_text())
+    again = report.claims(s)
+    for recorded, new in zip(s["claims"], again):
+        assert recorded == new   # the summary holds the t columns too, and nothing pre-registered moved
+    robust = next(c for c in again if c["claim"].startswith("robust training"))
+    # t = 0.04751 / 0.01769 = 2.686 at 5 df: p 0.0435; Holm ranks it 5th of 10: 6 x 0.0435 = 0.261
+    assert robust["p_holm"] == pytest.approx(0.0362, abs=1e-4) and robust["verdict"] == "holds"
+    assert robust["p_holm_t"] == pytest.approx(0.261, abs=1e-3) and robust["verdict_t"] == "inconclusive"
+    table2 = next(c for c in again if c["claim"].startswith("Table 2"))
+    assert table2["p_holm_t"] == pytest.approx(0.0487, abs=1e-4) and table2["verdict_t"] == "holds"   # 7 x 0.00695
+    fig4c = next(c for c in again if c["claim"].startswith("Fig. 4c"))
+    assert fig4c["df"] == 2 and (fig4c["verdict"], fig4c["verdict_t"]) == ("does not hold", "inconclusive")
+    primary = next(c for c in again if c["primary"])
+    assert primary["mde"] == pytest.approx(0.0185, abs=1e-4) and primary["mde_t"] == pytest.approx(0.0230, abs=1e-4)
+    cost = next(c for c in again if c["claim"] in report.RELABELLED)
+    assert cost["verdict"] == "does not hold" and cost["relabel"].startswith("uninformative")
+
+
+def test_table13_from_app_g_is_decided_when_measured():
+    s = json.loads((ROOT / "docs" / "results" / "v5.json").read_text())
+    s.pop("cost_app_g", None)
+    page = report.render(s)
+    assert "uninformative: the fill-up trains a full batch" in page and report.APP_G_COMMAND in page
+    assert "extra self-assessment rollouts" not in page and "1.84x" in page   # 1,102 samples rolled out vs 600
+    modes = ("grpo", "dual", "rova")
+    comp = {m: {"rollout": 1.0, "self_assessment": 0.1, "alignment_reward": 0.5, "backward": 1.0} for m in modes}
+    cost = {"rova_over_dual": 0.9, "rova_over_grpo": 1.5, "rho": 0.5, "trained_share": 0.55, "predicted_ratio": 0.8,
+            "components": comp, "sec_per_step": {m: 2.6 for m in modes}, "samples_per_step": {m: 4 for m in modes},
+            "trained_per_step": {m: 4 for m in modes}, "repeats": 2, "steps": 10, "warmup": 2, "fill_rounds": 0,
+            "spread": {}, "command": "python benchmarks/bench_step.py --v5", "date": "2026-12-08", "commit": "abc",
+            "per_repeat": [{"rova_over_dual": 0.95}, {"rova_over_dual": 0.85}]}
+    assert "Table 13 (a ROVA step cheaper than a dual step): **holds**" in report.render(dict(s, cost_app_g=cost))
+    cost["per_repeat"][0]["rova_over_dual"] = 1.02
+    assert report.app_g_verdict(cost) == "mixed"
+    cost["per_repeat"] = [{"rova_over_dual": 1.1}, {"rova_over_dual": 1.2}]
+    assert report.app_g_verdict(cost) == "does not hold"
