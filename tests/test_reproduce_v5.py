@@ -30,7 +30,7 @@ def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
     assert set(s["runs"]) == {"rova-s0", "dual-s0", "rova-random-s0"}
     for name, run in s["runs"].items():
         for key in ("row", "seed", "orig", "avg", "updates", "steps", "samples_seen", "curriculum", "reeval",
-                    "zero_variance_share"):
+                    "zero_variance_share", "rho", "rho_fresh", "promoted_trained"):
             assert key in run, (name, key)
         assert set(run["reeval"]) >= {"promoted", "evicted_easy", "evicted_nmax", "kept"}
         assert run["curriculum"] and set(run["curriculum"][0]) == {"steps", "easy_discarded", "hard_deferred", "rho",
