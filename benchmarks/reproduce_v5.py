@@ -276,7 +276,8 @@ class Reproduction:
                 if name in self.summary["runs"]:
                     continue
                 mode, extra = (row, {}) if row in MAIN else ABLATIONS[row]
-                if extra.get("assess") == "random":
+                if extra.get("assess") == "random":   # (v5's rho: trained / rolled out, promotions included, as
+                    # recorded; Table 12's rho over fresh samples, rho_fresh, is lower when the buffer promotes)
                     extra = dict(extra, random_keep=round(self.summary["runs"][f"rova-s{seed}"]["rho"], 4))
                 run = self.out / "runs" / name
                 self.train(name, mode, seed, run, self.rl_settings(extra))

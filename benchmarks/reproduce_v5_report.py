@@ -140,7 +140,7 @@ def claims(summary):
 
 
 def power(summary):
-    """{"seeds", "planned_mde" (the pilot's), "mde" (the primary claim's, once measured)}."""
+    """{"seeds", "planned_mde" (the pilot's), "mde" and "mde_t" (the primary claim's, once measured)}."""
     p = dict(summary.get("power") or {})
     primary = next((c for c in summary.get("claims", []) if c.get("primary")), None)
     if p:
