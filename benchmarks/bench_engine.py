@@ -112,7 +112,7 @@ def main(argv=None):
     messages = [[{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": QUESTION}]}]] * len(views)
     inputs = policy.make_inputs(processor, messages, views)
     cfg = SimpleNamespace(model=folder, rollout_engine="vllm", seed=0, vllm_gpu_memory_utilization=0.3,
-                          vllm_max_model_len=0)
+                          vllm_max_model_len=0, engine_max_gap=0.05)
     eng = engine.make(cfg, model, processor, torch.device("cpu"), rank=0)
     sampling = dict(max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0)
     runs = {

@@ -70,6 +70,10 @@ def check(ap, cfg):
             ap.error(f"--reward-weights: {e}")
     if cfg.frame_sampler not in ("uniform", "keyframes"):
         ap.error(f"--frame-sampler must be uniform or keyframes, got {cfg.frame_sampler!r}")
+    if cfg.policy == "text" and cfg.rollout_engine != "hf":   # (--policy vlm: train.py's rollouts, on the engine)
+        ap.error(f"--rollout-engine {cfg.rollout_engine}: --policy text prompts the LM with the perceiver's text, "
+                 "which the rollout engine is never given (it takes chat prompts with a video); use --rollout-engine "
+                 "hf, or --policy vlm")
     if cfg.policy == "text" and not cfg.model and cfg.out == train.Config.out:
         cfg.out = TEXT_DEMO_OUT  # the text demo keeps the VLM demo's runs/rova (eval_pvrbench.py's default) apart
     runtime.check_hf_flags({"--perceiver": cfg.perceiver})

@@ -52,6 +52,9 @@ def check(ap, cfg):
         ap.error("Robust-TO's agent trains with --mode grpo or grpo-aug")
     if cfg.synthesis_tokens < 0:
         ap.error(f"--synthesis-tokens must be >= 0 (0: --max-new-tokens), got {cfg.synthesis_tokens}")
+    if cfg.rollout_engine != "hf":   # (AgentRL generates through orchestrate.Agent, and its update never syncs one)
+        ap.error(f"--rollout-engine {cfg.rollout_engine}: Robust-TO's agent samples its decompositions and syntheses "
+                 "with transformers (orchestrate.Agent), never on a rollout engine; use --rollout-engine hf")
 
 
 def agent_sft_step(cfg, model, processor, batch, clips, observer=None, step=1, agent=None):

@@ -67,3 +67,17 @@ def test_the_text_demo_reuses_the_vlm_demos_benchmark(tmp_path, monkeypatch):
     runs.prepare_demo(text, 0, er.demo(text))
     assert made == [Path("runs/rova/synthetic")] and text.out == er.TEXT_DEMO_OUT and text.perceiver == "cv"
     assert text.data == vlm.data == str(Path("runs/rova/synthetic") / "train.json")
+
+
+def test_the_text_policy_refuses_a_rollout_engine_in_one_line_before_any_work(tmp_path):
+    """--policy text (the default) prompts the LM with the perceiver's text, which the engine never gets: refused
+    by the flag check (one line, exit 2, nothing written); --policy vlm rolls out as train.py does, on the engine."""
+    import subprocess
+    import sys
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "extensions.embodied_r.train", "--out", str(out), "--rollout-engine",
+                           "vllm"], cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "error: --rollout-engine vllm: --policy text" in lines[-1], done.stderr
+    assert not out.exists()
+    assert er.parse_args(["--policy", "vlm", "--rollout-engine", "vllm", "--out", str(out)]).rollout_engine == "vllm"
