@@ -112,9 +112,10 @@ class Config(runs.RunConfig):
     rollout_engine: str = option("hf", "rollouts by hf (transformers generate, shared prefix) or vllm (a colocated "
                                  "vLLM engine per rank, synced after every update: requirements-vllm.txt)", "RL")
     engine_max_gap: float = option(0.05, "--rollout-engine vllm: the largest mean |engine - policy| log-prob gap per "
-                                   "token of a step's rollouts (measured without dropout, at the sampling "
-                                   "temperature); above it on 3 steps in a row the run stops: the engine is not "
-                                   "sampling from the trained policy")
+                                   "trained token (the policy's from a forward without dropout, both at temperature "
+                                   "1: vLLM's raw log-probs, whatever the sampling temperature); above it on 3 steps "
+                                   "in a row the run stops: the engine is not sampling from the trained policy (0: "
+                                   "never stops)")
     # curriculum
     tau: float = option(0.8, "confidence threshold: easy samples with c > tau are discarded (Sec. 3.2, App. D)",
                         "curriculum")

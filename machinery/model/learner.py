@@ -15,7 +15,7 @@ import torch
 
 from machinery import runtime
 from machinery.datasets import data
-from machinery.model import engine, parallel, policy
+from machinery.model import parallel, policy
 
 
 @runtime_checkable
@@ -81,7 +81,6 @@ class Learner:
         self.micro_batch_size, self.temperature, self.beta = micro_batch_size, temperature, beta
         self.train_model, self.ref_model, self.stand_in = train_model or model, ref_model, stand_in
         self.engine = None   # --rollout-engine vllm: the rank's engine (engine.py; train.run_rl builds it)
-        self.engine_gap = -1.0   # the largest |engine - policy| sampled-token log-prob of the update's rows
 
     @torch.no_grad()
     def rollout(self, inputs, n, max_new_tokens, top_p, messages, views):
@@ -137,10 +136,11 @@ class Learner:
             old, ref = kept[part.start] if reuse else (None, None)
             logp, old, ref = self.logprobs(policy._to(x, policy.model_device(base)), ids, mask, old, ref)
             term, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device), denominator, parallel.world())
-            if part is not None and not reuse and rollout.engine_logprobs is not None and self.temperature == 1:
-                gap = engine.logprob_gap(logp, rollout.engine_logprobs[rows[part]], mask)   # (the sync check)
-                self.engine_gap = max(self.engine_gap, gap)
             (term if part is not None else term * 0.0).backward()   # (a stand-in adds nothing)
+            if self.engine is not None:   # the sync check (every micro-batch: FSDP2's extra forwards pair up)
+                fresh = part is not None and not reuse and rollout.engine_logprobs is not None
+                self.engine.measure(self.train_model, x, ids, mask, logp,
+                                    rollout.engine_logprobs[rows[part]] if fresh else None, self.temperature)
             if kept is not None and part is not None and not reuse:
                 kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
             if part is not None:
@@ -170,9 +170,10 @@ class Learner:
                 for key, v in stats.items():
                     sums[key] += v * len(rows) / n_rows / mu
             optim.step(total > 0)
+        gap = -1.0
         if self.engine is not None:
+            gap = self.engine.guard.close_step(self.device)   # (stops the run when the engine is not the policy)
             self.engine.sync(self.model)   # the next rollouts sample from the updated policy, never a stale one
-        gap, self.engine_gap = self.engine_gap, -1.0
         return {**sums, "engine_logprob_gap": gap}, n_rows
 
 
