@@ -329,6 +329,13 @@ def _table13(s):
     out += ["| step | " + " | ".join(f"{cost['sec_per_step'][m]:.3f}" for m in modes) + " |",
             "| samples rolled out per step | " + " | ".join(f"{cost['samples_per_step'][m]:.2f}" for m in modes) + " |",
             "| samples trained per step | " + " | ".join(f"{cost['trained_per_step'][m]:.2f}" for m in modes) + " |"]
+    rova_step, comp = cost["sec_per_step"]["rova"], cost["components"]["rova"]
+    saved = (comp["alignment_reward"] + comp["backward"]) / rova_step
+    out += ["", f"The paper's ratio is 403 / 428 = 0.94 (Table 13). The saving is on the alignment reward and the "
+                f"backward of the (1 - rho) samples not selected; the rollouts of all N are paid either way. Here "
+                f"the rollouts are {100 * comp['rollout'] / rova_step:.0f}% of ROVA's step and the alignment reward "
+                f"and backward {100 * saved:.0f}% (Table 14: 70.8% and 21.1%), so the same rho saves more on this "
+                f"CPU toy than on the paper's GPUs."]
     return out + [""]
 
 
@@ -388,6 +395,11 @@ def _claims_table(s):
         rows.append(f"| {'**primary** ' if c['primary'] else ''}{c['claim']} | {_f(c['difference'], sign=True)} ± "
                     f"{_f(c['se'])} | {c['seeds']} ({c['df'] if c.get('df') is not None else '–'}) | "
                     f"{_f(c['mde'])} / {_f(c.get('mde_t'))} | {p} | {pt} | {_verdict(c, '')} | {_verdict(c, '_t')} |")
+    if cost := s.get("cost_app_g"):   # the decided Table 13 row: App. G's step, timed apart (no seeds, no p)
+        ratios = [r["rova_over_dual"] for r in cost["per_repeat"]]
+        rows.append(f"| Table 13 at App. G's step (fill_rounds {cost['fill_rounds']}; bench_step, rova / dual per "
+                    f"repeat) | {cost['rova_over_dual']:.3f} ({min(ratios):.3f}-{max(ratios):.3f}) | "
+                    f"{cost['repeats']} repeats | – | – | – | {app_g_verdict(cost)} | {app_g_verdict(cost)} |")
     return rows + [""] + _changed(s) + [""]
 
 
