@@ -10,8 +10,8 @@ G agent rollouts per video (sampled decompositions, the tools, a sampled synthes
 confidence-cost reward (rewards.py) plus w_F times the format reward of the synthesis; Eq. 8's group
 advantages; Eq. 7's loss on the decomposition and the synthesis tokens of every rollout (one advantage
 per rollout for both). The sub-query budget comes from the frozen reference (the policy as RL starts;
-with LoRA its adapters off; with neither, beta 0 and no LoRA, the policy when the sample is first met),
-asked once per sample and kept. The SFT warm-up teaches the agent's two outputs (`agent_sft_step`).
+with LoRA its frozen copy of the adapters, or the adapters off before any SFT; with neither, beta 0 and
+no LoRA, the policy when the sample is first met), asked once per sample and kept. The SFT warm-up teaches the agent's two outputs (`agent_sft_step`).
 Every flag of train.py applies too.
 """
 from __future__ import annotations
@@ -134,7 +134,7 @@ class AgentRL(train.RL):
             return
         args = ([it.sample for it in todo], [it.pert for it in todo])
         if self.learner.ref_model is None and hasattr(self.model, "disable_adapter"):
-            with self.model.disable_adapter():
+            with policy.as_reference(self.model):   # (LoRA: the adapters as RL started)
                 counts = self.agent.expected_subqueries(*args)
         else:
             counts = self.agent.expected_subqueries(*args, model=self.learner.ref_model)

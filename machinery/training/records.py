@@ -52,8 +52,9 @@ def step_record(items, selected, loss_stats, n_rows, per_rollout, *, buffer_size
     """This rank's record of one step: counts (`samples`: the fresh ones; `promoted`, `evicted`: the buffer's
     re-evaluation at this step), the curriculum's decisions (`decisions`), the sums of `per_rollout` values ({key:
     list}), the loss statistics' means over the `n_rows` trained completions, each phase's `seconds`, and the reward
-    `weights` (w_format, w_acc, w_alignment); the rollout engine's sync check from the loss statistics (the largest
-    over ranks is logged as engine_logprob_gap; -1: none). runtime.reduce_record's rho = selected / samples is
+    `weights` (w_format, w_acc, w_alignment); the rollout engine's sync check from the loss statistics (the mean
+    |engine - policy| log-prob per trained token over every rank's completions, the same on each rank, logged as
+    engine_logprob_gap; -1: none). runtime.reduce_record's rho = selected / samples is
     Table 12's rho_t: fresh samples only."""
     s = defaultdict(float, samples=sum(not it.promoted for it in items), judge_missing=missing, promoted=promoted,
                     evicted=evicted, buffer_size=buffer_size,
