@@ -131,8 +131,8 @@ def measure_update(config=None, rows=4, text_tokens=120, frames=4, side=112, new
                    seed=0, dtype="float32", gradient_checkpointing=False, lora_r=0) -> dict:
     """Peak live tensor bytes of one GRPO update of a random model built from `config` (default
     validation_config()) in one CPU process: policy.token_logprobs, the reference's log-probs (a frozen copy; with
-    `lora_r`, peft adapters and a frozen reference adapter), Eq. 7's loss (grpo.grpo_loss), backward, gradient clipping and
-    an AdamW step, as learner.py's.
+    `lora_r`, peft adapters and a frozen reference adapter), Eq. 7's loss (grpo.grpo_loss), backward, gradient
+    clipping and an AdamW step, as learner.py's.
     `dtype` of the weights (float32 or bfloat16: AdamW's states follow), `gradient_checkpointing` as load_policy sets
     it. Measured at the second update (AdamW's states exist: the steady state the plan describes). Returns bytes:
     "peak", "base" (weights, states, reference and inputs at the start)."""

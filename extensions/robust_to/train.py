@@ -11,8 +11,8 @@ confidence-cost reward (rewards.py) plus w_F times the format reward of the synt
 advantages; Eq. 7's loss on the decomposition and the synthesis tokens of every rollout (one advantage
 per rollout for both). The sub-query budget comes from the frozen reference (the policy as RL starts;
 with LoRA its frozen copy of the adapters, or the adapters off before any SFT; with neither, beta 0 and
-no LoRA, the policy when the sample is first met), asked once per sample and kept. The SFT warm-up teaches the agent's two outputs (`agent_sft_step`).
-Every flag of train.py applies too.
+no LoRA, the policy when the sample is first met), asked once per sample and kept. The SFT warm-up
+teaches the agent's two outputs (`agent_sft_step`). Every flag of train.py applies too.
 """
 from __future__ import annotations
 

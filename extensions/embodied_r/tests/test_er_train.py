@@ -76,7 +76,8 @@ def test_the_text_policy_refuses_a_rollout_engine_in_one_line_before_any_work(tm
     import sys
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "extensions.embodied_r.train", "--out", str(out), "--rollout-engine",
-                           "vllm"], cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=300)
+                           "vllm"], cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True,
+                          timeout=300)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and "error: --rollout-engine vllm: --policy text" in lines[-1], done.stderr
     assert not out.exists()
