@@ -30,7 +30,7 @@ def test_rho_counts_the_fresh_samples_and_promotions_apart():
     items, selected = step()
     out = records.decisions(items, selected, CATS, CAT_OF)
     # fresh: a, b, c, d -> selected a, d (2 of 4), discarded b, deferred c; the promotion e trained apart
-    assert (out["selected"], out["discarded"], out["deferred"]) == (2, 1, 1)
+    assert (out["samples"], out["selected"], out["discarded"], out["deferred"]) == (4, 2, 1, 1)
     assert (out["promoted_trained"], out["trained"], out["flat_groups"]) == (1, 3, 1)   # flat: d's rewards equal
     # per category, fresh only: lighting a (trained), c (deferred); weather b (discarded), d (trained)
     assert [out[f"cat_lighting_{k}"] for k in ("samples", "trained", "deferred", "discarded")] == [2, 1, 1, 0]

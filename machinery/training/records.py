@@ -21,7 +21,7 @@ def decisions(items, selected, categories, category_of):
     apart, as `promoted_trained`. `trained` is every group the step trained: selected + promoted_trained."""
     fresh = [it for it in items if not it.promoted]
     trained = {id(it) for it in selected}
-    out = {"discarded": sum(it.decision == "discard" for it in fresh),
+    out = {"samples": len(fresh), "discarded": sum(it.decision == "discard" for it in fresh),
            "deferred": sum(it.decision == "defer" for it in fresh),
            "selected": sum(id(it) in trained for it in fresh), "trained": len(selected),
            "promoted_trained": sum(it.promoted for it in selected),
@@ -56,7 +56,7 @@ def step_record(items, selected, loss_stats, n_rows, per_rollout, *, buffer_size
     |engine - policy| log-prob per trained token over every rank's completions, the same on each rank, logged as
     engine_logprob_gap; -1: none). runtime.reduce_record's rho = selected / samples is
     Table 12's rho_t: fresh samples only."""
-    s = defaultdict(float, samples=sum(not it.promoted for it in items), judge_missing=missing, promoted=promoted,
+    s = defaultdict(float, judge_missing=missing, promoted=promoted,
                     evicted=evicted, buffer_size=buffer_size,
                     engine_logprob_gap_max=loss_stats.get("engine_logprob_gap", -1.0),
                     **decisions(items, selected, categories, category_of))
