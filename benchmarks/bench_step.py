@@ -35,7 +35,6 @@ against the summary's hash).
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -308,11 +307,6 @@ def report(out):
     return "\n".join(lines)
 
 
-def git_commit():
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return out.stdout.strip() or None
-
-
 def cost_app_g(out, args):
     """v5.json's `cost_app_g`: Table 13 as App. G defines it (fill_rounds 0), with the command that measured it."""
     m = out["modes"]
@@ -328,7 +322,7 @@ def cost_app_g(out, args):
             "per_repeat": [{k: r[k] for k in ("seed", "rova_over_dual", "rova_over_grpo", "predicted_ratio")}
                            | {"rho": r["modes"]["rova"]["rho"]} for r in out["repeats"]],
             "command": " ".join(["python benchmarks/bench_step.py", *args.argv]),
-            "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "cpus": os.cpu_count()}
+            "date": time.strftime("%Y-%m-%d"), "commit": runtime.versions()["git_commit"], "cpus": os.cpu_count()}
 
 
 def write_cost(path, entry):
