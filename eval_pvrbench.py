@@ -67,7 +67,8 @@ SOURCES = ("vsibench", "urbanvideo", "synthetic")
 SCENES = {"vsibench": "indoor", "urbanvideo": "aerial", "synthetic": "street"}
 DEFAULT_SYNTH = "runs/rova/synthetic"   # the train demo's folder
 SYNTH_DEFAULTS = dict(frames=synthetic.DEMO_BENCHMARK["num_frames"], max_pixels=synthetic.DEMO_BENCHMARK["size"] ** 2,
-                      max_new_tokens=64, fps=2.0, batch_size=32)  # train.py's DEMO
+                      max_new_tokens=64, fps=2.0, batch_size=32,
+                      eta=perturb.eta_arg(synthetic.DEMO_ETA))  # train.py's DEMO
 DEMO_CHECKPOINT = "runs/rova/final"
 CATEGORY_COLUMNS = (("lighting", "Lig."), ("occlusion", "Occ."), ("camera", "Sha."), ("weather", "Wea."))
 QUALITY = judges.QUALITY_KEYS           # fragility, consistency, belief, recovery, attention
@@ -417,8 +418,9 @@ def parser():
       "question (round-robin within each task); balanced: the same in order of the answers (each subtype also an "
       "equal share of each answer); all: clean + every subtype")
     g("--limit", type=int, default=0, help="questions per source (the first N; 0 = all)")
-    g("--eta", type=perturb.eta_arg, default=perturb.DEFAULT_ETA, help="perturbation intensity: a number (App. "
-      "D: 0.7), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes')")
+    g("--eta", type=perturb.eta_arg, default=None, help="perturbation intensity: a number (App. D: 0.7, the "
+      "default), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes'); the synthetic "
+      "benchmark's default: its own per subtype (synthetic.DEMO_ETA, the demo's)")
     g("--export", default="", help="write the clean and corrupted videos (lossless mp4) and the manifest to DIR, then "
       "exit (with --depth-model also each clip's depth, <video id>/depth.npy)")
     g("--export-lmms-eval", default="", metavar="DIR", help="--export DIR, and DIR made an lmms-eval task folder: "
@@ -483,7 +485,7 @@ def parse_args(argv=None, ap=None):
     for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
         if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
             setattr(args, key, value)
-    for key, value in dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8,
+    for key, value in dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8, eta=perturb.DEFAULT_ETA,
                            max_new_tokens=256 if args.style == "reason" else 16).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

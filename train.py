@@ -43,7 +43,7 @@ import grpo
 import judge as judges
 import perturb
 from machinery.datasets import answers, data, synthetic
-from machinery.model import engine, learner, policy
+from machinery.model import engine, learner, parallel, policy
 from machinery.training import checkpoints, records, runs, warmup
 from machinery.training.clips import Observer, jitter
 
@@ -383,9 +383,7 @@ class RL:
 
     def confidences(self, views, samples):
         """c of Eq. 3 for each perturbed video: the policy's P(YES) on the answerability prompt."""
-        messages = curriculum.answerability_messages([data.question_text(s) for s in samples])
-        inputs = self.observer.inputs(self.processor, messages, views)
-        return curriculum.answerability(self.model, inputs, policy.tokenizer_of(self.processor))
+        return confidences(self.model, self.processor, self.observer, samples, views)
 
     def select(self, items, step):
         """Eq. 3, Alg. 2 l.6-10 (--mode rova): self-assess each new sample; a confident easy one is
@@ -557,16 +555,44 @@ class RL:
 
 # ----------------------------------------------------------------------------- the before/after check
 
-def accuracy_check(run, name=None):
-    """The demo's before/after check (runs.greedy_accuracy) on the first eval_limit held-out questions under Sec. 4's
-    static protocol: the k-th question gets the k-th of the 12 subtypes in turn, one corruption per (video, subtype)."""
-    def clips():
+def accuracy_check(run, name=None, batch_size=16):
+    """The demo's before/after check on the first eval_limit held-out questions under Sec. 4's static protocol, one
+    corruption per (video, subtype): eval_assign cycle gives the k-th question the k-th of the 12 subtypes, all gives
+    every question every subtype. Greedy accuracy clean and corrupted (runs.greedy_scores), and how much the
+    self-assessment knows there: the AUROC of c (Eq. 3, the policy's P(YES) on each corrupted clip) for the greedy
+    answer on it being right. Run by rank 0 (under FSDP2 the others wait with the weights gathered); written to
+    OUT/`name` if given."""
+    with parallel.gathered(run.model):
+        if not run.eval_samples or run.rank != 0:
+            return None
+        clean, corrupted = [], []
         for k, s in enumerate(run.eval_samples[:run.cfg.eval_limit]):
             if (frames := run.clips.checked(s)) is not None:
-                subtype = perturb.SUBTYPES[k % len(perturb.SUBTYPES)]
-                yield s, frames, perturbed(run.clips, s, frames, perturb.static_spec(data.video_identity(s), subtype,
-                                                                                     eta=run.cfg.eta))
-    return runs.greedy_accuracy(run, clips(), name)
+                clean.append((s, frames))
+                subtypes = perturb.SUBTYPES if run.cfg.eval_assign == "all" else \
+                    [perturb.SUBTYPES[k % len(perturb.SUBTYPES)]]
+                corrupted += [(s, perturbed(run.clips, s, frames, perturb.static_spec(
+                    data.video_identity(s), subtype, eta=run.cfg.eta))) for subtype in subtypes]
+        right = runs.greedy_scores(run, corrupted, batch_size)
+        c = [x for k in range(0, len(corrupted), batch_size) for x in confidences(
+            run.model, run.processor, run.observer, [s for s, _ in corrupted[k:k + batch_size]],
+            [run.observer(s, v) for s, v in corrupted[k:k + batch_size]])]
+        result = {"clean": mean(runs.greedy_scores(run, clean, batch_size)), "perturbed": mean(right),
+                  "n": len(clean), "n_perturbed": len(corrupted), "c_auroc": runs.auroc(c, right), "c_mean": mean(c)}
+    if name:
+        (run.out / name).write_text(json.dumps(result))
+    return result
+
+
+def mean(values):
+    return float(np.mean(values)) if len(values) else None
+
+
+def confidences(model, processor, observer, samples, views):
+    """c of Eq. 3 for each sample's corrupted clip, as the policy is shown it (`views`): the policy's P(YES) on Fig.
+    10's answerability prompt about the sample's question, from one forward pass."""
+    messages = curriculum.answerability_messages([data.question_text(s) for s in samples])
+    return curriculum.answerability(model, observer.inputs(processor, messages, views), policy.tokenizer_of(processor))
 
 
 def perturbed(clips, sample, frames, spec):
@@ -683,7 +709,7 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     n_params = sum(p.numel() for p in run.model.parameters())
     if rl.needs_judge(run.cfg) and (note := judges.stand_in_note(run.cfg.judge, n_params)):
         runtime.log(note)   # (the default offline judge on a real model)
-    if not (run.out / "eval_before.json").is_file():
+    if run.cfg.eval_before and not (run.out / "eval_before.json").is_file():
         accuracy_check(run, "eval_before.json")
     if state["stage"] == "sft":
         if not run_sft(run, state, ckpt, per_rank, sft_step):

@@ -185,7 +185,7 @@ def demo(folder, args):
     """The CPU demo's final weights and its before/after table (summary.json), against (or into) the file's "demo"."""
     summary = json.loads((folder / "summary.json").read_text())
     got = {"command": "python train.py --out OUT", "final_weights": tensors_hash(folder / "final"),
-           "table": {k: summary[k] for k in ("before", "after_sft", "after")}}
+           "table": {k: summary.get(k) for k in ("before", "after_sft", "after")}}
     print(f"demo weights {got['final_weights']} table {json.dumps(got['table'])}")
     if args.write:
         d = json.loads(Path(args.write).read_text()) if Path(args.write).is_file() else {}

@@ -73,9 +73,10 @@ ABLATIONS = {
     "rova-fixed-norm": ("rova", ["--set", "loss_norm=fixed"]),                # Eq. 7 over N x G, Dr. GRPO
 }
 ROWS = {**MAIN, **ABLATIONS}
-# The train.py demo's RL settings (train.DEMO), passed as flags because --model/--data turn the preset off.
-RL_FLAGS = {k: train.DEMO[k] for k in ("frames", "max_pixels", "lr", "rl_steps", "batch_size", "group_size",
-                                     "max_new_tokens", "reeval_period", "unanswerable_below", "video_cache")}
+# The train.py demo's RL settings when v4 ran (train.DEMO's then), passed as flags because --model/--data turn the
+# preset off.
+RL_FLAGS = dict(frames=8, max_pixels=56 * 56, lr=3e-5, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64,
+                reeval_period=10, unanswerable_below=0.0, video_cache=4096)
 RL_FLAGS.update(save_every=25, snapshot_every=10)
 # The toy (benchmarks/calibrate_toy.py): the question families the tiny model learns from the demo's data (its
 # 10-epoch SFT answers the others no better than their best constant); a photometric jitter of the SFT clips
@@ -87,7 +88,7 @@ TOY = dict(families="next_action", sft_jitter=0.15,   # eta: calibrate_toy.py's 
                "dynamic=0.85,fog=0.35,rain=1,snow=1")
 # 30 SFT epochs: the toy's one family is a quarter of the demo's questions, so as many steps as the demo's 10
 # (10 left the jittered start at chance: 0.33 clean); the demo's 100 RL steps.
-VLM = dict(sft_epochs=30.0, rl_steps=train.DEMO["rl_steps"])
+VLM = dict(sft_epochs=30.0, rl_steps=RL_FLAGS["rl_steps"])
 SMOKE = dict(demo_clips=16, sft_epochs=1.0, rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, save_every=1,
              snapshot_every=1, reeval_period=2, bench_steps=2, eval_limit=3, seeds="0", ablation_seeds="",
              lrs="1e-4", val_clips=8)
@@ -182,7 +183,7 @@ def flags(d):
 
 # The demo's settings that came after the recorded SFT starts (v4's here, v5's): a start trained again gets their
 # earlier values, so that it is the recorded one.
-START_PINS = {"freeze_vision": False, "answerability_lr": 0.0}
+START_PINS = {"freeze_vision": False, "answerability_lr": 0.0, "eta": "0.7", "eval_assign": "cycle"}
 
 
 class Stages:

@@ -313,7 +313,7 @@ def test_end_to_end_tiny_model(assets, tmp_path, monkeypatch, counted):
         assert row["depth"] == {"own": f"depth/{path.stem}.npy"}   # auto: the synthetic clips' true depth
         d = depth.own_depth(assets[2] / row["depth"]["own"], frames, idx)
         clip = perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"]), d)
-        again = perturb.apply(frames, perturb.static_spec(row["video_id"], row["subtype"], 0.7), d)
+        again = perturb.apply(frames, perturb.static_spec(row["video_id"], row["subtype"], synthetic.DEMO_ETA), d)
         if row["subtype"] == "fog":   # graded by depth: the proxy's would differ
             assert not np.array_equal(clip, perturb.apply(frames, perturb.PerturbSpec.from_dict(row["spec"])))
         assert np.array_equal(clip, again)

@@ -80,16 +80,23 @@ def test_each_mode_takes_steps(assets, tmp_path, mode):
             and all((out / "checkpoints" / c / "COMPLETE").is_file() for c in ckpts))
 
 
-def test_the_demo_runs_its_whole_path_in_miniature(tmp_path):
+def test_the_demo_runs_its_whole_path_in_miniature(tmp_path, capsys):
     """No --model, no --data: setup builds the tiny model and the synthetic benchmark under OUT (runs.Demo), SFT with
-    the answerability warm-up (shown its clips by train.answerability_shown), RL, the before/after checks and the
-    table. 16 clips instead of 960, a quarter epoch, one RL step."""
+    the answerability warm-up (shown its clips by train.answerability_shown), RL, the after-SFT and after-RL checks
+    (every held-out question under every subtype, with c's AUROC), the table, the curriculum's windows and its
+    picture. 16 clips instead of 480, a quarter epoch, two RL steps."""
     out = tmp_path / "demo"
-    train.main(["--out", str(out), "--sft-epochs", "0.25", "--rl-steps", "1", "--batch-size", "2", "--group-size", "2",
+    train.main(["--out", str(out), "--sft-epochs", "0.25", "--rl-steps", "2", "--batch-size", "2", "--group-size", "2",
                 "--max-new-tokens", "8"], demo_clips=16, eval_limit=4, answerability_epochs=0.25)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["model"] == str(out / "tiny") and (out / "final" / "config.json").is_file()
-    assert [summary[k]["n"] for k in ("before", "after_sft", "after")] == [4, 4, 4]
+    assert "before" not in summary and not (out / "eval_before.json").exists()   # (the tiny model as built: random)
+    assert [summary[k]["n"] for k in ("after_sft", "after")] == [4, 4]
+    assert [summary[k]["n_perturbed"] for k in ("after_sft", "after")] == [4 * len(perturb.SUBTYPES)] * 2
+    assert all("c_auroc" in summary[k] and 0 <= summary[k]["c_mean"] <= 1 for k in ("after_sft", "after"))
+    printed = capsys.readouterr().out
+    assert "after SFT" in printed and "after rova RL" in printed and "c AUROC" in printed and "deferred" in printed
+    assert [w["steps"] for w in summary["windows"]] == [[1, 1], [2, 2]] and (out / "curriculum.png").is_file()
     labels = json.loads((out / "answerability_labels_rank0.json").read_text())
     assert len(labels) == 2 * len(train.data.load_video_r1(out / "synthetic" / "train.json")[0])   # clean + one spec
     assert [x["spec"] is None for x in labels[:2]] == [True, False] and {x["target"] for x in labels} <= {"YES", "NO"}

@@ -27,7 +27,7 @@ from machinery.model import memory, parallel, policy
 from machinery.model import tiny as tiny_model
 from machinery.model.engine import EngineSettings
 from machinery.model.learner import LearnerSettings
-from machinery.training import checkpoints
+from machinery.training import checkpoints, report
 from machinery.training.clips import Clips, ClipSettings
 
 
@@ -65,6 +65,11 @@ class RunConfig:
                          "and after training (the demo's: its held-out questions; PVRBench itself: eval_pvrbench.py)")
     eval_video_root: str = arg("", "video root of --eval-data (default: its folder)")
     eval_limit: int = arg(96, "questions of --eval-data in the before/after report")
+    eval_before: bool = arg(True, "the report's first column: the model as loaded, before SFT (the demo's tiny model "
+                            "as built has random weights: it has none)")
+    eval_assign: str = arg("cycle", "the before/after report's corrupted clips (eval_pvrbench.py's --assign): cycle "
+                           "(the k-th question under the k-th of the 12 subtypes) or all (every question under every "
+                           "subtype: Table 2's Avg., 12 times the answers)", choices=("cycle", "all"))
     demo_clips: int = arg(480, "clips of the demo's synthetic benchmark")
     demo_families: str = arg("", "the demo benchmark's question families, a comma list of synthetic.SYNTH_FAMILIES "
                              "(default all)")
@@ -183,26 +188,24 @@ RUN_FILES = ("log.jsonl", "eval_before.json", "eval_after_sft.json", "summary.js
 RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard")  # (the demo's tiny/, synthetic/ kept)
 
 
-# The CPU demo's preset (train.DEMO; no --model, no --data): what a 2-core laptop trains in a few minutes; flags
-# given still win. The tiny model is taught Fig. 10's answerability question after its task SFT
-# (answerability_epochs), so that its confidence c can pass tau (the discard of easy samples; its SFT model answers
-# 97% of the training clips right, and c learns that share, ~0.97 on every clip), at a tenth of SFT's peak lr
-# (answerability_lr; at SFT's own, that epoch undid what SFT had taught of dim clips, by the luck of the seed); its
-# verdict does not also veto (unanswerable_below 0). Its benchmark is synthetic.DEMO_BENCHMARK, its
-# SFT 20 epochs at lr 1e-3 with a wide photometric jitter drawn anew at each showing (brightness and contrast
-# x0.15-1.85: dim clips are seen in SFT, none of the benchmark's corruptions is) and its vision encoder kept as built
-# (the merger and the language model learn; with the +-30% jitter before, dusk and night were read or not by the
-# luck of the seed), its RL lr 3e-5, its check all 240 held-out questions (docs/MEASURED.md,
-# benchmarks/demo_spread.py: the figures' spread). Its RL steps are filled up to batch_size selected samples
-# (fill_rounds 4, this project's addition; App. G's step, the default, trains what its one draw selects): the
-# range in docs/results/demo_range.json was measured so.
+# The CPU demo's preset (train.DEMO; no --model, no --data): what a 2-core laptop trains in about ten minutes to
+# show ROVA's effect; flags given still win. Its benchmark is synthetic.DEMO_BENCHMARK (the next action, turns down
+# to slight ones) at its per-subtype intensities (synthetic.DEMO_ETA). SFT: 20 epochs at lr 1e-3, each clip's
+# contrast and brightness scaled by U(0.85, 1.15) drawn anew at each showing (none of the benchmark's corruptions
+# is seen in SFT), the vision encoder kept as built (the merger and the language model learn). Then one epoch of
+# the answerability warm-up (Fig. 10's question; machinery/training/warmup.py) at a tenth of SFT's peak lr, so that
+# the confidence c of Eq. 3 means something; its verdict does not also veto (unanswerable_below 0). Then App. D's
+# 300 ROVA steps in App. G's order (each step assesses the batch_size samples it draws and trains those selected)
+# at lr 1e-4, re-evaluating the buffer every 10 steps, and the before/after check of every held-out question under
+# every subtype (eval_assign all). docs/MEASURED.md ("The demo") and benchmarks/demo_spread.py: its figures over
+# seeds, beside standard GRPO's.
 _BENCH = synthetic.DEMO_BENCHMARK
 DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=20.0, sft_batch_size=16,
-            sft_lr=1e-3, sft_jitter=0.85, sft_jitter_fresh=True, freeze_vision=True, lr=3e-5, rl_steps=100,
+            sft_lr=1e-3, sft_jitter=0.15, sft_jitter_fresh=True, freeze_vision=True, lr=1e-4, rl_steps=300,
             batch_size=4, group_size=8, max_new_tokens=64, save_every=50, reeval_period=10, unanswerable_below=0.0,
-            answerability_epochs=1.0, answerability_lr=1e-4, fill_rounds=4, video_cache=4096, eval_limit=240,
-            micro_batch_size=0, demo_clips=_BENCH["n"], demo_families=",".join(_BENCH["families"]),
-            demo_turn=",".join(map(str, _BENCH["turn"])))
+            answerability_epochs=1.0, answerability_lr=1e-4, video_cache=4096, eval_limit=240, eval_assign="all",
+            eval_before=False, eta=synthetic.DEMO_ETA, micro_batch_size=0, demo_clips=_BENCH["n"],
+            demo_families=",".join(_BENCH["families"]), demo_turn=",".join(map(str, _BENCH["turn"])))
 
 
 @dataclass(frozen=True)
@@ -265,7 +268,8 @@ def synthetic_settings(kw):
 
 def use_demo_benchmark(cfg, synth):
     cfg.data = str(synth / "train.json")
-    cfg.eval_data, cfg.eval_video_root = str(synth / "eval.jsonl"), str(synth / "videos")
+    if not cfg.eval_data:   # (--set eval_data=FILE: the check on other questions, e.g. a validation split)
+        cfg.eval_data, cfg.eval_video_root = str(synth / "eval.jsonl"), str(synth / "videos")
 
 
 def check_sources(cfg):
@@ -474,27 +478,32 @@ def load_model(cfg, sharding, world, device, ckpt):
 
 # ----------------------------------------------------------------------------- the before/after check
 
-def greedy_accuracy(run, clips, name=None, batch_size=16):
-    """A quick check for the demo, on rank 0 (the others wait in FSDP2's gathered weights): greedy accuracy pooled
-    over `clips`, the stage's (sample, clean clip, corrupted clip) of each held-out question it could read, written
-    to OUT/`name` if given. The benchmark's own aggregation (per-task means, categories, reasoning quality) is
-    eval_pvrbench.py's."""
-    with parallel.gathered(run.model):
-        if not run.eval_samples or run.rank != 0:
-            return None
-        scores, clips = {"clean": [], "perturbed": []}, iter(clips)
-        while chunk := list(itertools.islice(clips, batch_size)):
-            samples = [s for s, _, _ in chunk]
-            for cond, views in (("clean", [c for _, c, _ in chunk]), ("perturbed", [p for _, _, p in chunk])):
-                inputs = run.observer.inputs(run.processor, [data.build_messages(s) for s in samples],
-                                             [run.observer(s, v) for s, v in zip(samples, views)])
-                out = policy.rollout(run.model, run.processor, inputs, n=1, max_new_tokens=run.cfg.max_new_tokens,
-                                     do_sample=False)
-                scores[cond] += [answers.score_sample(t, s) for t, s in zip(out.texts, samples)]
-        result = {k: (float(np.mean(v)) if v else None) for k, v in scores.items()} | {"n": len(scores["clean"])}
-        if name:
-            (run.out / name).write_text(json.dumps(result))
-        return result
+def greedy_scores(run, shown, batch_size=16):
+    """A quick check for the demo, run by rank 0 (under FSDP2, inside the caller's parallel.gathered): the score of
+    the greedy answer to each (sample, clip) of `shown`, clean or corrupted. The benchmark's own aggregation
+    (per-task means, categories, reasoning quality) is eval_pvrbench.py's."""
+    scores = []
+    for k in range(0, len(shown), batch_size):
+        samples, views = zip(*shown[k:k + batch_size])
+        inputs = run.observer.inputs(run.processor, [data.build_messages(s) for s in samples],
+                                     [run.observer(s, v) for s, v in zip(samples, views)])
+        out = policy.rollout(run.model, run.processor, inputs, n=1, max_new_tokens=run.cfg.max_new_tokens,
+                             do_sample=False)
+        scores += [answers.score_sample(t, s) for t, s in zip(out.texts, samples)]
+    return scores
+
+
+def auroc(scores, right):
+    """The area under the ROC curve of `scores` for telling the questions answered right (`right` >= 0.5) from the
+    others: the Mann-Whitney U over the product of the two counts (ties count half; 0.5: no information). None when
+    every answer is right, or none is."""
+    from scipy.stats import mannwhitneyu
+
+    pos = [c for c, r in zip(scores, right) if r >= 0.5]
+    neg = [c for c, r in zip(scores, right) if r < 0.5]
+    if not pos or not neg:
+        return None
+    return float(mannwhitneyu(pos, neg).statistic / (len(pos) * len(neg)))
 
 
 def finish(run, buffer_stats, queued, after):
@@ -517,6 +526,7 @@ def finish(run, buffer_stats, queued, after):
                     summary[key] = json.loads((run.out / name).read_text())
             summary["after"] = after
             print_table(summary, run.cfg.mode)
+            summary["windows"] = report.show(run.out, run.cfg.mode)
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
         runtime.log(f"final weights in {run.out / 'final'}")
     runtime.barrier()
@@ -531,8 +541,24 @@ def finish(run, buffer_stats, queued, after):
 
 
 def print_table(summary, mode):
-    b, m, a = summary["before"], summary.get("after_sft"), summary["after"]
-    runtime.log(f"accuracy on {a['n']} held-out questions (greedy; perturbed = PVRBench static corruption):")
-    runtime.log(f"             before{'   after SFT' if m else ''}   after {mode} RL")
+    """The before/after report: a column per check made (before SFT, after SFT, after RL)."""
+    columns = [(name, summary[key]) for name, key in (("before", "before"), ("after SFT", "after_sft"),
+                                                      (f"after {mode} RL", "after")) if summary.get(key)]
+    a = summary["after"]
+    every = a.get("n_perturbed", a["n"]) > a["n"]
+    runtime.log(f"accuracy on {a['n']} held-out questions (greedy), clean and under PVRBench's static corruptions "
+                f"({a.get('n_perturbed', a['n'])} corrupted clips: "
+                f"{'each question under every subtype' if every else 'one subtype per question, in turn'}):")
+    widths = [max(9, len(name)) for name, _ in columns]
+    runtime.log(" " * 11 + "".join(f"   {name:>{w}}" for (name, _), w in zip(columns, widths)))
     for k in ("clean", "perturbed"):
-        runtime.log(f"  {k:<10} {b[k]:6.3f}" + (f"   {m[k]:9.3f}" if m else "") + f"   {a[k]:12.3f}")
+        runtime.log(f"  {k:<9}" + "".join(f"   {_cell(x.get(k), w)}" for (_, x), w in zip(columns, widths)))
+    if "c_auroc" in a:   # (Eq. 3's confidence c on each corrupted clip, checked against the greedy answer there)
+        runtime.log(f"  {'c AUROC':<9}" + "".join(f"   {_cell(x.get('c_auroc'), w)}" for (_, x), w in
+                                                  zip(columns, widths)))
+        runtime.log("  (c AUROC: how well the self-assessment c, P(YES) on each corrupted clip, tells the questions "
+                    "answered right there from the others; 0.5: not at all)")
+
+
+def _cell(value, width):
+    return f"{'-' if value is None else format(value, '.3f'):>{width}}"
