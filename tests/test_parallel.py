@@ -272,6 +272,7 @@ def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
     checksums = summary["rank_checksums"]
     assert len(checksums) == 2 and checksums[0] == checksums[1]   # replicas (DDP) / one sharded model (FSDP2)
     assert summary["before"]["n"] == summary["after"]["n"] == 4
+    assert 0 <= summary["after"]["c_mean"] <= 1   # c of every corrupted clip: a forward on rank 0 alone, gathered
     rl = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines() if json.loads(x)["stage"] == "rl"]
     assert [r["step"] for r in rl] == [1, 2]
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("rl-"))[-1] == "rl-0000002"

@@ -31,7 +31,8 @@ def _mean(values):
 def windows(recs, size=None):
     """Table 12's columns per window of `size` steps (default: the steps in WINDOWS windows): the fresh samples
     assessed, the shares of them discarded as easy and deferred as hard, rho (the share trained: Table 12's rho_t),
-    the buffer's size at the window's end, the entries it promoted and evicted, the optimiser updates made, and the
+    the buffer's mean size over the window's steps (at a re-evaluation it can empty, so its size at the window's end
+    says little), the entries it promoted and evicted, the optimiser updates made, and the
     rollouts' mean accuracy on the clean and on the perturbed videos."""
     size = size or max(1, math.ceil(len(recs) / WINDOWS))
     out, updates = [], 0
@@ -40,7 +41,8 @@ def windows(recs, size=None):
         n = int(sum(r.get("samples", 0) for r in part))
         share = (lambda key: sum(r.get(key, 0) for r in part) / n if n else None)  # noqa: E731
         out.append({"steps": [part[0]["step"], part[-1]["step"]], "samples": n, "discarded": share("discarded"),
-                    "deferred": share("deferred"), "rho": share("selected"), "buffer": int(part[-1].get("buffer_size", 0)),
+                    "deferred": share("deferred"), "rho": share("selected"),
+                    "buffer": _mean(r.get("buffer_size", 0) for r in part),
                     "promoted": int(sum(r.get("promoted", 0) for r in part)),
                     "evicted": int(sum(r.get("evicted", 0) for r in part)),
                     "updates": int(part[-1].get("updates", 0) - updates),
@@ -68,7 +70,7 @@ def print_windows(rows, mode):
                 f"{w['updates']:>8}")
         if curriculum:
             line += (f"  {w['samples']:>5} {_f(w['discarded']):>10} {_f(w['deferred']):>9} {_f(w['rho']):>5} "
-                     f"{w['buffer']:>7} {w['promoted']:>9} {w['evicted']:>8}")
+                     f"{_f(w['buffer'], '.1f'):>7} {w['promoted']:>9} {w['evicted']:>8}")
         runtime.log(line)
 
 
