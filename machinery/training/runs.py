@@ -9,7 +9,6 @@ run's end (summary.json).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 from dataclasses import asdict, dataclass, field
