@@ -44,18 +44,25 @@ with its model schemes, load_benchmark, evaluate with its models, reports, frame
 from __future__ import annotations
 
 from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
+import argparse
 import concurrent.futures
+import contextlib
 import hashlib
+import io
 import json
 import re
+import shutil
 import time
 from collections import defaultdict
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
+
 from machinery.corruption import depth as depths
+from machinery import video
 from machinery.datasets import answers, data
-from machinery.eval import evaluation, lmms_task, run_files
+from machinery.eval import charts, evaluation, hf_dataset, lmms_task, run_files
 from machinery.eval import diagnostics
 import judge as judges
 import perturb
@@ -174,6 +181,81 @@ def summarize(records_by_source, subtypes, style="reason"):
             "n_errors": sum(s["n_errors"] for s in sources.values())}
 
 
+# ----------------------------------------------------------------------------- severity sweeps (--etas)
+
+def at_eta(records_by_source, eta):
+    """A sweep's records at one intensity, as a one-point run's: clean, and each subtype at `eta` named by its
+    subtype (so that summarize scores them as Table 2)."""
+    def keep(r):
+        return r["condition"] == "clean" or split_condition(r["condition"])[1] == eta
+    return {src: [dict(r, condition=split_condition(r["condition"])[0]) for r in recs if keep(r)]
+            for src, recs in records_by_source.items()}
+
+
+def clustered_se(scores, clusters):
+    """The standard error of the mean of `scores` when the scores of one cluster (one video's questions and
+    clips) are correlated: the CLT variance plus each cluster's cross terms (Miller 2024, "Adding Error Bars to
+    Evals", Eq. 4, as lmms-eval's clustered_stderr with a task's cluster_key). None below 2 scores."""
+    x = np.asarray(scores, dtype=float)
+    if len(x) < 2:
+        return None
+    d, n = x - x.mean(), len(x)
+    cross = 0.0
+    for c in set(clusters):
+        dc = d[[k for k, cid in enumerate(clusters) if cid == c]]
+        cross += dc.sum() ** 2 - (dc ** 2).sum()   # sum over i != j of d_i d_j
+    return float(np.sqrt(max(d.var(ddof=1) / n + cross / n ** 2, 0.0)))
+
+
+def curve_point(accuracy, records, clean):
+    """One point of a robustness curve: the accuracy (as Table 2 scores it), the scored samples behind it, their
+    clustered SE by video (clustered_se of the pooled sample scores) and the relative robustness (perturbed / clean)."""
+    scored_ = [r for r in records if r.get("error") is None and r.get("score") is not None]
+    se = clustered_se([r["score"] for r in scored_], [(r["source"], r["video_id"]) for r in scored_])
+    return {"accuracy": accuracy, "n": len(scored_), "se": se,
+            "relative": accuracy / clean if accuracy is not None and clean else None}
+
+
+def area(points, etas):
+    """A curve's area: the trapezoid rule over the grid, divided by its width (a mean accuracy over [min, max] of
+    the grid); None if a point is missing."""
+    ys = [points[f"{e:g}"]["accuracy"] for e in etas]
+    if any(y is None for y in ys):
+        return None
+    return float(np.trapezoid(ys, etas) / (etas[-1] - etas[0]))
+
+
+def robustness_curves(records_by_source, per_eta, subtypes, etas):
+    """results.json's `curves` ({"clean": point, and per Table 2 column, per category and per subtype: {eta:
+    point}}: curve_point), `auc` (area, per curve) and `relative_robustness` (Avg. / Orig. per eta)."""
+    recs = [dict(r, source=src) for src, rs in records_by_source.items() for r in rs]
+    clean_recs = [r for r in recs if r["condition"] == "clean"]
+    clean = next(iter(per_eta.values()))["pvrbench"]["accuracy"]["orig"]
+    names = {"avg": subtypes, **{c: [s for s in subs if s in subtypes] for c, subs in perturb.CATEGORIES.items()},
+             **{s: [s] for s in subtypes}}
+    names = {k: subs for k, subs in names.items() if subs}
+    curves = {"clean": curve_point(clean, clean_recs, clean)}
+    for name, subs in names.items():
+        curves[name] = {}
+        for e in etas:
+            acc = per_eta[f"{e:g}"]["pvrbench"]["accuracy"]
+            value = acc["avg"] if name == "avg" else acc["categories"].get(name, per_eta[f"{e:g}"]["pvrbench"][
+                "overall"].get(name))
+            cell = [r for r in recs if r["condition"] in {condition(s, e) for s in subs}]
+            curves[name][f"{e:g}"] = curve_point(value, cell, clean)
+    return {"curves": curves, "auc": {k: area(v, etas) for k, v in curves.items() if k != "clean"},
+            "relative_robustness": {k: v["relative"] for k, v in curves["avg"].items()}}
+
+
+def summarize_sweep(records_by_source, subtypes, etas, style="reason"):
+    """A sweep's aggregates: each intensity's as a one-point run's (summarize of at_eta), and the curves."""
+    per_eta = {f"{e:g}": summarize(at_eta(records_by_source, e), subtypes, style) for e in etas}
+    return {"sweep": {"etas": list(etas), "per_eta": per_eta},
+            **robustness_curves(records_by_source, per_eta, subtypes, etas),
+            "n_samples": sum(len(rs) for rs in records_by_source.values()),
+            "n_errors": sum(r.get("error") is not None for rs in records_by_source.values() for r in rs)}
+
+
 # ----------------------------------------------------------------------------- Table 2, charts, --compare
 
 def _f(x, lead=False):
@@ -210,19 +292,112 @@ def table_row(name, frames, pvr):
 TABLES = {"pvrbench": (lambda name, frames, pvr: TABLE_HEADER + table_row(name, frames, pvr), TABLE_LEGEND)}
 
 
+def run_table(tables, protocol, name, frames, results):
+    """table.md's (table, legend) for `protocol` (TABLES): Table 2's row, or a sweep's row per intensity (one
+    header) followed by its curves (curves_table)."""
+    table, legend = tables.get(protocol, TABLES["pvrbench"])
+    if "sweep" not in results:
+        return table(name, frames, results["pvrbench"]), legend
+    parts = [table(f"{name} η={e}", frames, b["pvrbench"]).splitlines(keepends=True)
+             for e, b in results["sweep"]["per_eta"].items()]
+    rows = parts[0] + [line for part in parts[1:] for line in part if line not in parts[0]]
+    curves, curves_legend = curves_table(results)
+    return "".join(rows) + "\n" + curves, legend + curves_legend
+
+
+def curves_table(results):
+    """A sweep's curves as a table: Avg., each category and each subtype at each intensity (± clustered SE), their
+    AUC, and Avg./Orig. (relative robustness) per intensity; with its legend."""
+    etas = list(results["sweep"]["per_eta"])
+    head = "| Curve | " + " | ".join(f"η={e}" for e in etas) + " | AUC |\n" + "|---" * (len(etas) + 2) + "|\n"
+    rows = []
+    for name, points in results["curves"].items():
+        if name != "clean":
+            cells = [_f(points[e]["accuracy"]) + (f" ±{points[e]['se']:.2f}" if points[e]["se"] is not None else "")
+                     for e in etas]
+            rows.append(f"| {'Avg.' if name == 'avg' else name} | " + " | ".join(cells)
+                        + f" | {_f(results['auc'][name])} |\n")
+    rel = "| Avg./Orig. | " + " | ".join(_f(results["relative_robustness"][e], True) for e in etas) + " | |\n"
+    clean = results["curves"]["clean"]
+    se = "" if clean["se"] is None else f" ±{clean['se']:.2f}"
+    legend = (f"Curves: accuracy at each intensity η (± its clustered SE by video); AUC: the area under the curve "
+              f"over the grid divided by its width; Avg./Orig.: relative robustness. Orig. (clean, answered once): "
+              f"{_f(clean['accuracy'])}{se}.\n")
+    return head + "".join(rows) + rel, legend
+
+
+def subtype_series(results):
+    """A results' bars for charts.subtype_bars: {"clean", each subtype, "avg": accuracy}, or for a sweep one
+    (label, values) per intensity."""
+    def values(pvr):
+        return {**pvr["overall"], "avg": pvr["accuracy"]["avg"]}
+    if "sweep" in results:
+        return [(f"η={e}", values(b["pvrbench"])) for e, b in results["sweep"]["per_eta"].items()]
+    return [("", values(results["pvrbench"]))]
+
+
+def chart_categories(subtypes):
+    """{category: its chosen subtypes} in Table 2's column order, an extension's subtypes each a column of its own."""
+    groups, order = avg_groups(subtypes), [c for c, _ in CATEGORY_COLUMNS]
+    return {c: groups[c] for c in sorted(groups, key=lambda c: order.index(c) if c in order else len(order))}
+
+
+def draw_charts(folder, results, name, subtypes):
+    """A run's pictures: subtypes.png (charts.subtype_bars), per_task.png where the run has several tasks
+    (Figs. 14-18), robustness_curves.png for a sweep."""
+    cats = chart_categories(subtypes)
+    charts.subtype_bars(folder / "subtypes.png", cats, subtype_series(results), f"PVRBench: {name}, clean and per subtype")
+    blocks = results["sweep"]["per_eta"].values() if "sweep" in results else [results]
+    if len({(src, t) for b in blocks for src, sb in b["sources"].items() for t in sb["per_task"]["clean"]}) > 1:
+        run_files.chart(folder / "per_task.png", [{"results": b} for b in blocks],
+                        [f"η={e}" for e in results["sweep"]["per_eta"]] if "sweep" in results else [name])
+    if "sweep" in results:
+        charts.robustness_curves(folder / "robustness_curves.png", cats, results["curves"], results["sweep"]["etas"],
+                                 f"PVRBench robustness curves: {name}")
+
+
 def compare(paths, out):
-    """Several results side by side: one Table 2 (printed, OUT/compare.md) and one chart (OUT/compare.png).
-    Of several results of one model and configuration (reruns of one command), the latest is shown."""
+    """Several results side by side: one Table 2 (printed, OUT/compare.md; a sweep: a row per intensity, and its
+    curves), OUT/compare.png (per subtype, one bar per one-point result), OUT/compare_per_task.png where they have
+    several tasks, OUT/compare_curves.png (the sweeps' curves overlaid). Of several results of one model and
+    configuration (reruns of one command), the latest is shown."""
     paths, results = zip(*run_files.latest_per_config(paths).values())
     labels = [r["config"]["model_name"] for r in results]
     labels = [f"{lb} ({Path(p).name[:15]})" if labels.count(lb) > 1 else lb for lb, p in zip(labels, paths)]
-    table = TABLE_HEADER + "".join(table_row(lb, r["config"]["frames"], r["results"]["pvrbench"])
-                                   for lb, r in zip(labels, results))
+    rows, curves = [], []
+    for lb, r in zip(labels, results):
+        frames, res = r["config"]["frames"], r["results"]
+        if "sweep" not in res:
+            rows.append(table_row(lb, frames, res["pvrbench"]))
+            continue
+        rows += [table_row(f"{lb} η={e}", frames, b["pvrbench"]) for e, b in res["sweep"]["per_eta"].items()]
+        curves.append(f"\n{lb}:\n" + curves_table(res)[0])
+    table = TABLE_HEADER + "".join(rows) + "".join(curves)
     out.mkdir(parents=True, exist_ok=True)
+    written = compare_charts(out, results, labels)
     (out / "compare.md").write_text(table + "\n" + TABLE_LEGEND)
-    run_files.chart(out / "compare.png", results, labels)
-    print(table + TABLE_LEGEND + f"written: {out / 'compare.md'}, {out / 'compare.png'}")
+    print(table + TABLE_LEGEND + "written: " + ", ".join(map(str, [out / "compare.md", *written])))
     return table
+
+
+def compare_charts(out, results, labels):
+    """compare.png, compare_per_task.png and compare_curves.png (compare), as the results allow."""
+    points = [(lb, r) for lb, r in zip(labels, results) if "sweep" not in r["results"]]
+    sweeps = [(lb, r) for lb, r in zip(labels, results) if "sweep" in r["results"]]
+    subtypes = list(dict.fromkeys(s for _, r in points + sweeps for s in r["config"]["subtypes"]))
+    written = []
+    if points:
+        written.append(charts.subtype_bars(out / "compare.png", chart_categories(subtypes),
+                                           [(lb, subtype_series(r["results"])[0][1]) for lb, r in points],
+                                           "PVRBench: clean and per subtype"))
+        if len({(s, t) for _, r in points for s, b in r["results"]["sources"].items() for t in b["per_task"]["clean"]}) > 1:
+            written.append(run_files.chart(out / "compare_per_task.png", [r for _, r in points], [lb for lb, _ in points]))
+    if sweeps:
+        etas = sorted({e for _, r in sweeps for e in r["results"]["sweep"]["etas"]})
+        written.append(charts.compare_curves(out / "compare_curves.png", chart_categories(subtypes),
+                                             [(lb, r["results"]["curves"]) for lb, r in sweeps], etas,
+                                             "PVRBench robustness curves"))
+    return written
 
 
 # ----------------------------------------------------------------------------- benchmarks and the plan
@@ -262,6 +437,35 @@ def parse_subtypes(spec, protocol="pvrbench"):
     return [s for s in order if s in chosen]
 
 
+def etas_arg(text) -> tuple:
+    """--etas as argparse's type=: a comma list of at least two distinct intensities in [0, 1] -> sorted; a mistake
+    is argparse's one line, naming the flag."""
+    values = set()
+    for part in text.split(","):
+        try:
+            eta = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not a number (a comma list of intensities in "
+                                             "[0, 1], e.g. 0.3,0.5,0.7,0.9)") from None
+        if not 0.0 <= eta <= 1.0:   # (also NaN)
+            raise argparse.ArgumentTypeError(f"{part.strip()} is outside [0, 1]")
+        values.add(eta)
+    if len(values) < 2:
+        raise argparse.ArgumentTypeError(f"{text!r}: a sweep needs at least two distinct intensities (one: --eta)")
+    return tuple(sorted(values))
+
+
+def condition(subtype, eta=None) -> str:
+    """A perturbed condition's name: the subtype, or in a sweep "<subtype>@<eta>" (e.g. fog@0.3)."""
+    return subtype if eta is None else f"{subtype}@{eta:g}"
+
+
+def split_condition(cond):
+    """condition()'s inverse: (subtype, eta or None); "clean" -> ("clean", None)."""
+    subtype, _, eta = cond.partition("@")
+    return subtype, float(eta) if eta else None
+
+
 def load_source(name, path, root, limit):
     if name == "synthetic":
         folder = Path(path)
@@ -299,21 +503,26 @@ def round_robin(samples, subtypes, by_answer=False) -> list:
     return out
 
 
-def make_plan(sources, subtypes, assign, eta, depth=None):
+def make_plan(sources, subtypes, assign, eta, depth=None, etas=()):
     """Groups (one per video, in order of first appearance) and the manifest rows (Sec. 4 static specs, each with its
     source's scene kind, SCENES, in an occlusion spec's params; `depth`:
-    the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy)."""
+    the depth.Depth of --depth-model, each row recording where its clip's depth comes from; None: the proxy).
+    `etas` (--etas, a sweep): each chosen subtype at each intensity, a condition per (subtype, eta) whose spec is
+    the one-point spec with that eta (the same seed, regions and trajectory) and whose row names its `condition`."""
     groups, manifest = {}, {}
     for src, samples in sources.items():
         one = round_robin(samples, subtypes, assign == "balanced") if assign != "all" and subtypes else None
         for k, s in enumerate(samples):
-            conds = ["clean", *subtypes] if one is None else ["clean", one[k]]
+            chosen = subtypes if one is None else [one[k]]
+            points = [(sub, e, condition(sub, e)) for sub in chosen for e in etas] or [(sub, eta, sub) for sub in chosen]
             vid = data.video_identity(s)
-            groups.setdefault((src, vid), Group(src, vid, s.video, [])).items.append((s, conds))
-            for sub in conds[1:]:
-                row = manifest.setdefault((src, vid, sub), {
+            groups.setdefault((src, vid), Group(src, vid, s.video, [])).items.append(
+                (s, ["clean"] + [cond for _, _, cond in points]))
+            for sub, e, cond in points:
+                row = manifest.setdefault((src, vid, cond), {
                     "source": src, "video_id": vid, "subtype": sub,   # no local path: the same file everywhere
-                    "spec": perturb.static_spec(vid, sub, eta, scene=SCENES.get(src, "auto")).to_dict(),
+                    **({"condition": cond} if etas else {}),
+                    "spec": perturb.static_spec(vid, sub, e, scene=SCENES.get(src, "auto")).to_dict(),
                     "render": perturb.RENDER_VERSION,
                     "depth": depth.describe(s.video) if depth is not None else "proxy", "questions": []})
                 row["questions"].append(s.id)
@@ -421,10 +630,19 @@ def parser():
     g("--eta", type=perturb.eta_arg, default=None, help="perturbation intensity: a number (App. D: 0.7, the "
       "default), or per subtype, e.g. '0.7,fog=0.4' (the first number is the other subtypes'); the synthetic "
       "benchmark's default: its own per subtype (synthetic.DEMO_ETA, the demo's)")
+    g("--etas", type=etas_arg, default=(), metavar="ETA,ETA,...", help="a severity sweep: the static protocol at "
+      "each of these intensities (at least two in [0, 1], e.g. 0.3,0.5,0.7,0.9), each clip's spec the same but its "
+      "intensity, clean answered once; adds robustness curves (results.json `curves`, `auc`; robustness_curves.png)")
     g("--export", default="", help="write the clean and corrupted videos (lossless mp4) and the manifest to DIR, then "
       "exit (with --depth-model also each clip's depth, <video id>/depth.npy)")
     g("--export-lmms-eval", default="", metavar="DIR", help="--export DIR, and DIR made an lmms-eval task folder: "
       "lmms-eval --include_path DIR --tasks pvrbench (machinery/eval/lmms_task.py; docs/USAGE.md)")
+    g("--export-hf", default="", metavar="DIR", help="PVRBench as a Hugging Face dataset folder: parquet rows (one per "
+      "question and condition, with subtype, category, eta and spec), the clips (lossless) and a dataset card; "
+      "datasets.load_dataset(DIR) loads it (machinery/eval/hf_dataset.py)")
+    g("--regenerate-hf", default="", metavar="DIR", help="render every clip of an --export-hf folder again from its spec "
+      "and source video (the recorded --benchmark / --video-root, or those given): checks each bit for bit, writes "
+      "the missing ones, refuses in one line a folder whose clips do not match")
     g("--depth-model", default=depths.AUTO, metavar="NAME", help="depth of the depth-graded corruptions: auto (a "
       f"clip's own depth, the synthetic set's; else {depths.RECOMMENDED}, cached: depth.py), proxy (perturb's "
       "depth proxy, no model), or a transformers depth-estimation model's hub id or folder")
@@ -480,7 +698,11 @@ def parse_args(argv=None, ap=None):
     ap = ap or parser()
     args = ap.parse_args(argv)
     runtime.out_dir(args.out, create=False)  # (made when there are results to write)
-    args.export = args.export_lmms_eval or args.export
+    if args.etas and args.eta is not None:
+        ap.error("--eta and --etas: give one (--eta: one intensity; --etas: a sweep over several)")
+    if sum(map(bool, (args.export, args.export_lmms_eval, args.export_hf, args.regenerate_hf))) > 1:
+        ap.error("--export, --export-lmms-eval, --export-hf and --regenerate-hf: give one")
+    args.export = args.export_lmms_eval or args.export or (str(Path(args.export_hf) / "videos") if args.export_hf else "")
     synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
     for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
         if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
@@ -489,6 +711,8 @@ def parse_args(argv=None, ap=None):
                            max_new_tokens=256 if args.style == "reason" else 16).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.etas:
+        args.eta = None   # (each condition's intensity is its point of the sweep)
     if args.fps != "video":
         try:
             args.fps = float(args.fps)
@@ -552,6 +776,10 @@ def main(argv=None):
     args = parse_args(argv)
     if args.compare:
         return compare(args.compare, Path(args.out))
+    if args.regenerate_hf:
+        return regenerate_hf(args)
+    if args.export_hf and (reason := hf_dataset.check_target(args.export_hf, dataset_flags(args))):
+        raise runtime.UserError(reason)
     bench = load_benchmark(args)   # the data's mistakes before the model's
     return evaluate(args, None if args.export else resolve_model(args), bench)
 
@@ -563,7 +791,8 @@ def evaluate(args, target, bench, models=MODELS, reports=None, read_kwargs=None,
     (its settings that change a generation) and `tables` ({protocol: (table, legend)}, TABLES and its own)."""
     t_start, read_kwargs = time.perf_counter(), read_kwargs or {}
     settings = eval_settings(args)   # what the machinery reads (the namespace stays here)
-    groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model))
+    groups, manifest = make_plan(bench.sources, bench.subtypes, args.assign, args.eta, depths.Depth(args.depth_model),
+                                 args.etas)
     if args.export:
         return export(args, settings, bench, groups, manifest, read_kwargs)
     keyed = run_files.run_config(settings, target, bench.paths, bench.roots, bench.subtypes, perturb.RENDER_VERSION,
@@ -590,10 +819,10 @@ def evaluate(args, target, bench, models=MODELS, reports=None, read_kwargs=None,
                 return None
     getattr(judge, "close", lambda: None)()
     flat = store.records(groups, args.style, args.scoring)
-    results = summarize(flat, bench.subtypes, args.style)
+    results = (summarize_sweep(flat, bench.subtypes, args.etas, args.style) if args.etas
+               else summarize(flat, bench.subtypes, args.style))
     results["diagnostics"] = diagnostics.collapse(flat, bench.sources)   # did the model stop looking at the video?
-    table, legend = tables.get(args.protocol, TABLES["pvrbench"])
-    table = table(target.name, args.frames, results["pvrbench"])
+    table, legend = run_table(tables, args.protocol, target.name, args.frames, results)
     legend += diagnostics.warning_line(results["diagnostics"])
     previous = run_files.latest_results(model_dir, run_hash, args.judge)
     if previous and previous[1]["results"] == json.loads(json.dumps(results)):  # (as it would be written)
@@ -603,36 +832,137 @@ def evaluate(args, target, bench, models=MODELS, reports=None, read_kwargs=None,
     out = results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports or {}, ts)
     out["timing"] = {"total_s": time.perf_counter() - t_start, "generate_s": runner.sec_generate,
                      "judge_s": runner.sec_judge, "generated": runner.generated}
-    run_files.write_results(out, flat, model_dir, run_dir, ts, target.name, table + "\n" + legend)
+    run_files.write_results(out, flat, model_dir, run_dir, ts, table + "\n" + legend)
+    draw_charts(model_dir, results, target.name, bench.subtypes)
     print_results(out, model_dir / (ts + "_results.json"), table + legend)
     return out
 
 
 def export(args, settings, bench, groups, manifest, read_kwargs):
     """--export DIR (evaluation.Exporter: the clips, their depth and the manifest), made an lmms-eval task folder
-    with --export-lmms-eval (lmms_task.write). Returns None: no model is evaluated."""
-    out = evaluation.Exporter(manifest, settings, read_kwargs)
+    with --export-lmms-eval (lmms_task.write) or a Hugging Face dataset with --export-hf (export_hf). Returns None:
+    no model is evaluated."""
+    out, shown = evaluation.Exporter(manifest, settings, read_kwargs), {}
     for row, frames, depth in out.clips(groups):
-        out.write(row, corrupt(frames, row["spec"], depth))
+        clip = corrupt(frames, row["spec"], depth)
+        out.write(row, clip)
+        shown.setdefault((row["video_id"], "clean"), hf_dataset.frames_sha256(frames))
+        shown[(row["video_id"], row.get("condition", row["subtype"]))] = hf_dataset.frames_sha256(clip)
     written, errors = out.close()
+    if args.export_hf:
+        export_hf(args, bench, groups, manifest, out, shown)
     if args.export_lmms_eval:
-        lmms_task.write(args.export, groups, written, settings, avg_groups(bench.subtypes), errors)
+        per_eta = {f"{e:g}": {c: [condition(s, e) for s in subs] for c, subs in avg_groups(bench.subtypes).items()}
+                   for e in args.etas}
+        lmms_task.write(args.export, groups, written, settings, per_eta or {"": avg_groups(bench.subtypes)}, errors)
     return None
 
 
+# ----------------------------------------------------------------------------- PVRBench as a dataset (--export-hf)
+
+DATASET_FLAGS = ("benchmark", "video_root", "subtypes", "protocol", "assign", "limit", "eta", "etas", "frames",
+                 "max_pixels", "fps", "style", "depth_model")   # what an --export-hf folder is made of
+
+
+def dataset_flags(args):
+    """The settings an --export-hf folder is made from (pvrbench_export.json's `flags`: what --regenerate-hf runs
+    again, and what a second export into the same folder must repeat)."""
+    return json.loads(json.dumps({k: getattr(args, k) for k in DATASET_FLAGS}))
+
+
+def command_line(flags):
+    """The export's command, for the card."""
+    def value(v):
+        if isinstance(v, list):
+            return ",".join(f"{x:g}" for x in v)
+        if isinstance(v, dict):   # --eta's per-subtype table
+            return ",".join([f"{v['*']:g}"] + [f"{k}={x:g}" for k, x in v.items() if k != "*"])
+        return str(v)
+    parts = [f"--{k.replace('_', '-')} {value(v)}" for k, v in flags.items() if v not in ("", None, [], 0)]
+    return "python eval_pvrbench.py --export-hf DIR " + " ".join(parts)
+
+
+def hf_rows(args, groups, manifest, out, shown):
+    """One row per (question, condition) whose clip was written (hf_dataset.COLUMNS)."""
+    specs = {(r["source"], r["video_id"], r.get("condition", r["subtype"])): r["spec"] for r in manifest}
+    root, rows = Path(args.export_hf), []
+    for g in groups:
+        for s, conds in g.items:
+            for cond in conds:
+                if (g.video_id, cond) not in out.written:
+                    continue
+                sub, _ = split_condition(cond)
+                spec, file = specs.get((g.source, g.video_id, cond)), Path("videos") / out.written[(g.video_id, cond)]
+                rows.append({"id": f"{s.id}|{cond}", "question_id": s.id, "question": s.question,
+                             "options": [str(o) for o in s.options], "answer": str(s.answer),
+                             "problem_type": s.problem_type, "task": s.task, "source": g.source,
+                             "prompt": data.build_prompt(s, args.style), "clip_id": g.video_id, "condition": cond,
+                             "subtype": sub, "category": perturb.CATEGORY_OF.get(sub, "clean"),
+                             "eta": spec["eta"] if spec else None,
+                             "spec": json.dumps(spec, sort_keys=True) if spec else None, "video": file.as_posix(),
+                             "fps": out.shown[g.video_id]["fps"], "video_sha256": hf_dataset.sha256(root / file),
+                             "frames_sha256": shown.get((g.video_id, cond)) or hf_dataset.frames_sha256(
+                                 video.read_clip(root / file)[0])})
+    return rows
+
+
+def export_hf(args, bench, groups, manifest, out, shown):
+    """--export-hf DIR: the clips are under DIR/videos (the Exporter's); the rows, the settings and the card."""
+    rows, flags = hf_rows(args, groups, manifest, out, shown), dataset_flags(args)
+    info = {"name": "PVRBench" + (" severity sweep" if args.etas else ""), "sources": list(bench.sources),
+            "subtypes": bench.subtypes, "etas": list(args.etas), "eta": json.dumps(flags["eta"]), "rows": len(rows),
+            "clips": len({r["video"] for r in rows}), "command": command_line(flags), "render": perturb.RENDER_VERSION,
+            "versions": {k: v for k, v in runtime.versions().items() if k != "git_commit"}}
+    hf_dataset.write(args.export_hf, rows, flags, hf_dataset.card(info))
+
+
+def regenerate_hf(args):
+    """--regenerate-hf DIR: the export of DIR's recorded settings (the sources: --benchmark / --video-root when given)
+    into a scratch folder beside DIR, compared with DIR (hf_dataset.compare); DIR is left as it was if it differs."""
+    root = Path(args.regenerate_hf)
+    if not (root / hf_dataset.SETTINGS).is_file():
+        raise runtime.UserError(f"--regenerate-hf {root}: no {hf_dataset.SETTINGS} there (a folder --export-hf wrote)")
+    flags = json.loads((root / hf_dataset.SETTINGS).read_text())["flags"]
+    defaults = parser()
+    flags.update({k: getattr(args, k) for k in ("benchmark", "video_root") if getattr(args, k) != defaults.get_default(k)})
+    scratch = root.parent / f".{root.name}.regenerate"
+    shutil.rmtree(scratch, ignore_errors=True)
+    run = parse_args(["--export-hf", str(scratch), "--out", args.out])
+    for key, value in flags.items():
+        setattr(run, key, tuple(value) if key == "etas" else value)
+    try:
+        print(f"rendering every clip of {root} again in {scratch}", flush=True)
+        with contextlib.redirect_stdout(io.StringIO()):   # (the scratch export's own report)
+            evaluate(run, None, load_benchmark(run))
+        reason, added = hf_dataset.compare(scratch, root)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if reason:
+        raise runtime.UserError(reason)
+    print(f"{root}: every clip regenerated from its spec and source video matches ({added} missing clip(s) written)")
+    return added
+
+
 def print_results(out, path, text):
-    """Each source's clean and perturbed scores, the table (`text`) and where the results went."""
-    for src, block in out["results"]["sources"].items():
-        acc = block["accuracy"]
-        print(f"{src}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}{_d(acc['drop'])}; "
-              f"{block['n_samples']} samples, {block['n_errors']} errors")
+    """Each source's clean and perturbed scores (a sweep's: at each intensity), the table (`text`) and where the
+    results went."""
+    res = out["results"]
+    blocks = res["sweep"]["per_eta"].items() if "sweep" in res else [("", res)]
+    for eta, result in blocks:
+        for src, block in result["sources"].items():
+            acc = block["accuracy"]
+            print(f"{src}{f' η={eta}' if eta else ''}: clean {_f(acc['orig'])}, perturbed {_f(acc['avg'])}"
+                  f"{_d(acc['drop'])}; {block['n_samples']} samples, {block['n_errors']} errors")
     print(text + f"results: {path} ({out['timing']['total_s']:.0f} s)", flush=True)
 
 
 def results_file(args, results, target, bench, run_dir, run_hash, judge, manifest, reports, ts):
     """<ts>_results.json's content (its "timing" added by evaluate)."""
     model_dir = run_dir.parent
-    return {"results": results, "table_row": table_row(target.name, args.frames, results["pvrbench"]).strip(),
+    rows = ({e: table_row(f"{target.name} η={e}", args.frames, b["pvrbench"]).strip()
+             for e, b in results["sweep"]["per_eta"].items()} if "sweep" in results
+            else table_row(target.name, args.frames, results["pvrbench"]).strip())
+    return {"results": results, "table_row": rows,
             "config": {**{k: v for k, v in vars(args).items() if k != "compare"}, "model": target.spec,
                        "model_name": target.name, "subtypes": bench.subtypes, "run_dir": str(run_dir),
                        "run_hash": run_hash, "judge_stats": getattr(judge, "stats", None)},

@@ -16,6 +16,10 @@
    slice: both send each clip as one mp4 that vLLM decodes with the same loader.
 5. Every task's accuracy, every category, Avg. (pvrbench's pvr_avg) and Orig. equal eval_pvrbench.py's (to 1e-9),
    and every sample's response is the same text on both sides.
+6. A severity sweep (--sweep, reason style): the slice exported with ``--etas``, run by lmms-eval (a task group per
+   intensity) and by ``eval_pvrbench.py --etas``: each intensity's tasks, categories and Avg. equal, and every
+   task's clustered standard error (lmms-eval's, by the export's cluster_key) equals the curve's SE of
+   eval_pvrbench.py (results.json `curves`), to 1e-9.
 
 Prints one line per figure and ``lmms_eval_check: PASS`` or ``lmms_eval_check: FAIL (...)`` (exit code 1).
 """
@@ -62,9 +66,9 @@ def install(venv):
     return py, seconds
 
 
-def export(bench, folder, limit, style):
+def export(bench, folder, limit, style, extra=()):
     cmd = [sys.executable, "eval_pvrbench.py", "--benchmark", f"synthetic={bench}", "--limit", str(limit), "--style",
-           style, "--export-lmms-eval", str(folder)]
+           style, "--export-lmms-eval", str(folder), *extra]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if run.returncode:
         raise SystemExit(f"lmms_eval_check: FAIL (the export: {run.stderr[-2000:]})")
@@ -97,11 +101,11 @@ def lmms_eval(py, url, folder, out):
     return json.loads(results.read_text()), responses
 
 
-def eval_pvrbench(url, bench, out, limit, style):
+def eval_pvrbench(url, bench, out, limit, style, extra=()):
     """eval_pvrbench.py's results.json and {doc id: response}, the clips as lossless mp4."""
     cmd = [sys.executable, "eval_pvrbench.py", "--model", f"openai:{NAME}", "--base-url", url, "--benchmark",
            f"synthetic={bench}", "--limit", str(limit), "--judge", "none", "--style", style, "--video-format",
-           "mp4", "--out", str(out), "--api-retries", "0"]
+           "mp4", "--out", str(out), "--api-retries", "0", *extra]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if run.returncode:
         raise SystemExit(f"lmms_eval_check: FAIL (eval_pvrbench.py: {run.stderr[-2000:]})")
@@ -122,19 +126,53 @@ def figures(lmms, ours):
                    ("Orig. (pvrbench_clean)", res["pvrbench_clean"]["accuracy,none"], acc["accuracy"]["orig"])]
 
 
-def compare(style, lmms, lmms_responses, ours, our_responses):
+def sweep_figures(lmms, ours):
+    """A sweep's [(what, lmms-eval's, eval_pvrbench.py's)]: at each intensity every task's accuracy and clustered
+    SE (None: too few samples on both sides), every category and Avg.; Orig. and its SE."""
+    res, r = lmms["results"], ours["results"]
+    rows = [("Orig. (pvrbench_clean)", res["pvrbench_clean"]["accuracy,none"], r["curves"]["clean"]["accuracy"]),
+            ("Orig. SE", _se(res["pvrbench_clean"]), r["curves"]["clean"]["se"])]
+    for eta, block in r["sweep"]["per_eta"].items():
+        label, acc = "eta" + eta.replace(".", "p"), block["pvrbench"]["accuracy"]
+        for sub, score in block["pvrbench"]["overall"].items():
+            if sub != "clean":
+                task = res[f"pvrbench_{sub}_{label}"]
+                rows += [(f"pvrbench_{sub}_{label}", task["accuracy,none"], score),
+                         (f"pvrbench_{sub}_{label} SE", _se(task), r["curves"][sub][eta]["se"])]
+        rows += [(f"pvrbench_{label}_{cat}", res[f"pvrbench_{label}_{cat}"]["accuracy,none"], score)
+                 for cat, score in acc["categories"].items() if score is not None]
+        rows.append((f"Avg. (pvrbench_{label} pvr_avg)", res[f"pvrbench_{label}"]["pvr_avg,none"], acc["avg"]))
+    return rows
+
+
+def _se(task):
+    value = task.get("accuracy_stderr_clustered,none")
+    return value if isinstance(value, int | float) else None
+
+
+def differs(theirs, mine):
+    if theirs is None or mine is None:
+        return theirs is not mine
+    return abs(theirs - mine) > TOLERANCE
+
+
+def compare(style, lmms, lmms_responses, ours, our_responses, figures=figures):
     """The failures of one style's comparison, with its figures printed."""
     rows = figures(lmms, ours)
     for what, theirs, mine in rows:
-        log(f"{style} {what}: lmms-eval {theirs:.6f}, eval_pvrbench.py {mine:.6f}")
+        log(f"{style} {what}: lmms-eval {_g(theirs)}, eval_pvrbench.py {_g(mine)}")
     differ = sorted(k for k in our_responses if lmms_responses.get(k) != our_responses[k])
     log(f"{style}: {len(our_responses) - len(differ)} of {len(our_responses)} responses the same text on both sides "
         f"({len(set(our_responses.values()))} different texts among them)")
-    failures = [f"{style} {what}" for what, theirs, mine in rows if abs(theirs - mine) > TOLERANCE]
+    failures = [f"{style} {what}" for what, theirs, mine in rows if differs(theirs, mine)]
     failures += [f"{style}: {len(differ)} responses differ (first: {differ[0]})"] if differ else []
     failures += [] if set(lmms_responses) == set(our_responses) else [f"{style}: not the same samples on both sides"]
     return failures, {"figures": rows, "samples": len(our_responses), "responses_differ": differ,
                       "distinct_responses": len(set(our_responses.values()))}
+
+
+def _g(x):
+    return "–" if x is None else f"{x:.6f}"
 
 
 def main():
@@ -145,6 +183,7 @@ def main():
     ap.add_argument("--port", type=int, default=8012)
     ap.add_argument("--limit", type=int, default=24, help="questions of the synthetic slice")
     ap.add_argument("--styles", default="official,reason", help="the --style of each comparison")
+    ap.add_argument("--sweep", default="0.3,0.9", help="the --etas of the sweep's comparison (reason style; '' none)")
     ap.add_argument("--out", default="runs/lmms_eval_check")
     ap.add_argument("--json", default="", help="also write the figures to this file")
     args = ap.parse_args()
@@ -162,12 +201,20 @@ def main():
         styles = args.styles.split(",")
         for style in styles:
             export(bench, tmp / f"task_{style}", args.limit, style)
+        sweep = ["--etas", args.sweep] if args.sweep else []
+        if sweep:
+            export(bench, tmp / "task_sweep", args.limit, "reason", sweep)
         with vllm_check.server(vllm_py, model, args.port, out / "server.log",
                                extra=["--allowed-local-media-path", str(tmp)]) as url:
             for style in styles:
                 lmms = lmms_eval(lmms_py, url, tmp / f"task_{style}", Path(tempfile.mkdtemp(dir=out)))
                 ours = eval_pvrbench(url, bench, Path(tempfile.mkdtemp(dir=out)), args.limit, style)
                 failed, record[style] = compare(style, *lmms, *ours)
+                failures += failed
+            if sweep:
+                lmms = lmms_eval(lmms_py, url, tmp / "task_sweep", Path(tempfile.mkdtemp(dir=out)))
+                ours = eval_pvrbench(url, bench, Path(tempfile.mkdtemp(dir=out)), args.limit, "reason", sweep)
+                failed, record["sweep"] = compare("sweep", *lmms, *ours, figures=sweep_figures)
                 failures += failed
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))

@@ -48,6 +48,7 @@ class EvalSettings:
     depth_model: str          # --depth-model: where a clip's depth comes from (depth.Depth)
     depth_cache: str          # --depth-cache: the depth maps' cache folder ("": the default one)
     eta: float | dict         # --eta: the corruption's intensity, one number or per subtype (the run hash)
+    etas: tuple               # --etas: a sweep's intensities (() : one point, --eta; the run hash)
     assign: str               # --assign: cycle or all, the conditions of a question (the run hash)
     adapter: str              # --adapter: a peft LoRA adapter folder ("": none; the run hash)
     base_url: str             # --base-url: an openai: model's server ("": $OPENAI_BASE_URL or OpenAI; the run hash)
@@ -113,7 +114,8 @@ class Exporter:
 
     def write(self, row, frames):
         """A manifest row's corrupted clip (the stage's: the row's spec applied to the clean frames)."""
-        f = self.written[(row["video_id"], row["subtype"])] = str(Path(row["video_id"]) / f"{row['subtype']}.mp4")
+        cond = row.get("condition", row["subtype"])   # (a sweep's rows name their condition: fog@0.3)
+        f = self.written[(row["video_id"], cond)] = str(Path(row["video_id"]) / f"{cond}.mp4")
         shown = self.shown[row["video_id"]]
         video.write_video(self.root / f, frames, fps=shown["fps"], lossless=True)
         self.rows.append(dict(row, file=f, **shown))
@@ -391,7 +393,7 @@ class Runner:
     def __init__(self, settings: EvalSettings, store, model, judge, manifest, read_kwargs, pending):
         from tqdm import tqdm
         self.settings, self.store, self.model, self.judge, self.read_kwargs = settings, store, model, judge, read_kwargs
-        self.specs = {(r["source"], r["video_id"], r["subtype"]): r["spec"] for r in manifest}
+        self.specs = {(r["source"], r["video_id"], r.get("condition", r["subtype"])): r["spec"] for r in manifest}
         self.depth = depths.Depth(settings.depth_model, settings.depth_cache or None)
         self.generated, self.sec_generate, self.sec_judge = 0, 0.0, 0.0
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None

@@ -13,6 +13,10 @@ What DIR holds, in lmms-eval's conventions (its built-in vsibench task is laid o
   pvrbench_<condition>.yaml     one task per subtype, and pvrbench_clean
   pvrbench_<category>.yaml      a group per category of Table 8 (its accuracy: the mean of its subtypes')
   pvrbench.yaml                 the group: clean and the categories; its pvr_avg is the paper's Avg.
+A sweep (--etas) has a task per (subtype, eta), pvrbench_<subtype>_eta<eta> ("." as "p": fog_eta0p3), grouped per
+intensity as above (pvrbench_eta0p3_<category>, pvrbench_eta0p3 with its pvr_avg), and pvrbench groups clean and
+the intensities' groups. Every task names its clip as lmms-eval's cluster_key (`video`: source/video id), so that
+lmms-eval's clustered standard errors cluster by video, as eval_pvrbench.py's curves do.
   utils.py, pvrbench_scoring/   machinery/eval/lmms_utils.py, and the scoring code it runs (answers.py and the modules
                                 it imports), copied: the folder needs nothing from this project at run time
   export.json                   the export's settings (style, scoring, Avg.'s weights, eta, frames, fps, versions)
@@ -34,6 +38,15 @@ SCORING_MODULES = ("datasets/answers.py", "datasets/data.py", "runtime.py")   # 
 METADATA = "metadata:\n  version: 1.0\n"
 
 
+def tag(cond):
+    """A condition in file and task names: fog, or a sweep's fog_eta0p3 (fog@0.3)."""
+    return cond.replace("@", "_eta").replace(".", "p")
+
+
+def task_name(cond):
+    return "pvrbench_" + tag(cond)
+
+
 def docs_of(groups, written, style):
     """{condition: [doc]} for every (question, condition) whose clip was written; `written`: {(video id,
     condition): file relative to DIR}."""
@@ -51,7 +64,8 @@ def docs_of(groups, written, style):
 
 
 def avg_weights(groups_of_avg):
-    """Each subtype's weight in Avg. = the mean over `groups_of_avg` ({category: [subtypes]}) of their means."""
+    """Each condition's weight in its Avg. = the mean over `groups_of_avg` ({category: [conditions]}) of their
+    means."""
     return {s: 1.0 / (len(groups_of_avg) * len(subs)) for subs in groups_of_avg.values() for s in subs}
 
 
@@ -60,6 +74,7 @@ def template(max_new_tokens):
             "doc_to_visual: !function utils.doc_to_visual\ndoc_to_text: !function utils.doc_to_text\n"
             "doc_to_messages: !function utils.doc_to_messages\ndoc_to_target: answer\n"
             "process_results: !function utils.process_results\n"   # (metric_list: each task's own, task_yaml)
+            "cluster_key: video\n"   # (lmms-eval's clustered SE: the questions of one clip are correlated)
             f"generation_kwargs:\n  max_new_tokens: {int(max_new_tokens)}\n  temperature: 0\n  do_sample: false\n"
             "  until: []\n" + METADATA)
 
@@ -67,29 +82,50 @@ def template(max_new_tokens):
 def task_yaml(cond):
     share = ("" if cond == "clean" else "  - metric: pvr_avg\n    aggregation: !function utils.pvr_avg\n"
              "    higher_is_better: true\n")
-    return (f"task: pvrbench_{cond}\ninclude: _default_template_yaml\n"
-            f"dataset_kwargs:\n  data_files:\n    test: docs/{cond}.jsonl\n"
+    return (f"task: {task_name(cond)}\ninclude: _default_template_yaml\n"
+            f"dataset_kwargs:\n  data_files:\n    test: docs/{tag(cond)}.jsonl\n"
             "metric_list:\n  - metric: accuracy\n    aggregation: !function utils.accuracy\n"
             "    higher_is_better: true\n" + share)
 
 
-def group_yaml(name, tasks, metric, aggregation):
+def group_yaml(name, tasks, metric=None, aggregation=None):
+    """A group of `tasks`, aggregating `metric` (None: the group lists its members' figures only)."""
     listed = "".join(f"  - {t}\n" for t in tasks)
-    return (f"group: {name}\ntask:\n{listed}aggregate_metric_list:\n  - metric: {metric}\n"
-            f"    aggregation: {aggregation}\n    weight_by_size: false\n" + METADATA)
+    aggregate = (f"aggregate_metric_list:\n  - metric: {metric}\n    aggregation: {aggregation}\n"
+                 "    weight_by_size: false\n") if metric else ""
+    return f"group: {name}\ntask:\n{listed}" + aggregate + METADATA
 
 
-def write_yamls(root, docs, groups_of_avg, max_new_tokens):
-    """The template, one task per condition, a group per category of several subtypes, the group `pvrbench`."""
+def write_groups(root, prefix, groups_of_avg):
+    """A group per category of several conditions (its accuracy: their mean) and `prefix`'s group of the categories,
+    whose pvr_avg is Avg.; returns the category members."""
+    members = []
+    for cat, conds in groups_of_avg.items():
+        if len(conds) == 1 and conds[0].split("@")[0] == cat:   # an extension's subtype: a column of its own
+            members.append(task_name(conds[0]))
+            continue
+        members.append(f"{prefix}_{cat}")
+        (root / f"{prefix}_{cat}.yaml").write_text(group_yaml(f"{prefix}_{cat}", map(task_name, conds), "accuracy",
+                                                              "mean"))
+    return members
+
+
+def write_yamls(root, docs, points, max_new_tokens):
+    """The template, one task per condition, the groups (write_groups) and `pvrbench`; `points`: {eta label:
+    {category: [conditions]}}, with the one label "" unless a sweep."""
     for cond in docs:
-        (root / f"pvrbench_{cond}.yaml").write_text(task_yaml(cond))
-    members = ["pvrbench_clean"] if "clean" in docs else []
-    for cat, subs in groups_of_avg.items():
-        members.append(f"pvrbench_{cat}")
-        if subs != [cat]:   # a category of Table 8 (an extension's subtype is a column of its own: no group)
-            (root / f"pvrbench_{cat}.yaml").write_text(group_yaml(f"pvrbench_{cat}", [f"pvrbench_{s}" for s in subs],
-                                                                  "accuracy", "mean"))
-    (root / "pvrbench.yaml").write_text(group_yaml("pvrbench", members, "pvr_avg", "!function utils.total"))
+        (root / f"{task_name(cond)}.yaml").write_text(task_yaml(cond))
+    clean = ["pvrbench_clean"] if "clean" in docs else []
+    if list(points) == [""]:
+        members = write_groups(root, "pvrbench", points[""])
+        (root / "pvrbench.yaml").write_text(group_yaml("pvrbench", clean + members, "pvr_avg", "!function utils.total"))
+    else:
+        for label, groups_of_avg in points.items():
+            name = "pvrbench_eta" + label.replace(".", "p")
+            (root / f"{name}.yaml").write_text(group_yaml(name, write_groups(root, name, groups_of_avg), "pvr_avg",
+                                                          "!function utils.total"))
+        (root / "pvrbench.yaml").write_text(group_yaml("pvrbench", clean + ["pvrbench_eta" + label.replace(".", "p")
+                                                                            for label in points]))
     (root / "_default_template_yaml").write_text(template(max_new_tokens))
 
 
@@ -105,21 +141,24 @@ def copy_scoring(root):
         (folder / "__init__.py").write_text("")
 
 
-def write(root, groups, written, settings, groups_of_avg, errors=0):
+def write(root, groups, written, settings, points, errors=0):
     """The task folder in `root` (where evaluation.Exporter wrote the clips); `settings`: the run's
-    evaluation.EvalSettings; `groups_of_avg`: what Avg. averages (eval_pvrbench.avg_groups). Returns the number
-    of docs per condition."""
+    evaluation.EvalSettings; `points`: what each Avg. averages, {eta label ("" unless a sweep): {category:
+    [conditions]}} (eval_pvrbench.avg_groups, per intensity). Returns the number of docs per condition."""
     root = Path(root)
     docs = docs_of(groups, written, settings.style)
     (root / "docs").mkdir(parents=True, exist_ok=True)
     for cond, rows in docs.items():
-        (root / "docs" / f"{cond}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    present = {c: [s for s in subs if s in docs] for c, subs in groups_of_avg.items()}
-    present = {c: subs for c, subs in present.items() if subs}
+        (root / "docs" / f"{tag(cond)}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    present = {label: {c: [s for s in conds if s in docs] for c, conds in groups_of_avg.items()}
+               for label, groups_of_avg in points.items()}
+    present = {label: {c: conds for c, conds in g.items() if conds} for label, g in present.items()}
     write_yamls(root, docs, present, settings.max_new_tokens)
     copy_scoring(root)
-    config = {"style": settings.style, "scoring": settings.scoring, "avg_weights": avg_weights(present),
-              "groups_of_avg": present, "docs": {c: len(r) for c, r in docs.items()},
+    config = {"style": settings.style, "scoring": settings.scoring,
+              "avg_weights": {s: w for g in present.values() for s, w in avg_weights(g).items()},
+              "groups_of_avg": present[""] if list(present) == [""] else present,
+              "etas": list(settings.etas), "docs": {c: len(r) for c, r in docs.items()},
               "corrupted_clips_not_exported": errors, "eta": settings.eta, "frames": settings.frames,
               "max_pixels": settings.max_pixels, "fps": settings.fps, "max_new_tokens": settings.max_new_tokens,
               "benchmark": settings.benchmark, "versions": runtime.versions()}

@@ -50,7 +50,8 @@ def doc_to_messages(doc, lmms_eval_specific_kwargs=None):
 def process_results(doc, results):
     text = results[0] if results else ""
     record = {"id": doc["id"], "question_id": doc["question_id"], "condition": doc["condition"],
-              "source": doc["source"], "task": doc["task"], "response": text, "error": None}
+              "source": doc["source"], "task": doc["task"], "video": f"{doc['source']}/{doc['video_id']}",
+              "response": text, "error": None}
     if isinstance(text, str) and text.startswith(FAILED):
         record.update(error=text, filtered_resps=None, score=None)
     else:

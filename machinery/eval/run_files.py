@@ -1,6 +1,6 @@
 """The files of an eval_pvrbench.py run: its run hash (the settings that change a generation, run_config), the
 latest results file of each run (latest_per_config, latest_results), the files written (write_results) and their
-bar charts (per_task.png, compare.png)."""
+per-task bar charts (per_task.png, compare_per_task.png)."""
 from __future__ import annotations
 
 import json
@@ -30,6 +30,7 @@ def run_config(settings: EvalSettings, target, paths, roots, subtypes, render, r
                 subtypes=subtypes, assign=settings.assign, frames=settings.frames, max_pixels=settings.max_pixels,
                 fps=settings.fps, eta=settings.eta, style=settings.style, max_new_tokens=settings.max_new_tokens,
                 render=render, **({"scoring": settings.scoring} if settings.scoring != answers.SCORINGS[0] else {}),
+                **({"etas": list(settings.etas)} if settings.etas else {}),
                 **(run_key or {}), depth=depths.Depth(settings.depth_model).key(),
                 **({"video_format": video_format(settings.video_format, settings.base_url)}
                    if scheme == "openai" else {}))
@@ -51,16 +52,15 @@ def latest_results(model_dir, run_hash, judge):
                  if (h, j) == (run_hash, judge)), None)
 
 
-def write_results(out, flat, model_dir, run_dir, ts, name, table_md):
-    """<ts>_manifest.jsonl, <ts>_samples_pvrbench_<source>.jsonl (lmms-eval's layout), <ts>_results.json,
-    table.md and per_task.png."""
+def write_results(out, flat, model_dir, run_dir, ts, table_md):
+    """<ts>_manifest.jsonl, <ts>_samples_pvrbench_<source>.jsonl (lmms-eval's layout), <ts>_results.json and
+    table.md (the pictures: eval_pvrbench.draw_charts)."""
     shutil.copyfile(run_dir / "manifest.jsonl", model_dir / f"{ts}_manifest.jsonl")
     for src, rs in flat.items():   # lmms-eval's: resps [[text]], filtered_resps [answer]
         write_jsonl(model_dir / f"{ts}_samples_pvrbench_{src}.jsonl",
                     [dict(r, resps=[[r["response"]]], filtered_resps=[r["filtered_resps"]]) for r in rs])
     (model_dir / f"{ts}_results.json").write_text(json.dumps(out, indent=1, ensure_ascii=False))
     (model_dir / "table.md").write_text(table_md)
-    chart(model_dir / "per_task.png", [out], [name])
 
 
 COLOURS = [((120, 170, 220), (30, 90, 160)), ((240, 170, 120), (200, 90, 20)), ((150, 210, 150), (40, 140, 60)),
