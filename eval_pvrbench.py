@@ -8,6 +8,9 @@ category and the five reasoning-quality metrics), on the sources of App. B.1 (VS
     python eval_pvrbench.py --benchmark ... --export pvrbench/   # the corrupted mp4s + manifest only, no model
     python eval_pvrbench.py --benchmark ... --export-lmms-eval pvrbench/   # ... as an lmms-eval task folder
     python eval_pvrbench.py --compare A_results.json B_results.json
+    python eval_pvrbench.py --etas 0.3,0.5,0.7,0.9          # a severity sweep: each intensity, robustness curves
+    python eval_pvrbench.py --benchmark ... --export-hf pvrbench_hf/   # as a Hugging Face dataset folder
+    python eval_pvrbench.py --regenerate-hf pvrbench_hf/    # its clips rendered again from their specs, checked
 
 Static protocol (Sec. 4). Each (video, subtype) gets one fixed spec, perturb.static_spec(video id, subtype, eta),
 seeded by SHA-256 of the video's identity (data.video_identity): every question on that video under that
@@ -34,9 +37,15 @@ left out of the means, counted in n_errors and tried again by the next run of th
 Outputs, under OUT/<model>/ (the model's last path component, "<parent>-final" for train.py's OUT/final, or the
 API model's name): run_<hash>/, the working store (the same command run again skips what is done, so a kill
 loses at most the batch in flight; the hash covers what changes a generation, not --limit or --judge); then
-<timestamp>_results.json, _samples_pvrbench_<source>.jsonl (lmms-eval's layout) and _manifest.jsonl, table.md
-and per_task.png (Figs. 14-18). With no arguments: the train demo's runs/rova/final, or an untrained tiny model
+<timestamp>_results.json, _samples_pvrbench_<source>.jsonl (lmms-eval's layout) and _manifest.jsonl, table.md,
+subtypes.png (clean and each subtype) and, with several tasks, per_task.png (Figs. 14-18). With no arguments: the train demo's runs/rova/final, or an untrained tiny model
 (OUT/tiny), on the synthetic benchmark (runs/rova/synthetic, as the train demo builds it) at its demo settings.
+
+Severity sweeps (--etas, an extension of the paper's one point at App. D's 0.7): every clip keeps its spec but its
+intensity, a condition per (subtype, eta) named "<subtype>@<eta>", clean asked once; each intensity is summarized
+as a one-point run (summarize_sweep), and the curves (robustness_curves: accuracy, n, the SE clustered by video,
+perturbed / clean per eta; the area under each) and robustness_curves.png added. PVRBench as a dataset:
+--export-hf (machinery/eval/hf_dataset.py).
 
 An extension (extensions/) writes its own main from these pieces: parser() with its flags added, resolve_model
 with its model schemes, load_benchmark, evaluate with its models, reports, frame sampler and tables.
@@ -229,22 +238,28 @@ def robustness_curves(records_by_source, per_eta, subtypes, etas):
     """results.json's `curves` ({"clean": point, and per Table 2 column, per category and per subtype: {eta:
     point}}: curve_point), `auc` (area, per curve) and `relative_robustness` (Avg. / Orig. per eta)."""
     recs = [dict(r, source=src) for src, rs in records_by_source.items() for r in rs]
-    clean_recs = [r for r in recs if r["condition"] == "clean"]
     clean = next(iter(per_eta.values()))["pvrbench"]["accuracy"]["orig"]
-    names = {"avg": subtypes, **{c: [s for s in subs if s in subtypes] for c, subs in perturb.CATEGORIES.items()},
-             **{s: [s] for s in subtypes}}
-    names = {k: subs for k, subs in names.items() if subs}
-    curves = {"clean": curve_point(clean, clean_recs, clean)}
-    for name, subs in names.items():
+    curves = {"clean": curve_point(clean, [r for r in recs if r["condition"] == "clean"], clean)}
+    for name, subs in curve_members(subtypes).items():
         curves[name] = {}
         for e in etas:
-            acc = per_eta[f"{e:g}"]["pvrbench"]["accuracy"]
-            value = acc["avg"] if name == "avg" else acc["categories"].get(name, per_eta[f"{e:g}"]["pvrbench"][
-                "overall"].get(name))
             cell = [r for r in recs if r["condition"] in {condition(s, e) for s in subs}]
-            curves[name][f"{e:g}"] = curve_point(value, cell, clean)
+            curves[name][f"{e:g}"] = curve_point(column(per_eta[f"{e:g}"]["pvrbench"], name), cell, clean)
     return {"curves": curves, "auc": {k: area(v, etas) for k, v in curves.items() if k != "clean"},
             "relative_robustness": {k: v["relative"] for k, v in curves["avg"].items()}}
+
+
+def curve_members(subtypes):
+    """{curve: the subtypes whose samples it pools}: Avg., each category in Table 2's order, each subtype."""
+    cats = {c: [s for s in perturb.CATEGORIES[c] if s in subtypes] for c, _ in CATEGORY_COLUMNS}
+    return {"avg": list(subtypes), **{c: subs for c, subs in cats.items() if subs}, **{s: [s] for s in subtypes}}
+
+
+def column(pvr, name):
+    """A curve's accuracy in one intensity's Table 2 blocks: Avg., a category's column or a subtype's score."""
+    if name == "avg":
+        return pvr["accuracy"]["avg"]
+    return pvr["accuracy"]["categories"][name] if name in perturb.CATEGORIES else pvr["overall"].get(name)
 
 
 def summarize_sweep(records_by_source, subtypes, etas, style="reason"):
@@ -912,7 +927,7 @@ def export_hf(args, bench, groups, manifest, out, shown):
     info = {"name": "PVRBench" + (" severity sweep" if args.etas else ""), "sources": list(bench.sources),
             "subtypes": bench.subtypes, "etas": list(args.etas), "eta": json.dumps(flags["eta"]), "rows": len(rows),
             "clips": len({r["video"] for r in rows}), "command": command_line(flags), "render": perturb.RENDER_VERSION,
-            "versions": {k: v for k, v in runtime.versions().items() if k != "git_commit"}}
+            "versions": {k: v for k, v in runtime.versions().items() if k not in ("git_commit", "platform")}}
     hf_dataset.write(args.export_hf, rows, flags, hf_dataset.card(info))
 
 

@@ -64,6 +64,7 @@ BLOCKS = {
                                        "runs/demo_spread/rova/seed0"), False),
     "demo-spread": Block("docs/MEASURED.md", ("benchmarks/demo_spread.py", "--out", "runs/demo_spread", "--write"),
                          False),
+    "demo-curves": Block("docs/MEASURED.md", ("benchmarks/demo_curves.py", "--write"), False),
     "bench-perturb": Block("docs/MEASURED.md", ("benchmarks/bench_perturb.py",), False),
     "bench-rollout": Block("docs/MEASURED.md", ("benchmarks/bench_rollout.py",), False),
     "bench-depth": Block("docs/MEASURED.md", ("benchmarks/bench_depth.py",), False),

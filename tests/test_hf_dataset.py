@@ -45,7 +45,7 @@ def test_load_dataset_reads_the_folder_with_its_subtypes_and_card(exported):
     front = yaml.safe_load(card.split("---\n")[1])
     assert front["configs"] == [{"config_name": "default", "data_files": [{"split": "test",
                                                                             "path": "data/test-*.parquet"}]}]
-    for needed in ("--regenerate-hf", "huggingface-cli upload", "## Licences and citations", "--etas 0.3,0.9"):
+    for needed in ("--regenerate-hf", "hf upload", "## Licences and citations", "--etas 0.3,0.9"):
         assert needed in card
 
 
