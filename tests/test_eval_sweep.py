@@ -104,6 +104,19 @@ def test_a_sweep_scores_each_intensity_as_a_one_point_run_and_a_rerun_generates_
     assert (tmp_path / "c" / "compare.png").is_file()
 
 
+def test_a_sweep_stopped_part_way_resumes_to_the_same_results(assets, tmp_path, counted):
+    ev.main(cli(assets, tmp_path / "full", "--etas", ETAS, "--batch-size", "4"))
+    full = outputs(tmp_path / "full")[1]["results"]
+    counted["n"] = 0
+    assert ev.main(cli(assets, tmp_path / "cut", "--etas", ETAS, "--batch-size", "4", "--stop-after", "9")) is None
+    done = counted["n"]
+    assert 9 <= done < 32 and not list((tmp_path / "cut" / "tiny").glob("*_results.json"))
+    ev.main(cli(assets, tmp_path / "cut", "--etas", ETAS, "--batch-size", "4"))
+    assert counted["n"] == 32   # each (question, condition) generated once over the two runs
+    cut = outputs(tmp_path / "cut")[1]["results"]
+    assert cut["curves"] == full["curves"] and cut["sweep"] == full["sweep"]
+
+
 def test_a_sweep_exports_a_task_group_per_intensity_clustered_by_video(assets, tmp_path):
     folder = tmp_path / "task"
     ev.main(cli(assets, tmp_path / "out", "--etas", "0.3,0.9", "--export-lmms-eval", str(folder)))
