@@ -68,8 +68,8 @@ from pathlib import Path
 
 import numpy as np
 
-from machinery.corruption import depth as depths
 from machinery import video
+from machinery.corruption import depth as depths
 from machinery.datasets import answers, data
 from machinery.eval import charts, evaluation, hf_dataset, lmms_task, run_files
 from machinery.eval import diagnostics
@@ -363,7 +363,7 @@ def draw_charts(folder, results, name, subtypes):
     cats = chart_categories(subtypes)
     charts.subtype_bars(folder / "subtypes.png", cats, subtype_series(results), f"PVRBench: {name}, clean and per subtype")
     blocks = results["sweep"]["per_eta"].values() if "sweep" in results else [results]
-    if len({(src, t) for b in blocks for src, sb in b["sources"].items() for t in sb["per_task"]["clean"]}) > 1:
+    if len({task for b in blocks for task in tasks_of(b)}) > 1:
         run_files.chart(folder / "per_task.png", [{"results": b} for b in blocks],
                         [f"η={e}" for e in results["sweep"]["per_eta"]] if "sweep" in results else [name])
     if "sweep" in results:
@@ -396,23 +396,29 @@ def compare(paths, out):
 
 
 def compare_charts(out, results, labels):
-    """compare.png, compare_per_task.png and compare_curves.png (compare), as the results allow."""
+    """compare.png (per subtype) and compare_per_task.png (several tasks) of the one-point results, and
+    compare_curves.png of the sweeps (compare), as the results allow."""
     points = [(lb, r) for lb, r in zip(labels, results) if "sweep" not in r["results"]]
     sweeps = [(lb, r) for lb, r in zip(labels, results) if "sweep" in r["results"]]
-    subtypes = list(dict.fromkeys(s for _, r in points + sweeps for s in r["config"]["subtypes"]))
+    cats = chart_categories(list(dict.fromkeys(s for _, r in points + sweeps for s in r["config"]["subtypes"])))
     written = []
     if points:
-        written.append(charts.subtype_bars(out / "compare.png", chart_categories(subtypes),
-                                           [(lb, subtype_series(r["results"])[0][1]) for lb, r in points],
+        written.append(charts.subtype_bars(out / "compare.png", cats, [(lb, subtype_series(r["results"])[0][1])
+                                                                      for lb, r in points],
                                            "PVRBench: clean and per subtype"))
-        if len({(s, t) for _, r in points for s, b in r["results"]["sources"].items() for t in b["per_task"]["clean"]}) > 1:
-            written.append(run_files.chart(out / "compare_per_task.png", [r for _, r in points], [lb for lb, _ in points]))
+    if len({task for _, r in points for task in tasks_of(r["results"])}) > 1:
+        written.append(run_files.chart(out / "compare_per_task.png", [r for _, r in points], [lb for lb, _ in points]))
     if sweeps:
         etas = sorted({e for _, r in sweeps for e in r["results"]["sweep"]["etas"]})
-        written.append(charts.compare_curves(out / "compare_curves.png", chart_categories(subtypes),
-                                             [(lb, r["results"]["curves"]) for lb, r in sweeps], etas,
+        written.append(charts.compare_curves(out / "compare_curves.png", cats, [(lb, r["results"]["curves"])
+                                                                                for lb, r in sweeps], etas,
                                              "PVRBench robustness curves"))
     return written
+
+
+def tasks_of(results):
+    """The (source, task) pairs a one-point results' blocks score."""
+    return {(src, t) for src, block in results["sources"].items() for t in block["per_task"]["clean"]}
 
 
 # ----------------------------------------------------------------------------- benchmarks and the plan
@@ -713,10 +719,7 @@ def parse_args(argv=None, ap=None):
     ap = ap or parser()
     args = ap.parse_args(argv)
     runtime.out_dir(args.out, create=False)  # (made when there are results to write)
-    if args.etas and args.eta is not None:
-        ap.error("--eta and --etas: give one (--eta: one intensity; --etas: a sweep over several)")
-    if sum(map(bool, (args.export, args.export_lmms_eval, args.export_hf, args.regenerate_hf))) > 1:
-        ap.error("--export, --export-lmms-eval, --export-hf and --regenerate-hf: give one")
+    check_exclusive(ap, args)
     args.export = args.export_lmms_eval or args.export or (str(Path(args.export_hf) / "videos") if args.export_hf else "")
     synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
     for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
@@ -734,6 +737,14 @@ def parse_args(argv=None, ap=None):
         except ValueError:
             ap.error(f"--fps must be 'video' or a number, got {args.fps!r}")
     return args
+
+
+def check_exclusive(ap, args):
+    """Flags that exclude each other: one line (argparse's) before any work."""
+    if args.etas and args.eta is not None:
+        ap.error("--eta and --etas: give one (--eta: one intensity; --etas: a sweep over several)")
+    if sum(map(bool, (args.export, args.export_lmms_eval, args.export_hf, args.regenerate_hf))) > 1:
+        ap.error("--export, --export-lmms-eval, --export-hf and --regenerate-hf: give one")
 
 
 def make_judge(args, run_dir):

@@ -89,7 +89,7 @@ def test_a_sweep_scores_each_intensity_as_a_one_point_run_and_a_rerun_generates_
     point = outputs(tmp_path / "point")[1]["results"]
     assert point["pvrbench"]["overall"] == r["sweep"]["per_eta"]["0.3"]["pvrbench"]["overall"]
     assert point["sources"] == r["sweep"]["per_eta"]["0.3"]["sources"]
-    for qid, clips in counted["clips"].items():   # the sweep's 4 clips, then the one-point run's 2
+    for clips in counted["clips"].values():   # the sweep's 4 clips, then the one-point run's 2
         sweep, once = clips[:4], clips[4:]
         assert len(once) == 2 and len({c.tobytes() for c in sweep}) == 4   # clean and 3 different intensities
         assert all(any(np.array_equal(c, d) for d in sweep) for c in once)

@@ -29,33 +29,34 @@ def _save(fig, path):
     return str(path)
 
 
+def _columns(categories):
+    """The bars' layout: (columns, their x positions, (category, first x, last x) per category); clean first,
+    Avg. last, a gap between groups."""
+    groups = [("", ["clean"]), *categories.items(), ("", ["avg"])]
+    cols, xs, spans, x = [], [], [], 0.0
+    for cat, members in groups:
+        spans.append((cat, x, x + len(members) - 1))
+        cols += members
+        xs += [x + k for k in range(len(members))]
+        x += len(members) + 0.6
+    return cols, xs, [span for span in spans if span[0]]
+
+
 def subtype_bars(path, categories, series, title):
-    """Grouped bars: clean, then each category's subtypes (the category named under them), then Avg.; one bar per
+    """Grouped bars: clean, then each category's subtypes (the category named above them), then Avg.; one bar per
     (label, {column: accuracy or None}) of `series`. A missing value leaves its bar out."""
-    plt = _pyplot()
-    groups = [("", ["clean"])] + [(c, subs) for c, subs in categories.items()] + [("", ["avg"])]
-    xs, names, spans, x = [], [], [], 0.0
-    for cat, cols in groups:
-        spans.append((cat, x, x + len(cols) - 1))
-        for col in cols:
-            xs.append(x)
-            names.append("Avg." if col == "avg" else col)
-            x += 1
-        x += 0.6   # a gap between groups
+    cols, xs, spans = _columns(categories)
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(max(7.0, 0.55 * len(xs) * max(1, len(series)) ** 0.5 + 2), 4.2), dpi=110)
+    fig, ax = _pyplot().subplots(figsize=(max(7.0, 0.55 * len(xs) * max(1, len(series)) ** 0.5 + 2), 4.2), dpi=110)
     for k, (label, values) in enumerate(series):
-        cols = [c for _, cs in groups for c in cs]
-        pos = [x + (k - (len(series) - 1) / 2) * width for x in xs]
-        ys = [values.get(c) for c in cols]
-        ax.bar([p for p, y in zip(pos, ys) if y is not None], [y for y in ys if y is not None], width * 0.95,
-               label=label, color=COLOURS[k % len(COLOURS)])
-    ax.set_xticks(xs, names, rotation=45, ha="right", fontsize=8)
+        bars = [(x + (k - (len(series) - 1) / 2) * width, values.get(c)) for x, c in zip(xs, cols)]
+        bars = [(x, y) for x, y in bars if y is not None]
+        ax.bar([x for x, _ in bars], [y for _, y in bars], width * 0.95, label=label, color=COLOURS[k % len(COLOURS)])
+    ax.set_xticks(xs, ["Avg." if c == "avg" else c for c in cols], rotation=45, ha="right", fontsize=8)
     for cat, a, b in spans:
-        if cat:
-            ax.annotate(cat, ((a + b) / 2, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom",
-                        fontsize=8, color="#444")
-            ax.axvspan(a - 0.5, b + 0.5, color="#f2f2f2", zorder=0)
+        ax.annotate(cat, ((a + b) / 2, 1.0), xycoords=("data", "axes fraction"), ha="center", va="bottom",
+                    fontsize=8, color="#444")
+        ax.axvspan(a - 0.5, b + 0.5, color="#f2f2f2", zorder=0)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy")
     ax.set_title(title, fontsize=10, pad=16)
