@@ -1,9 +1,10 @@
 """Process plumbing shared by the command-line scripts (train.py, eval_pvrbench.py, perturb.py, data.py,
 synthetic.py, policy.py and the extensions' scripts): a mistake the user can fix is one line on stderr with exit code 2
-(the traceback only with --debug or ROVA_DEBUG=1), Ctrl-C ends with one line saying how to continue, output
-paths and model sources are checked before any work, --help is grouped with defaults shown, third-party
-output that is not an error stays quiet, and torch's OpenMP threads spin briefly, so that a second busy
-process on the machine costs a share of the cores, not a collapse.
+(the traceback only with --debug or ROVA_DEBUG=1), Ctrl-C ends with one line saying how to continue, and so does a
+distributed run that lost a process or node (naming it; exit code 1), output paths and model sources are checked
+before any work, --help is grouped with defaults shown, third-party output that is not an error stays quiet, and
+torch's OpenMP threads spin briefly, so that a second busy process on the machine costs a share of the cores, not a
+collapse.
 
 The second half is train.py's plumbing, kept out of the training loop so that the loop reads as the
 paper's algorithm: torchrun's process group, gradients averaged over ranks, every RNG's state and the step log
@@ -21,6 +22,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -82,20 +84,22 @@ def _close_progress_bars():
 
 @contextmanager
 def interrupt_hint(text):
-    """Ctrl-C inside the block: `run` says `text` (how to continue; a function giving it is asked then, so that it
-    names only what exists) instead of its `interrupted` line."""
+    """Ctrl-C, or a lost peer (peer_lost), inside the block: `run` says `text` (how to continue; a function giving
+    it is asked then, so that it names only what exists) instead of its `interrupted` line."""
     try:
         yield
-    except KeyboardInterrupt as e:
-        e.hint = getattr(e, "hint", None) or (text() if callable(text) else text)
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) or (_PEERS and peer_lost(e, rank_of(), _PEERS)):
+            e.hint = getattr(e, "hint", None) or (text() if callable(text) else text)
         raise
 
 
 def run(main, *, interrupted="", argv=None):
     """Run a script's main(): user errors as one line and exit 2; Ctrl-C as one line and exit 130, with
     `interrupted` (a string, or a function giving one; an `interrupt_hint` block's text first) saying how to
-    continue; --debug / ROVA_DEBUG=1 lets every exception through with its traceback. Under torchrun only rank 0
-    prints the Ctrl-C line."""
+    continue; a collective that failed because another process of the run was lost (peer_lost) as one line on
+    every process that saw it, with the same hint, and exit 1; --debug / ROVA_DEBUG=1 lets every exception through
+    with its traceback. Under torchrun only rank 0 prints the Ctrl-C line."""
     debug = debug_requested(argv)
     try:
         rc = main() if argv is None else main(argv)
@@ -122,6 +126,15 @@ def run(main, *, interrupted="", argv=None):
         _close_progress_bars()
         print(f"error: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr, flush=True)
         sys.exit(2)
+    except BaseException as e:   # (DCP's CheckpointException is a BaseException)
+        line = peer_lost(e, rank_of(), _PEERS) if _PEERS and not debug else None
+        if line is None:
+            raise
+        hint = getattr(e, "hint", None) or (interrupted() if callable(interrupted) else interrupted)
+        _close_progress_bars()
+        print(f"error: {line}" + (f". {'On every node: ' if _nodes(_PEERS) > 1 else ''}{hint}" if hint else ""),
+              file=sys.stderr, flush=True)
+        leave(1)   # (the broken process group's teardown could block)
     sys.exit(rc if isinstance(rc, int) else 0)
 
 
@@ -339,6 +352,8 @@ def setup_distributed():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
         if cuda:
             torch.cuda.set_device(device)
+        _PEERS[:] = [None] * world
+        dist.all_gather_object(_PEERS, _where())
         return rank, world, device
     return 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -356,6 +371,87 @@ def _die_with_the_launcher():
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
     if os.getppid() != launcher:   # the launcher died before the request: follow it now
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+# every rank's (node, host, addresses), gathered as the process group starts (setup_distributed): names a lost peer
+_PEERS: list = []
+
+# gloo's words (transport/tcp/pair.cc) for a peer that is gone: "Read error [10.0.0.2]:43675: Connection reset by
+# peer", "Connection closed by peer [10.0.0.2]:43675", "writev [...]:43675: Broken pipe", "Read timeout [...]:43675";
+# and for a collective that no peer completed in time: "Timed out waiting 10000ms for recv operation to complete"
+_GLOO_LOST = re.compile(r"(Read error|Read timeout|Write timeout|writev|Connection closed by peer|Connect timeout|"
+                        r"Socket (?:unexpectedly )?closed) \[([^\]\s]+)\]:(\d+)(?::\s*([^.\n]+))?")
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms")
+# NCCL's (a DistBackendError): "remote process exited or there was a network error" (unverified here: no GPUs)
+_NCCL_LOST = re.compile(r"remote process|network error|[Cc]onnection (?:closed|reset)")
+
+
+def _where():
+    """This process's (node, host, addresses): torchrun's node rank, the host name, and the addresses its peers
+    may know it by (the host name's, gloo's default, and the one it reaches the rendezvous host from)."""
+    import socket
+
+    host, addresses = socket.gethostname(), set()
+    try:
+        addresses.update(socket.gethostbyname_ex(host)[2])
+    except OSError:
+        pass
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:   # (UDP: connect sends nothing)
+            s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 1))
+            addresses.add(s.getsockname()[0])
+    except OSError:
+        pass
+    return int(os.environ.get("GROUP_RANK", 0)), host, sorted(addresses)
+
+
+def _span(ranks):
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else ", ".join(map(str, ranks))
+
+
+def _nodes(peers):
+    return len({node for node, _, _ in peers})
+
+
+def _peer_name(ip, port, rank, peers):
+    """The process at ip:port as its rank (or its node's ranks) and host, where `peers` tells which it is."""
+    nodes = _nodes(peers)
+    ranks = [r for r, (_, _, addresses) in enumerate(peers) if ip in addresses and r != rank]
+    places, at = {tuple(peers[r][:2]) for r in ranks}, f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+    if len(places) != 1:
+        return f"the process at {at}" + (f" (one of ranks {_span(ranks)})" if ranks else "")
+    (node, host), = places
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} (node {node} of {nodes}, host {host}, {at})"
+    return f"a rank of node {node} of {nodes} (host {host}, ranks {_span(ranks)}, {at})"
+
+
+def peer_lost(exc, rank, peers):
+    """The one line (after `error: `) for an exception `exc` of rank `rank` that says another process of the run
+    was lost: a gloo connection closed by a peer (named by its rank, node and host where `peers`, every rank's
+    (node, host, addresses), tells which it is; else by its address), a collective that waited out
+    ROVA_DIST_TIMEOUT, the rendezvous store gone, NCCL's remote error; None for any other exception (its traceback
+    tells more)."""
+    chain = [exc]   # the exception and what it was raised from (DCP's CheckpointException holds the rank's error)
+    while len(chain) < 8 and (chain[-1].__cause__ or chain[-1].__context__) is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    text = "\n".join(str(e) for e in chain)
+    me = f"rank {rank} (node {peers[rank][0]} of {_nodes(peers)})"
+    if m := _GLOO_LOST.search(text):
+        what, ip, port, why = m.groups()
+        return (f"{_peer_name(ip, port, rank, peers)} stopped answering {me}: {' '.join((why or what).split())}; "
+                "a process or node of the run was lost")
+    if m := _GLOO_TIMEOUT.search(text):
+        return (f"{me} waited {int(m.group(1)) / 1000:g} s (the collective timeout: ROVA_DIST_TIMEOUT) for a peer "
+                "that did not answer: a process or node of the run was lost or hangs")
+    dist = sys.modules.get("torch.distributed")
+    lost = [] if dist is None else [e for e in chain if isinstance(e, (dist.DistNetworkError, dist.DistStoreError))
+                                    or isinstance(e, dist.DistBackendError) and _NCCL_LOST.search(str(e))]
+    if lost:
+        return (f"{me}: the process group failed ({_one_line(str(lost[0]).split('. ')[0])[:200]}): a process or node "
+                "of the run was lost, or the network between them")
+    return None
 
 
 def log(*args, **kwargs):

@@ -118,3 +118,86 @@ def test_help_is_grouped_and_shows_the_defaults():
     ev = subprocess.run([sys.executable, "eval_pvrbench.py", "--help"], cwd=ROOT, capture_output=True, text=True,
                         timeout=120)
     assert ev.returncode == 0 and all(f"\n{g}:\n" in ev.stdout for g in ("benchmark", "model", "judge", "output"))
+
+
+# gloo's error when the peer's process is gone (torch 2.14, seen on the surviving rank of a two-node run whose other
+# node's torchrun was killed with kill -9), and when a collective waited out the process group's timeout
+GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error [10.0.0.2]:49821: "
+              "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the "
+              "application. Check the logs of the remote worker before reporting an error. GLHF!")
+GLOO_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+                "10000ms for recv operation to complete")
+TWO_NODES = [(0, "gpu-a", ["10.0.0.1"]), (0, "gpu-a", ["10.0.0.1"]), (1, "gpu-b", ["10.0.0.2"]),
+             (1, "gpu-b", ["10.0.0.2"])]
+
+
+def test_a_lost_peer_is_named_by_its_rank_node_and_host():
+    """runtime.peer_lost: gloo's address -> the rank, or the node's ranks, that it is; the timeout in seconds; any
+    other exception is not a lost peer."""
+    one_each = [(0, "gpu-a", ["10.0.0.1"]), (1, "gpu-b", ["10.0.0.2", "192.168.0.2"])]
+    assert runtime.peer_lost(RuntimeError(GLOO_RESET), 0, one_each) == (
+        "rank 1 (node 1 of 2, host gpu-b, 10.0.0.2:49821) stopped answering rank 0 (node 0 of 2): Connection reset by "
+        "peer; a process or node of the run was lost")
+    assert runtime.peer_lost(RuntimeError(GLOO_RESET), 1, TWO_NODES).startswith(
+        "a rank of node 1 of 2 (host gpu-b, ranks 2, 3, 10.0.0.2:49821) stopped answering rank 1 (node 0 of 2): ")
+    same_host = [(0, "vm", ["127.0.0.1"]), (0, "vm", ["127.0.0.1"]), (1, "vm", ["127.0.0.1"])]
+    closed = RuntimeError("Connection closed by peer [127.0.0.1]:5")
+    assert runtime.peer_lost(closed, 0, same_host).startswith(
+        "the process at 127.0.0.1:5 (one of ranks 1, 2) stopped answering rank 0 (node 0 of 2): Connection closed by "
+        "peer; ")
+    assert runtime.peer_lost(RuntimeError(GLOO_TIMEOUT), 3, TWO_NODES) == (
+        "rank 3 (node 1 of 2) waited 10 s (the collective timeout: ROVA_DIST_TIMEOUT) for a peer that did not answer: "
+        "a process or node of the run was lost or hangs")
+    try:   # what DCP does: the rank's error inside another one
+        try:
+            raise RuntimeError(GLOO_RESET.replace("10.0.0.2", "10.0.0.9"))
+        except RuntimeError as inner:
+            raise BaseException("CheckpointException ranks:dict_keys([0])") from inner
+    except BaseException as wrapped:
+        assert runtime.peer_lost(wrapped, 0, TWO_NODES).startswith("the process at 10.0.0.9:49821 stopped answering")
+    assert runtime.peer_lost(RuntimeError("CUDA out of memory"), 0, TWO_NODES) is None
+    assert runtime.peer_lost(ValueError("Read error in row 3"), 0, TWO_NODES) is None
+
+
+def test_nccl_and_store_failures_are_a_lost_peer_and_other_backend_errors_are_not():
+    """A DistBackendError is a lost peer only when it says so (NCCL's remote error); the rendezvous store gone is one;
+    an NCCL error of another kind keeps its traceback."""
+    import torch.distributed as dist
+    remote = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a "
+                                   "network error, NCCL version 2.21.5\nncclRemoteError: A call failed. Last error: x")
+    assert runtime.peer_lost(remote, 2, TWO_NODES) == (
+        "rank 2 (node 1 of 2): the process group failed (NCCL error in: ProcessGroupNCCL.cpp:1970, remote process "
+        "exited or there was a network error, NCCL version 2.21.5 ncclRemoteError: A call failed): a process or node "
+        "of the run was lost, or the network between them")
+    store = dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed.")
+    assert runtime.peer_lost(store, 0, TWO_NODES).startswith("rank 0 (node 0 of 2): the process group failed (Failed "
+                                                             "to recv, got 0 bytes): ")
+    assert runtime.peer_lost(dist.DistBackendError("NCCL error: unhandled cuda error"), 0, TWO_NODES) is None
+
+
+LOST = """
+from machinery import runtime
+runtime._PEERS[:] = {peers!r}
+def main():
+    with runtime.interrupt_hint(lambda: 'rerun the same command to continue from rl-0000004'):
+        raise RuntimeError({text!r})
+runtime.run(main, interrupted='the default')
+"""
+
+
+def test_run_reports_a_lost_peer_in_one_line_with_how_to_continue():
+    """runtime.run on a process of a distributed run: a lost peer is one line naming it, then what to rerun (on every
+    node when the run spans several) from the interrupt_hint block, exit code 1, no traceback; with ROVA_DEBUG=1
+    the traceback. A process of no distributed run (no peers) gets the traceback."""
+    out = run_py(LOST.format(peers=TWO_NODES, text=GLOO_RESET))
+    assert out.returncode == 1 and out.stderr == (
+        "error: a rank of node 1 of 2 (host gpu-b, ranks 2, 3, 10.0.0.2:49821) stopped answering rank 0 (node 0 of 2): "
+        "Connection reset by peer; a process or node of the run was lost. On every node: rerun the same command to "
+        "continue from rl-0000004\n")
+    one_node = run_py(LOST.format(peers=[(0, "vm", ["127.0.0.1"])] * 2, text=GLOO_TIMEOUT))
+    assert one_node.returncode == 1 and one_node.stderr.endswith(
+        "or hangs. rerun the same command to continue from rl-0000004\n") and "On every node" not in one_node.stderr
+    debug = run_py(LOST.format(peers=TWO_NODES, text=GLOO_RESET), env={"ROVA_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback" in debug.stderr and "GLHF" in debug.stderr
+    alone = run_py(LOST.format(peers=[], text=GLOO_RESET))
+    assert alone.returncode == 1 and "Traceback" in alone.stderr and "stopped answering" not in alone.stderr
