@@ -84,6 +84,18 @@ def test_a_folder_another_runs_process_holds_is_refused(tmp_path):
     assert claim(tmp_path)[0].name == "sft-0000002"   # this process's own earlier claim does not block it
 
 
+def test_a_filesystem_without_flock_is_one_line(tmp_path, monkeypatch):
+    """Lustre mounted without -o flock answers flock with ENOSYS: a UserError naming the folder, not a traceback."""
+    import errno
+    import fcntl
+
+    def no_flock(handle, how):
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with pytest.raises(UserError, match="its filesystem does not lock files .*Lustre: mount with -o flock"):
+        claim(tmp_path)
+
+
 WORKER = """import os, sys, time
 from machinery import runtime
 runtime.setup_distributed()

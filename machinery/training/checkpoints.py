@@ -318,6 +318,11 @@ def _lock(out, exclusive):
         raise UserError(f"another run's processes are still at work in {out} (they hold {out / '.lock'}; the "
                         "workers of a torchrun killed with kill -9 outlive it): stop them (for example pkill -f "
                         f"'{out}'), or give --out NEW") from None
+    except OSError as e:   # a filesystem without flock (Lustre mounted without -o flock: ENOSYS; some NFS: ENOLCK)
+        handle.close()
+        raise UserError(f"--out {out}: its filesystem does not lock files ({e.strerror}); the run folder needs flock "
+                        "(Lustre: mount with -o flock; NFS: with its lock service), or give --out on another "
+                        "filesystem") from None
     _locks[key] = handle
 
 
