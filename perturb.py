@@ -295,7 +295,8 @@ def _dusk(ctx):
     drift = ctx.drift("drift", 0.08, 0.005, 0.02)
     for t in range(ctx.T):  # lighter where the depth used says sky is, and a little toward the top; grad <= 1
         grad = ctx.per_map("dusk", t, lambda t: ctx.upsample(1 - p["sky_lift"] * np.maximum(ctx.sky_small(t), above)))
-        yield Layer(grad * np.float32(min(1.0, p["strength"] * drift[t])), lambda f, t=t: ctx.clip_lut(table, t))
+        weight = np.multiply(grad, np.float32(min(1.0, p["strength"] * drift[t])), out=ctx.weights())
+        yield Layer(weight, lambda f, t=t: ctx.clip_lut(table, t))
 
 
 def _night(ctx):
@@ -322,11 +323,18 @@ def _night(ctx):
     rng = ctx.rng("noise")
     offs = rng.integers(0, 16, (ctx.T, 2))
     drift = ctx.drift("drift", 0.05, 0.01, 0.04)
-    for t in range(ctx.T):
+
+    def dim(x, out):  # the sensor's response, the whole clip at once
+        return ops.lut(ops.color_matrix(x, m, out=out), gamma, out=out)
+
+    def effect(t):  # the read noise, per frame (written over the clip's map, which is read once)
         oy, ox = offs[t]
-        nz = noise[oy:oy + ctx.H, ox:ox + ctx.W]
-        yield Layer(dark * np.float32(min(1.0, p["strength"] * drift[t])),
-                    lambda f, nz=nz: ops.add_signed(ops.lut(ops.color_matrix(f, m), gamma), nz))
+        e = ctx.clip_map("night", dim, t)
+        return ops.add_signed(e, noise[oy:oy + ctx.H, ox:ox + ctx.W], out=e)
+
+    for t in range(ctx.T):
+        weight = np.multiply(dark, np.float32(min(1.0, p["strength"] * drift[t])), out=ctx.weights())
+        yield Layer(weight, lambda f, t=t: effect(t))
 
 
 def _overexposure(ctx):
@@ -342,7 +350,7 @@ def _overexposure(ctx):
     yy, xx = np.mgrid[0:bh, 0:bw].astype(np.float32)
     hunt = ctx.drift("hunt", 0.12, 0.02, 0.06)
 
-    def effect(f, t):
+    def effect(f, t):  # E_t: the exposed frame, its bloom added in place (it is read once)
         e = ctx.clip_lut(table, t)
         small = ops.host(ops.resize(e, bw, bh))
         halo = cv2.GaussianBlur(cv2.LUT(small, bright).astype(np.float32), (0, 0), max(1.0, bw / 24)) * \
@@ -351,7 +359,7 @@ def _overexposure(ctx):
             r2 = (xx - gx - path[0, t]) ** 2 + (yy - gy - path[1, t]) ** 2
             halo += (200 * (p["glare"] - 0.2) * np.exp(-r2 / (2 * (0.1 * bw) ** 2)))[..., None] * \
                 np.array((1.0, 0.95, 0.8), np.float32)
-        return ops.add(e, ops.resize(ops.asarray(np.clip(halo, 0, 255).astype(np.uint8)), ctx.W, ctx.H))
+        return ops.add(e, ops.resize(ops.asarray(np.clip(halo, 0, 255).astype(np.uint8)), ctx.W, ctx.H), out=e)
 
     for t in range(ctx.T):
         yield Layer(float(min(1.0, p["strength"] * hunt[t])), lambda f, t=t: effect(f, t))
@@ -378,7 +386,8 @@ def _shadow(ctx):
     penumbra = 0.08
     table = kernels.tone_table((0.3, 0.34, 0.44))
     for t in range(ctx.T):
-        alpha = ctx.upsample(np.clip((across - edge + drift[t]) / penumbra + 0.5, 0, 1) * np.float32(p["darkness"]))
+        alpha = ctx.upsample(np.clip((across - edge + drift[t]) / penumbra + 0.5, 0, 1) * np.float32(p["darkness"]),
+                             out=ctx.weights())
         alpha *= ctx.per_map("not sky", t, lambda t: 1 - ctx.sky(t))  # never on the sky
         yield Layer(alpha, lambda f, t=t: ctx.clip_lut(table, t))
 
@@ -480,8 +489,11 @@ def _fog(ctx):
         m = np.float32([[1, 0, start[0] + wind[0] * t], [0, 1, start[1] + wind[1] * t]])
         bank = cv2.warpAffine(banks, m, (ctx.sw, ctx.sh), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP)
         beta = p["beta"] * breathe[t] * (1 + p["heterogeneity"] * 2 * (bank - 0.5))  # smooth: low resolution
-        trans = cv2.exp(-ctx.upsample(beta.astype(np.float32)) * ctx.depth(t))  # depth edges: full resolution
-        yield Layer(1 - trans, airlight)  # C = 1 - t
+        c = ctx.upsample(beta.astype(np.float32), out=ctx.weights())  # depth edges: full resolution, in place
+        np.negative(c, out=c)
+        c *= ctx.depth(t)
+        cv2.exp(c, dst=c)  # t = exp(-beta d)
+        yield Layer(np.subtract(1, c, out=c), airlight)  # C = 1 - t
 
 
 # (depth z of the layer, drops per 448x448 at density 1, fall speed and streak length in frame heights
@@ -514,7 +526,10 @@ def _rain(ctx):
     def soften(layer, buf):  # near drops are out of focus
         return cv2.GaussianBlur(buf, (0, 0), 0.8 * scale) if layer[0] < 0.3 else buf
 
-    yield from scene.particles(ctx, _RAIN_LAYERS, strokes, soften, ctx.p["mist"], (200, 205, 214))
+    def reach(layer):
+        return kernels.blur_reach(0.8 * scale) if layer[0] < 0.3 else 0
+
+    yield from scene.particles(ctx, _RAIN_LAYERS, strokes, soften, reach, ctx.p["mist"], (200, 205, 214))
 
 
 def _snow(ctx):
@@ -535,14 +550,19 @@ def _snow(ctx):
         size = np.clip(np.round(2 * radius * scale * ctx.p["flake"] * (0.6 + 0.8 * u[:, 2])), 1, None).astype(int)
         return [(np.stack([q[:, size == d]] * 2, 2), int(255 * opacity), int(d)) for d in np.unique(size)]
 
-    def soften(layer, buf):  # round flakes; the nearest layer is also out of focus
+    def sigma(layer):  # round flakes: blurred over 0.3 of their diameter
+        return 0.3 * (2 * layer[3] * scale * ctx.p["flake"])
+
+    def soften(layer, buf):  # the nearest layer is also out of focus
         z, _, _, radius, _ = layer
-        diam = 2 * radius * scale * ctx.p["flake"]
         if z < 0.3:
             return kernels.wide_blur(kernels.HOST, buf, radius * scale)
-        return cv2.GaussianBlur(buf, (0, 0), 0.3 * diam)
+        return cv2.GaussianBlur(buf, (0, 0), sigma(layer))
 
-    yield from scene.particles(ctx, _SNOW_LAYERS, strokes, soften, ctx.p["haze"], (238, 241, 246))
+    def reach(layer):  # the wide blur works on a downscaled frame: the whole of it
+        return None if layer[0] < 0.3 else kernels.blur_reach(sigma(layer))
+
+    yield from scene.particles(ctx, _SNOW_LAYERS, strokes, soften, reach, ctx.p["haze"], (238, 241, 246))
 
 
 # ----------------------------------------------------------------------------- Table 8's effects, registered
@@ -609,17 +629,10 @@ def apply(frames, spec, depth=None):
     if spec.subtype is None:
         return x.clone() if hasattr(x, "clone") else x.copy()
     out = ops.empty_like(x)
-    for t, layer in enumerate(EFFECTS[spec.subtype].render(scene.Context(x, spec, depth, ops, out))):
-        f = x[t]
-        if layer.warp is not None:
-            out[t] = ops.warp(f, layer.warp)
-        elif layer.roi is None:
-            ops.blend(f, layer.effect_on(f), layer.weight, out=out[t])
-        else:
-            out[t] = f
-            y0, y1, x0, x1 = layer.roi
-            region = f[y0:y1, x0:x1]
-            out[t, y0:y1, x0:x1] = ops.blend(region, layer.effect_on(region), layer.weight)
+    composite = scene.Compositor(x, ops, out)
+    for t, layer in enumerate(EFFECTS[spec.subtype].render(scene.Context(x, spec, depth, ops, composite))):
+        composite.add(t, layer)
+    composite.flush()
     return out
 
 

@@ -12,9 +12,9 @@ follow.
 np.copy of a 16x448x448 clip (9.6 MB) runs at cache speed where the CPU's last-level cache holds the clip
 (this project's 2-core machines have 16 to 32 MiB) and at memory speed where it does not, so the same engine's
 ratios differ about 2x between such machines. --baseline PATH (another perturb.py, e.g. a git worktree of an
-older commit) times that engine on the same clip, interleaved run by run with this one, and adds each
-subtype's ms ratio (this / baseline) and the line `median_ratio_vs_baseline=<x> max_ratio_vs_baseline=<y>`:
-the comparison that does not depend on the cache.
+older commit, with the machinery beside it) times that engine on the same clip, interleaved run by run with this
+one, and adds each subtype's ms ratio (this / baseline) and the line `median_ratio_vs_baseline=<x>
+max_ratio_vs_baseline=<y>`: the comparison that does not depend on the cache.
 """
 import argparse
 import os
@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import perturb  # noqa: E402
 from machinery.datasets import synthetic  # noqa: E402
-from contact_sheet import load_engine  # noqa: E402  (benchmarks/: another perturb.py, by path)
+from contact_sheet import load_engine  # noqa: E402  (benchmarks/: another checkout's engine, by path)
 
 
 def timed(fn, repeats, sync=lambda: None, warmup=12):

@@ -43,15 +43,25 @@ LABEL_H, TITLE_H, COLS = 16, 20, 9
 
 
 def load_engine(path):
-    """perturb.py from this checkout, or the module at `path` (its own runtime/video stay this checkout's)."""
+    """perturb.py from this checkout, or the perturb.py at `path` with the machinery beside it (another checkout's
+    engine: its kernels, scene and occluders too, not this checkout's), imported apart from this checkout's
+    modules, which are put back afterwards."""
     if not path:
         import perturb
         return perturb
-    spec = importlib.util.spec_from_file_location("perturb_engine", os.path.abspath(path))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "perturb" or k.split(".")[0] == "machinery"}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        spec = importlib.util.spec_from_file_location("perturb", os.path.abspath(path))
+        engine = importlib.util.module_from_spec(spec)
+        sys.modules["perturb"] = engine  # dataclasses look their module up
+        spec.loader.exec_module(engine)
+    finally:
+        sys.path.pop(0)
+        for k in [k for k in sys.modules if k == "perturb" or k.split(".")[0] == "machinery"]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    return engine
 
 
 def make_clip(name, frames, size):

@@ -334,9 +334,11 @@ def behind_nearer(ctx, layer, t, contact):
         return layer
     d = ctx.depth(t)
     y0, y1, x0, x1 = layer.roi
-    own = float(np.median(d[int(np.clip(contact, 0, ctx.H - 1))]))
-    front = scene.fade_behind(d[y0:y1, x0:x1], own - NEARER)
-    return scene.Layer(layer.weight * (front.astype(np.float32) * np.float32(1 / 255)), layer.effect, layer.roi)
+    row = int(np.clip(contact, 0, ctx.H - 1))
+    own = ctx.per_map(("contact", row), t, lambda t: float(np.median(ctx.depth(t)[row])))
+    front = np.multiply(scene.fade_behind(d[y0:y1, x0:x1], own - NEARER), np.float32(1 / 255), dtype=np.float32)
+    front *= layer.weight
+    return scene.Layer(front, layer.effect, layer.roi)
 
 
 def placed(weight, effect, top, left, H, W):

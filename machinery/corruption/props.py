@@ -189,13 +189,13 @@ def fit(make, power, area, H, W, small):
 BASE = {"plant": (52, 86, 40), "hand": (205, 150, 120)}  # a leaf's green, a skin tone: before the clip's light
 
 
-def static_look(kind, rng, cover_small, small, shape):
-    """The image (float32 [h,w,3]) of a solid static kind in the clip's own light: a near
+def static_look(kind, rng, cover_small, small, shading):
+    """The image (float32 [h,w,3]) of a solid static kind in the clip's own light, under `shading` [h,w]: a near
     object's edge is the covered region's own mean colour, darker (a near thing in front of the lit scene is seen
     against the light) and shaded across; a plant or a hand its own colour in the scene's light (exposure, cast,
     chroma: occluders.scene_light) and as bright as the region it covers."""
     mean = region_light(small, cover_small)
-    h, w = shape
+    h, w = shading.shape
     tex = 0.92 + 0.16 * cv2.resize(kernels.noise_field(rng, 16, 16), (w, h))
     if kind == "edge":
         base = np.clip(mean * rng.uniform(0.4, 0.6) + 8, 0, 255)
@@ -203,7 +203,10 @@ def static_look(kind, rng, cover_small, small, shape):
         base = occluders.lit(np.asarray(BASE[kind], np.float32) * rng.uniform(0.85, 1.15), occluders.scene_light(small))
         base = base * np.clip(float(mean.mean()) / max(float(base.mean()), 1.0), 0.5, 1.4) ** 0.6
         base = base * np.clip(mean / max(float(mean.mean()), 1.0), 0.6, 1.5) ** 0.35  # the light's cast there
-    return (base * tex[..., None]).astype(np.float32)
+    planes = [(tex * c).astype(np.float32, copy=False) for c in base]  # by channel: numpy's broadcast over a
+    for plane in planes:                                                # short last axis is ~5x slower
+        plane *= shading
+    return cv2.merge(planes)
 
 
 def shade(polys, roi, roundness, light):
@@ -244,8 +247,8 @@ def static_layers(ctx, kind):
     if kind == "raindrop":
         return [Layer(a * np.float32(min(1.0, p["opacity"] + 0.3)), raindrop(ops, a, radius), roi)] * ctx.T
     light = np.array([rng.uniform(-0.8, 0.8), -0.8, 0.6])
-    img = static_look(kind, rng, cover_small, ctx.small_frame, a.shape)
-    img *= shade(polys, roi, 0.3 * radius, light / np.linalg.norm(light))[..., None]
+    shading = shade(polys, roi, 0.3 * radius, light / np.linalg.norm(light))
+    img = static_look(kind, rng, cover_small, ctx.small_frame, shading)
     img = cv2.GaussianBlur(np.clip(img, 0, 255).astype(np.uint8), (0, 0), defocus)
     return [Layer(a * np.float32(min(1.0, p["opacity"] + 0.45)), img, roi)] * ctx.T  # a solid thing is opaque
 

@@ -1,7 +1,8 @@
 """What an effect knows of the scene: the depth proxy (a soft sky segmentation over a ground plane whose horizon
 is where the sky ends; one gentle depth when no sky is seen) and the `Context` every effect renders from
 (sizes, its knobs, seeded streams, depth and sky at working and full scale, the clip's tone tables), the
-`Layer` an effect yields per frame, and the particle layers rain and snow share."""
+`Layer` an effect yields per frame, the `Compositor` that draws them into `apply`'s output, and the particle
+layers rain and snow share."""
 from __future__ import annotations
 
 import functools
@@ -31,16 +32,18 @@ def sky_score(f: np.ndarray) -> np.ndarray:
     """How sky-like each pixel looks, [h,w] in [0,1], a smooth function of colour and local texture (no hard
     threshold, so a smooth image gives a smooth score): untextured and bluish (clear, hazy or dusk sky, even
     a dark one) or untextured, bright and grey (overcast)."""
-    lum = f.mean(-1)
+    lum = kernels.channel_mean(f)
     grad = np.abs(cv2.Sobel(lum, cv2.CV_32F, 1, 0)) + np.abs(cv2.Sobel(lum, cv2.CV_32F, 0, 1))
     smooth = 1 - kernels.smoothstep(1.0, 3.0, cv2.blur(grad, (3, 3)))  # only strong texture: clouds are sky
-    grey = kernels.smoothstep(0.6, 0.75, lum) * (1 - kernels.smoothstep(0.1, 0.2, f.max(-1) - f.min(-1)))
-    return smooth * np.maximum(bluish(f), grey)
+    grey = kernels.smoothstep(0.6, 0.75, lum) * (1 - kernels.smoothstep(0.1, 0.2, kernels.channel_spread(f)))
+    return smooth * np.maximum(bluish(f, lum), grey)
 
 
-def bluish(f: np.ndarray) -> np.ndarray:
-    """[h,w] in [0,1]: blue over red, not black (a clear, hazy or dusk sky's colour)."""
-    return kernels.smoothstep(0.02, 0.09, f[..., 2] - f[..., 0]) * kernels.smoothstep(0.06, 0.16, f.mean(-1))
+def bluish(f: np.ndarray, lum: np.ndarray | None = None) -> np.ndarray:
+    """[h,w] in [0,1]: blue over red, not black (a clear, hazy or dusk sky's colour). `lum`: f's channel mean if
+    known."""
+    lum = kernels.channel_mean(f) if lum is None else lum
+    return kernels.smoothstep(0.02, 0.09, f[..., 2] - f[..., 0]) * kernels.smoothstep(0.06, 0.16, lum)
 
 
 def sky_from_top(score: np.ndarray) -> np.ndarray:
@@ -131,9 +134,10 @@ class Context:
     depth used says the sky is: within a few % of its far limit (the proxy's sky is at 1; a true depth map's
     sky at its largest values, when those are far)."""
 
-    def __init__(self, frames, spec, depth, ops, out=None):
-        self.spec, self.p, self.ops, self.frames, self.out = spec, spec.params, ops, frames, out
-        self._luts = {}
+    def __init__(self, frames, spec, depth, ops, composite=None):
+        self.spec, self.p, self.ops, self.frames, self.composite = spec, spec.params, ops, frames, composite
+        self.out = None if composite is None else composite.out
+        self._clips = {}
         self.T, self.H, self.W = (int(s) for s in frames.shape[:3])
         self.sh, self.sw = max(24, round(self.H / 8)), max(24, round(self.W / 8))  # grid of the smooth maps
         self._given, self._full = depth, {}
@@ -183,14 +187,18 @@ class Context:
         """[T]: 1 + amount x a smooth walk, for slow changes over the clip (light, exposure, density)."""
         return 1 + amount * kernels.walk(self.rng(tag), self.T, 1, fmin, fmax)[0]
 
-    def clip_lut(self, table, t):
-        """Frame t of the whole clip through a tone table. One call for the clip (faster than per frame),
-        written into `apply`'s output buffer: frame t of it is read as E_t, then overwritten by the
+    def clip_map(self, key, make, t):
+        """Frame t of make(frames, out), a per-pixel map of the whole clip (a tone table, a colour matrix), kept
+        under `key`. One call for the clip (each OpenCV call per frame costs its threads' start, ~0.1 ms), the
+        first one written into `apply`'s output buffer: frame t of it is read as E_t, then overwritten by the
         composite of frame t (a fresh 10 MB buffer per call costs page faults, measured up to +50%)."""
-        key = table.tobytes()
-        if key not in self._luts:
-            self._luts[key] = self.ops.lut(self.frames, table, out=None if self._luts else self.out)
-        return self._luts[key][t]
+        if key not in self._clips:
+            self._clips[key] = make(self.frames, None if self._clips else self.out)
+        return self._clips[key][t]
+
+    def clip_lut(self, table, t):
+        """Frame t of the whole clip through a tone table (clip_map)."""
+        return self.clip_map(table.tobytes(), lambda x, out: self.ops.lut(x, table, out=out), t)
 
     def per_map(self, name, t, make):
         """make(t), computed once per depth map used (one for the proxy, one per frame for a true depth map)
@@ -216,8 +224,13 @@ class Context:
         return self.per_map("depth", t, lambda t: self._full_given[t] if self._given is not None else
                             cv2.resize(self.depth_small(t), (self.W, self.H), interpolation=cv2.INTER_LINEAR))
 
-    def upsample(self, m):
-        return cv2.resize(m, (self.W, self.H), interpolation=cv2.INTER_LINEAR)
+    def upsample(self, m, out=None):
+        return cv2.resize(m, (self.W, self.H), dst=out, interpolation=cv2.INTER_LINEAR)
+
+    def weights(self):
+        """float32 [H,W] to write the weight map of the frame being rendered into, once per frame: in `apply`, the
+        compositor's own buffer (Compositor.slot: no copy there), else a new array."""
+        return np.empty((self.H, self.W), np.float32) if self.composite is None else self.composite.slot()
 
 
 @dataclass(frozen=True)
@@ -235,34 +248,139 @@ class Layer:
 UNCHANGED = Layer(0.0, (0, 0, 0))  # a frame left exactly as it was
 
 
-def particles(ctx, layers, strokes, soften, veil, color):
+class Compositor:
+    """`apply`'s compositing into `out`, layer by layer: f'_t = f_t + w (E_t - f_t) inside the roi, or the warp.
+    E_t may be out[t] (Context.clip_map), never another frame of `out`. On OpenCV, consecutive whole-frame layers
+    with a weight map are blended CHUNK frames per call (E_t gathered in out[t], the weights in a buffer, where an
+    effect may write them: slot): each call costs its threads' start (~0.1 ms), and 4 frames of weights stay in
+    cache (measured on 448x448: 13% less time than a call per frame; 16 frames a call, 10% more). The blend is per
+    pixel: the same pixels either way."""
+    CHUNK = 4
+
+    def __init__(self, x, ops, out):
+        self.x, self.ops, self.out, self.queue = x, ops, out, []  # queue: (t, E_t's colour or None: in out[t])
+        self.w = self.w1 = None  # the queued frames' weights and 1 - weights
+        if isinstance(ops, kernels.CV):
+            self.w, self.w1 = np.empty((2, self.CHUNK) + x.shape[1:3], np.float32)
+
+    def slot(self):
+        """Where the next queued frame's weight map goes: an effect that writes it there (Context.weights) saves
+        its copy."""
+        return np.empty(self.x.shape[1:3], np.float32) if self.w is None else self.w[len(self.queue)]
+
+    def add(self, t, layer):
+        ops, f, out = self.ops, self.x[t], self.out
+        if self.w is not None and layer.roi is None and layer.warp is None and not isinstance(layer.weight, float):
+            return self._enqueue(t, layer)
+        self.flush()
+        if layer.warp is not None:
+            out[t] = ops.warp(f, layer.warp)
+        elif isinstance(layer.weight, float) and layer.weight == 0.0:  # UNCHANGED (what the blend would give)
+            out[t] = f
+        elif layer.roi is None:
+            ops.blend(f, layer.effect_on(f), layer.weight, out=out[t])
+        else:
+            out[t] = f
+            y0, y1, x0, x1 = layer.roi
+            region = f[y0:y1, x0:x1]
+            ops.blend(region, layer.effect_on(region), layer.weight, out=out[t, y0:y1, x0:x1])
+
+    def _enqueue(self, t, layer):
+        i, e = len(self.queue), layer.effect_on(self.x[t])
+        if not _same_array(layer.weight, self.w[i]):
+            np.copyto(self.w[i], layer.weight)
+        np.subtract(np.float32(1), self.w[i], out=self.w1[i])
+        if not isinstance(e, tuple) and not _same_array(e, self.out[t]):
+            self.out[t] = e
+        self.queue.append((t, e if isinstance(e, tuple) else None))
+        if len(self.queue) == self.CHUNK:
+            self.flush()
+
+    def flush(self):
+        """Blend the queued frames, in one call."""
+        if not self.queue:
+            return
+        (c, _), k, H = self.queue[0], len(self.queue), self.x.shape[1]
+
+        def rows(a):  # its first k frames as one tall image
+            return a[:k].reshape(k * H, *a.shape[2:])
+        colours = {colour for _, colour in self.queue}
+        if len(colours) == 1 and None not in colours:  # rain, snow, fog: one colour
+            e = self.ops.const(colours.pop(), (k * H, self.x.shape[2]))
+        else:
+            for t, colour in self.queue:
+                if colour is not None:
+                    self.out[t] = self.ops.const(colour, self.x.shape[1:3])
+            e = rows(self.out[c:])
+        cv2.blendLinear(rows(self.x[c:]), e, rows(self.w1), rows(self.w), dst=rows(self.out[c:]))
+        self.queue = []
+
+
+def _same_array(a, b):
+    """Whether a is the very array b (the same memory, shape and strides)."""
+    return getattr(a, "__array_interface__", None) == b.__array_interface__
+
+
+def particles(ctx, layers, strokes, soften, reach, veil, color):
     """Rain and snow: depth layers of particles that persist between frames. `strokes(layer, u)` turns a
     layer's particles (u: [n, 6] uniform numbers each) into line groups (points [T, n, 2, 2] in fixed point
     with 2 fractional bits, grey level, thickness) for all frames at once, one draw call per group and frame;
-    `soften(layer, image)` blurs the drawn layer. A layer at depth z is hidden where the scene is nearer than
-    z (fade_behind: faded over a small depth range, never cut along a row); a veil (mist, haze) grows with scene
-    depth: P = 1 - (1 - veil)(1 - particles)."""
+    `soften(layer, image)` blurs the drawn layer (or a band of its rows), spreading a pixel by at most
+    `reach(layer)` px (None: it needs the whole frame). A layer at depth z is hidden where the scene is nearer
+    than z (fade_behind: faded over a small depth range, never cut along a row): only the rows where it shows
+    are drawn (the particles that can reach them) and blurred (with `reach` rows around them), the same pixels
+    as drawing it all. A veil (mist, haze) grows with scene depth: P = 1 - (1 - veil)(1 - particles)."""
     area = ctx.H * ctx.W / 448 ** 2
     rng = ctx.rng("particles")
     lines = []
     for layer in layers:  # the full density-1.15 population; lower densities take a prefix
         u = rng.random((int(math.ceil(layer[1] * 1.15 * area)), 6))
-        lines.append(strokes(layer, u[:int(round(layer[1] * min(ctx.p["density"], 1.15) * area))]))
-    def maps(t):  # what hides each layer, the veil, and what the veil leaves clear
+        lines.append([(pts, level, thick, _row_span(pts)) for pts, level, thick in
+                      strokes(layer, u[:int(round(layer[1] * min(ctx.p["density"], 1.15) * area))])])
+
+    def maps(t):  # what hides each layer, the rows where it shows, the veil, and what the veil leaves clear
         d = ctx.depth(t)
         veil_map = (veil * (1 - np.exp(-2.5 * d))).astype(np.float32)
-        return [fade_behind(d, layer[0]) for layer in layers], veil_map, (1 - veil_map) * np.float32(1 / 255)
+        hidden = [fade_behind(d, layer[0]) for layer in layers]
+        return hidden, [_shown_rows(h) for h in hidden], veil_map, (1 - veil_map) * np.float32(1 / 255)
 
     for t in range(ctx.T):
-        hidden, veil_map, clear_map = ctx.per_map("particles", t, maps)
-        acc = None
-        for layer, groups, behind in zip(layers, lines, hidden, strict=True):
-            buf = np.zeros((ctx.H, ctx.W), np.uint8)
-            for pts, level, thick in groups:
-                cv2.polylines(buf, pts[t], False, level, thick, cv2.LINE_AA, shift=2)
-            buf = cv2.min(soften(layer, buf), behind)
-            acc = buf if acc is None else cv2.max(acc, buf)
-        yield Layer(veil_map + acc * clear_map, color)
+        hidden, shown, veil_map, clear_map = ctx.per_map("particles", t, maps)
+        acc = np.zeros((ctx.H, ctx.W), np.uint8)
+        for layer, groups, behind, (r0, r1) in zip(layers, lines, hidden, shown, strict=True):
+            if r0 < r1:
+                margin = reach(layer)
+                a, b = (0, ctx.H) if margin is None else (max(0, r0 - margin), min(ctx.H, r1 + margin))
+                band = soften(layer, _drawn(groups, t, a, b, ctx.H, ctx.W)[a:b])[r0 - a:r1 - a]
+                np.maximum(acc[r0:r1], cv2.min(band, behind[r0:r1]), out=acc[r0:r1])
+        weight = np.multiply(acc, clear_map, out=ctx.weights())
+        weight += veil_map
+        yield Layer(weight, color)
+
+
+def _row_span(pts):
+    """([T, n], [T, n]): the lowest and highest y (fixed point) of each stroke in each frame."""
+    y = pts[..., 1]
+    return np.minimum(y[..., 0], y[..., 1]), np.maximum(y[..., 0], y[..., 1])
+
+
+def _shown_rows(behind):
+    """(r0, r1): the rows where a particle layer shows at all (behind > 0); (0, 0) if none."""
+    rows = np.flatnonzero(behind.max(1))
+    return (int(rows[0]), int(rows[-1]) + 1) if len(rows) else (0, 0)
+
+
+def _drawn(groups, t, a, b, H, W):
+    """uint8 [H,W]: frame t of a particle layer's line groups, exact in rows a..b: the strokes that can reach them
+    (within their thickness and the antialiasing) are drawn, in order, the others skipped."""
+    buf = np.zeros((H, W), np.uint8)
+    for pts, level, thick, (lo, hi) in groups:
+        drawn = pts[t]
+        if a > 0 or b < H:
+            drawn = drawn[(hi[t] >= 4 * (a - thick - 2)) & (lo[t] <= 4 * (b + thick + 2))]
+        if len(drawn):
+            cv2.polylines(buf, drawn, False, level, thick, cv2.LINE_AA, shift=2)
+    return buf
 
 
 def fade_behind(d, z):
