@@ -209,10 +209,9 @@ def clustered_se(scores, clusters):
     if len(x) < 2:
         return None
     d, n = x - x.mean(), len(x)
-    cross = 0.0
-    for c in set(clusters):
-        dc = d[[k for k, cid in enumerate(clusters) if cid == c]]
-        cross += dc.sum() ** 2 - (dc ** 2).sum()   # sum over i != j of d_i d_j
+    ids = {c: k for k, c in enumerate(dict.fromkeys(clusters))}
+    which = np.fromiter((ids[c] for c in clusters), np.int64, n)
+    cross = (np.bincount(which, weights=d) ** 2 - np.bincount(which, weights=d * d)).sum()  # sum_c sum_i!=j d_i d_j
     return float(np.sqrt(max(d.var(ddof=1) / n + cross / n ** 2, 0.0)))
 
 
@@ -237,13 +236,16 @@ def area(points, etas):
 def robustness_curves(records_by_source, per_eta, subtypes, etas):
     """results.json's `curves` ({"clean": point, and per Table 2 column, per category and per subtype: {eta:
     point}}: curve_point), `auc` (area, per curve) and `relative_robustness` (Avg. / Orig. per eta)."""
-    recs = [dict(r, source=src) for src, rs in records_by_source.items() for r in rs]
+    by_condition = defaultdict(list)
+    for src, rs in records_by_source.items():
+        for r in rs:
+            by_condition[r["condition"]].append(dict(r, source=src))
     clean = next(iter(per_eta.values()))["pvrbench"]["accuracy"]["orig"]
-    curves = {"clean": curve_point(clean, [r for r in recs if r["condition"] == "clean"], clean)}
+    curves = {"clean": curve_point(clean, by_condition["clean"], clean)}
     for name, subs in curve_members(subtypes).items():
         curves[name] = {}
         for e in etas:
-            cell = [r for r in recs if r["condition"] in {condition(s, e) for s in subs}]
+            cell = [r for s in subs for r in by_condition[condition(s, e)]]
             curves[name][f"{e:g}"] = curve_point(column(per_eta[f"{e:g}"]["pvrbench"], name), cell, clean)
     return {"curves": curves, "auc": {k: area(v, etas) for k, v in curves.items() if k != "clean"},
             "relative_robustness": {k: v["relative"] for k, v in curves["avg"].items()}}
