@@ -870,12 +870,14 @@ def export(args, settings, bench, groups, manifest, read_kwargs):
     """--export DIR (evaluation.Exporter: the clips, their depth and the manifest), made an lmms-eval task folder
     with --export-lmms-eval (lmms_task.write) or a Hugging Face dataset with --export-hf (export_hf). Returns None:
     no model is evaluated."""
-    out, shown = evaluation.Exporter(manifest, settings, read_kwargs), {}
+    out, shown = evaluation.Exporter(manifest, settings, read_kwargs), {}   # shown: --export-hf's frame hashes
     for row, frames, depth in out.clips(groups):
         clip = corrupt(frames, row["spec"], depth)
         out.write(row, clip)
-        shown.setdefault((row["video_id"], "clean"), hf_dataset.frames_sha256(frames))
-        shown[(row["video_id"], row.get("condition", row["subtype"]))] = hf_dataset.frames_sha256(clip)
+        if args.export_hf:
+            if (row["video_id"], "clean") not in shown:
+                shown[(row["video_id"], "clean")] = hf_dataset.frames_sha256(frames)
+            shown[(row["video_id"], row.get("condition", row["subtype"]))] = hf_dataset.frames_sha256(clip)
     written, errors = out.close()
     if args.export_hf:
         export_hf(args, bench, groups, manifest, out, shown)
