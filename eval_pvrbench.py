@@ -877,7 +877,7 @@ def export(args, settings, bench, groups, manifest, read_kwargs):
         if args.export_hf:
             if (row["video_id"], "clean") not in shown:
                 shown[(row["video_id"], "clean")] = hf_dataset.frames_sha256(frames)
-            shown[(row["video_id"], row.get("condition", row["subtype"]))] = hf_dataset.frames_sha256(clip)
+            shown[(row["video_id"], evaluation.row_condition(row))] = hf_dataset.frames_sha256(clip)
     written, errors = out.close()
     if args.export_hf:
         export_hf(args, bench, groups, manifest, out, shown)
@@ -914,7 +914,7 @@ def command_line(flags):
 
 def hf_rows(args, groups, manifest, out, shown):
     """One row per (question, condition) whose clip was written (hf_dataset.COLUMNS)."""
-    specs = {(r["source"], r["video_id"], r.get("condition", r["subtype"])): r["spec"] for r in manifest}
+    specs = evaluation.manifest_specs(manifest)
     root, rows = Path(args.export_hf), []
     for g in groups:
         for s, conds in g.items:

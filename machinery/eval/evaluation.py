@@ -57,6 +57,16 @@ class EvalSettings:
     benchmark: str            # --benchmark as given (the lmms-eval task's export.json)
 
 
+def row_condition(row):
+    """A manifest row's condition: its subtype, or the condition a sweep's row names (fog@0.3)."""
+    return row.get("condition", row["subtype"])
+
+
+def manifest_specs(manifest):
+    """{(source, video id, condition): spec} of the manifest's rows."""
+    return {(r["source"], r["video_id"], row_condition(r)): r["spec"] for r in manifest}
+
+
 def read_for_model(group, settings: EvalSettings, read_kwargs, with_indices=False):
     """A question group's clip as the model is shown it: (frames, fps[, the frame indices read]) or a VideoError;
     fps: qwen-vl-utils' sample fps, or --fps. read_kwargs: an extension's video.read_frames arguments (a frame
@@ -114,7 +124,7 @@ class Exporter:
 
     def write(self, row, frames):
         """A manifest row's corrupted clip (the stage's: the row's spec applied to the clean frames)."""
-        cond = row.get("condition", row["subtype"])   # (a sweep's rows name their condition: fog@0.3)
+        cond = row_condition(row)
         f = self.written[(row["video_id"], cond)] = str(Path(row["video_id"]) / f"{cond}.mp4")
         shown = self.shown[row["video_id"]]
         video.write_video(self.root / f, frames, fps=shown["fps"], lossless=True)
@@ -393,7 +403,7 @@ class Runner:
     def __init__(self, settings: EvalSettings, store, model, judge, manifest, read_kwargs, pending):
         from tqdm import tqdm
         self.settings, self.store, self.model, self.judge, self.read_kwargs = settings, store, model, judge, read_kwargs
-        self.specs = {(r["source"], r["video_id"], r.get("condition", r["subtype"])): r["spec"] for r in manifest}
+        self.specs = manifest_specs(manifest)
         self.depth = depths.Depth(settings.depth_model, settings.depth_cache or None)
         self.generated, self.sec_generate, self.sec_judge = 0, 0.0, 0.0
         self.bar = tqdm(total=pending, desc="generate", dynamic_ncols=True) if pending else None
