@@ -191,29 +191,26 @@ def token_losses(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0
 # ----------------------------------------------------------------------------- Eq. 7's normalisation (loss_norm)
 # The paper writes Eq. 7 for one group (1/G sum_j 1/|o_j| sum_t) and is silent on how a step's groups combine when
 # the curriculum keeps only some (docs/DESIGN.md, "What Eq. 7 is averaged over"). Over the completions i a step
-# trains on all W ranks (T_i tokens each, counted as at least 1; losses l_it: token_losses), its loss L is
+# trains (T_i tokens each, counted as at least 1; losses l_it: token_losses), its loss L is
 #   sequence  L = sum_i (1/T_i sum_t l_it) / N         N = the completions trained (DeepSeekMath; TRL "grpo")
-#   fixed     L = sum_i (1/T_i sum_t l_it) / (W B G)   B x G per rank (App. D's batch) however few were kept: the
+#   fixed     L = sum_i (1/T_i sum_t l_it) / (W B G)   B x G per process (App. D's batch) however few were kept: the
 #                                                      update shrinks with them (Dr. GRPO's constant)
 #   token     L = sum_i sum_t l_it / sum_i T_i         every trained token alike (DAPO)
-# A step runs in micro-batches on W ranks; its denominator sums the ranks' `count`. A micro-batch's term is its part
-# of the sum on top x W / denominator: the learner adds its micro-batches' backward passes and FSDP2 / DDP average
-# the ranks' gradients, which gives L's. (A part is computed as the batch's mean x its size, as earlier versions
-# did: the same floats.)
+# `count` gives one process's part of the denominator; train.py sums them over the processes once per step and
+# `agg_loss` divides each micro-batch's part of the sum by it, so the micro-batches' terms add up to L.
 
 def count(loss_norm: str, tokens, fixed: int) -> float:
-    """A rank's part of its step's denominator: its completions (sequence), `fixed` = B x G (fixed) or their tokens
-    (token). `tokens`: each completion's token count [N], or the masks [N, T]; None: the rank trains none."""
+    """One process's part of its step's denominator: its completions (sequence), `fixed` = B x G (fixed) or their
+    tokens (token). `tokens`: each completion's token count [N], or the masks [N, T]; None: it trains none."""
     if loss_norm == "fixed":
         return float(fixed)
     return 0.0 if tokens is None else float(tokens.sum() if loss_norm == "token" else len(tokens))
 
 
-def aggregate(per_token, mask, loss_norm: str, denominator=None, world: int = 1, share: float = 1.0):
-    """Eq. 7 normalised by `loss_norm` (above) on a batch of N completions (`per_token` [N, T] from token_losses,
-    `mask` [N, T]). `denominator` None: the batch is a whole step on one process (fixed: a full one, N = B x G) and
-    this is L; else it is a micro-batch of a step on `world` ranks whose counts sum to `denominator`, and this is its
-    term of L, times `share` (a part of a loss of several). Returns (the loss, the batch's part of L's sum)."""
+def agg_loss(per_token, mask, loss_norm: str, denominator: float | None = None):
+    """Eq. 7 normalised by `loss_norm` (above) on N completions (`per_token` [N, T] from token_losses, `mask` [N, T]):
+    their part of the sum divided by `denominator` (count's, summed over the step), or, with None, the batch's own
+    normalised mean (the batch is a whole step on one process; fixed: a full one, N = B x G)."""
     mask = mask.to(per_token.dtype)
     if loss_norm == "token":   # the mean of its tokens' losses; their number
         mean, size = (per_token * mask).sum() / mask.sum().clamp(min=1), mask.sum()
@@ -221,15 +218,12 @@ def aggregate(per_token, mask, loss_norm: str, denominator=None, world: int = 1,
         mean, size = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean(), len(per_token)
     else:
         raise ValueError(f"loss_norm must be one of {', '.join(LOSS_NORMS)}, got {loss_norm!r}")
-    part = mean * size
-    return (mean if denominator is None else part * (share * world / denominator)), part.item()
+    return mean if denominator is None else mean * size * (1.0 / denominator)   # (the sum as mean x size)
 
 
 def grpo_loss(logp, old_logp, ref_logp, advantages, mask, clip_eps: float = 0.2, beta: float = 0.01,
-              loss_norm: str = "sequence", denominator: float | None = None, world: int = 1, share: float = 1.0):
-    """Eq. 7 as a loss to minimise: token_losses normalised by aggregate (the defaults: DeepSeekMath's GRPO, TRL's
-    loss_type="grpo", on a whole step). Returns (the loss, stats: token_losses' and the log's "loss", the batch's
-    part of L's sum per completion)."""
+              loss_norm: str = "sequence"):
+    """Eq. 7 as a loss to minimise on a whole step (the defaults: DeepSeekMath's GRPO, TRL's loss_type="grpo"):
+    agg_loss of token_losses. Returns (the loss, token_losses' stats)."""
     per_token, stats = token_losses(logp, old_logp, ref_logp, advantages, mask, clip_eps, beta)
-    loss, part = aggregate(per_token, mask, loss_norm, denominator, world, share)
-    return loss, {**stats, "loss": part / len(per_token)}
+    return agg_loss(per_token, mask, loss_norm), stats

@@ -29,7 +29,7 @@ import json
 import math
 import textwrap
 import time
-from collections import namedtuple
+from collections import defaultdict, namedtuple
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,8 +90,6 @@ class Config(runs.RunConfig):
     sft_jitter: float = option(0.0, "SFT clips' photometric jitter, contrast and brightness each scaled by U(1 - x, "
                                "1 + x): the lighting invariance a pretrained VLM has and a tiny model lacks (0: none)")
     sft_jitter_fresh: bool = option(False, "sft_jitter drawn anew at each showing of a clip (else once per clip)")
-    sft_corruption: float = option(0.0, "share of SFT showings also under a lighting or weather corruption drawn as in "
-                                   "RL (perturb.sample_spec at eta; 0: clean SFT, the paper's)")
     # RL
     mode: str = option("rova", "rova (full) | dual (alignment, no curriculum) | grpo (single branch, clean videos) | "
                                "grpo-aug (single branch, corrupted videos) (Table 3, 13; App. G)", "RL", MODES)
@@ -199,8 +197,8 @@ def _check_config(ap, cfg):
         ap.error(f"demo_families: unknown {sorted(unknown)}; valid: {', '.join(synthetic.SYNTH_FAMILIES)}")
     if cfg.load_in_4bit and cfg.lora_r <= 0:
         ap.error("--load-in-4bit trains LoRA adapters: give --lora-r > 0")
-    for name, lo, hi in (("temporal_grpo", 0, None), ("updates_per_generation", 1, None), ("temporal_corruption", 0, 1),
-                         ("sft_corruption", 0, 1)):
+    for name, lo, hi in (("temporal_grpo", 0, None), ("updates_per_generation", 1, None),
+                         ("temporal_corruption", 0, 1)):
         if not lo <= getattr(cfg, name) <= (float("inf") if hi is None else hi):
             ap.error(f"{name} must be {f'>= {lo}' if hi is None else f'in [{lo}, {hi}]'}, got {getattr(cfg, name)}")
     if cfg.temporal_corruption and cfg.temporal_grpo:
@@ -215,25 +213,19 @@ def _check_config(ap, cfg):
 def sft_step(cfg, model, processor, batch, clips, observer, step=1):
     """Supervised warm-up on Video-R1's chain of thought: -log p(process + solution | prompt, video). `step`: the
     SFT step's number, the key of the draws made anew at each showing of a clip."""
-    items = [(s, observer(s, sft_view(cfg, clips, s, f, step))) for s in batch if (f := clips.get(s)) is not None]
+    items = [(s, observer(s, sft_view(cfg, s, f, step))) for s in batch if (f := clips.get(s)) is not None]
     inputs = observer.inputs(processor, [data.build_messages(s) for s, _ in items], [f for _, f in items]) \
         if items else None
     return learner.sft_backward(cfg, model, processor, inputs, [data.sft_target(s) for s, _ in items],
                                 (observer, batch[0]))
 
 
-def sft_view(cfg, clips, sample, frames, step):
-    """What SFT shows of a clip: under sft_jitter (drawn once per clip, or at each showing: sft_jitter_fresh) and,
-    with probability sft_corruption, under a lighting or weather corruption of the training protocol (Sec. 4's
-    dynamic specs, at eta), drawn at each showing."""
-    seeds = runtime.Seeds(cfg.seed)
+def sft_view(cfg, sample, frames, step):
+    """What SFT shows of a clip: the clip, under sft_jitter (drawn once per clip, or at each showing:
+    sft_jitter_fresh)."""
     if cfg.sft_jitter > 0:
-        frames = jitter(frames, cfg.sft_jitter, seeds.sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None))
-    if cfg.sft_corruption > 0:   # (no draw at all when off)
-        rng = np.random.default_rng(seeds.sft_corruption(sample.id, step))
-        if rng.random() < cfg.sft_corruption:
-            spec = perturb.sample_spec(rng, str(rng.choice(perturb.PHOTOMETRIC)), eta=cfg.eta)
-            frames = perturbed(clips, sample, frames, spec)
+        seed = runtime.Seeds(cfg.seed).sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None)
+        frames = jitter(frames, cfg.sft_jitter, seed)
     return frames
 
 
@@ -274,7 +266,8 @@ class RL:
         self.model, self.processor, self.observer, self.device, train_model = actor
         self.rank, self.shard, self.by_id, self.clips = stream
         self.learner = learner.Learner(self.model, self.processor, self.device, cfg.micro_batch_size, cfg.temperature,
-                                       cfg.beta, train_model, ref_model, stand_in=self.stand_in)
+                                       cfg.beta, train_model, ref_model,
+                                       blank=(cfg, self.observer, self.shard[0] if self.shard else None))
         self.cursor = runtime.Cursor(len(self.shard), runtime.Seeds(cfg.seed, self.rank).rl_order)
         self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
@@ -432,20 +425,6 @@ class RL:
             judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
             alpha_a=w_al * self.cfg.alpha_a, source=s.source)
 
-    def loss(self, logp, old, ref, adv, mask, denominator, world, share=1.0):
-        """Eq. 7 on a micro-batch of the step's completions: its term of the step's loss (grpo.aggregate)."""
-        return grpo.grpo_loss(logp, old, ref, adv, mask, self.cfg.clip_eps, self.cfg.beta, self.cfg.loss_norm,
-                              denominator, world, share)
-
-    def grpo_backward(self, rollout, rows, adv, share=1.0, kept=None, count=None):
-        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`), times `share`: `count` is this
-        rank's part of the step's denominator (default: grpo.count of these rows); `kept`: old and reference
-        log-probs of several updates per generation. Returns (this rank's mean loss and stats, all ranks' rows)."""
-        if count is None:
-            masks = rollout.completion_mask[torch.as_tensor(rows, dtype=torch.long)] if len(rows) else None
-            count = grpo.count(self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.backward(lambda *a: self.loss(*a, share=share), rollout, rows, adv, count, kept)
-
     def advantages(self, selected):
         """Eq. 8 for the selected samples' groups, per completion: of R_j (summed), or of each component, weighted
         and added (per_component, App. H.1; "other": the sum of `extra_terms`, R_j's terms beyond Alg. 1's)."""
@@ -463,21 +442,45 @@ class RL:
         """R_j's terms beyond Alg. 1's three, each as added to it (T-GRPO's bonus; a subclass adds its own)."""
         return [it.comp["temporal"]] if self.cfg.temporal_grpo else []
 
-    def stand_in(self):
-        return learner.stand_in(self.cfg, self.processor, self.observer, self.shard[0])
-
     def update(self, draws):
         """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one sum
-        over every draw divided once (grpo.count); mu = updates_per_generation optimiser steps on these rollouts (TRL's
-        num_iterations: F_theta_old of Eq. 7 generated them, so the clip binds from the second). Returns (loss stats,
-        the mean over the mu steps; trained completions of this rank)."""
+        over every draw divided once by the step's denominator (grpo.count, summed over the processes); mu =
+        updates_per_generation optimiser steps on these rollouts (TRL's num_iterations: F_theta_old of Eq. 7
+        generated them, so the clip binds from the second). Returns (the loss stats' means over the trained
+        completions and the mu steps, this process's trained completions)."""
+        cfg, mu = self.cfg, self.cfg.updates_per_generation
         parts = [(d.rollout, [r for it in d.selected for r in range(it.rows.start, it.rows.stop)],
                   self.advantages(d.selected)) for d in draws]
+        parts = self.learner.pad(parts, draws=1 + cfg.fill_rounds)   # every process as many parts
+        n_rows = sum(len(rows) for _, rows, _ in parts)
         tokens = [ro.completion_mask[torch.as_tensor(rows)].sum(1) for ro, rows, _ in parts if rows]
-        count = grpo.count(self.cfg.loss_norm, torch.cat(tokens) if tokens else None,
-                           self.cfg.batch_size * self.cfg.group_size)
-        return self.learner.update(self.grpo_backward, parts, count, self.optim, self.cfg.updates_per_generation,
-                                   draws=1 + self.cfg.fill_rounds)
+        trained, denominator = self.learner.totals(n_rows, grpo.count(
+            cfg.loss_norm, torch.cat(tokens) if tokens else None, cfg.batch_size * cfg.group_size))
+        kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
+        self.learner.engine_sleep()
+        for _ in range(mu):
+            for (rollout, rows, adv), keep in zip(parts, kept):
+                if trained and denominator:
+                    for key, v in self.backward(rollout, rows, adv, denominator, keep).items():
+                        sums[key] += v / (n_rows * mu)
+            self.optim.step(trained > 0 and denominator > 0)
+        return {**sums, "engine_logprob_gap": self.learner.engine_sync()}, n_rows
+
+    def backward(self, rollout, rows, adv, denominator, kept=None, weight=1.0):
+        """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`), times `weight`, micro-batch by
+        micro-batch: the log-probs, Eq. 7's summand per token, its normalisation into the micro-batch's term of the
+        step's loss (`denominator`: the step's, see grpo.count), backward. `kept`: the old and reference log-probs
+        of several updates per generation. Returns the stats' sums over the trained completions."""
+        cfg, sums = self.cfg, defaultdict(float)
+        for mb in self.learner.micro_batches(rollout, rows, adv, kept):
+            logp, old, ref = self.learner.logprobs(mb, kept)                        # log F_theta, F_theta_old, F_ref
+            per_token, stats = grpo.token_losses(logp, old, ref, mb.adv, mb.mask, cfg.clip_eps, cfg.beta)   # Eq. 7
+            loss = grpo.agg_loss(per_token, mb.mask, cfg.loss_norm, denominator)    # its term of the step's loss
+            self.learner.backward(weight * loss, mb, logp)
+            stats["loss"] = grpo.agg_loss(per_token.detach(), mb.mask, "sequence").item()   # (the log's)
+            for key, v in stats.items():
+                sums[key] += v * mb.n
+        return sums
 
     def reevaluate(self, step):
         """Eq. 5-6, Alg. 2 l.12-21 (--mode rova, when due): re-assess the buffer, queue what it promotes.

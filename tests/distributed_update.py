@@ -4,7 +4,7 @@
     torchrun --nproc_per_node 2 tests/distributed_update.py OUT TINY DATA     # FSDP2 (DDP with --lora)
 
 Every rank builds the same global batch (3 prompts x G = 2 greedy completions, fixed advantages) and trains
-its own rows of it through train.RL.grpo_backward (micro-batches of 2) and Optim.step: in the first update
+its own rows of it through train.RL.backward (micro-batches of 2), divided by the step's denominator and Optim.step: in the first update
 rank 0 has rows 0-3 and rank 1 rows 4-5; in the second rank 0 has all six and rank 1 none (its curriculum
 selected nothing). The full weights after both updates are written to OUT/weights.pt by rank 0. Eq. 7 is
 normalised by --loss-norm (default sequence); fixed divides by B x G x W = 4 prompts x G, however many ranks.
@@ -21,6 +21,7 @@ import torch.distributed as dist  # noqa: E402
 from machinery.datasets import data  # noqa: E402
 from machinery.model import parallel  # noqa: E402
 from machinery.model import policy  # noqa: E402
+import grpo  # noqa: E402
 import train  # noqa: E402
 from machinery.training import clips as clips_mod  # noqa: E402
 from machinery.training import runs  # noqa: E402
@@ -76,8 +77,11 @@ def main():
     grads = []
     for split in splits:
         mine = list(range(6)) if world == 1 else split[rank]
-        _, total = rl.grpo_backward(rollout, mine, adv[mine])
+        masks = rollout.completion_mask[torch.as_tensor(mine)] if mine else None
+        total, denominator = rl.learner.totals(len(mine), grpo.count(cfg.loss_norm, masks,
+                                                                     cfg.batch_size * cfg.group_size))
         assert total == 6, total
+        rl.backward(rollout, mine, adv[mine], denominator)
         grads.append(gathered_grads(model, lora))
         rl.optim.step(total > 0)
 

@@ -248,31 +248,34 @@ def test_grpo_loss_gradient_by_finite_differences():
                                                                   loss_norm=norm)[0], (logp,))
 
 
-# ----------------------------------------------------------------------------- Eq. 7's normalisation (aggregate)
+# ----------------------------------------------------------------------------- Eq. 7's normalisation (agg_loss)
 # Two completions of T = 3 with the losses below; the first has 2 tokens (token means 1.5 and 5; sums 3 and 15).
 PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
 MASK = torch.tensor([[1, 1, 0], [1, 1, 1]])
 
 
-@pytest.mark.parametrize("norm,alone,part", [("sequence", (1.5 + 5) / 2, 1.5 + 5), ("fixed", (1.5 + 5) / 2, 1.5 + 5),
-                                             ("token", (3 + 15) / 5, 3 + 15)])
-def test_aggregate_on_a_batch_that_is_its_step(norm, alone, part):
+@pytest.mark.parametrize("norm,alone", [("sequence", (1.5 + 5) / 2), ("fixed", (1.5 + 5) / 2), ("token", (3 + 15) / 5)])
+def test_agg_loss_on_a_batch_that_is_its_step(norm, alone):
     """A batch that is the whole step on one process: the mean of the token means (sequence; fixed: a full step),
-    or of every token (token); the part of the sum (for the log) is their sum."""
-    loss, got = grpo.aggregate(PER_TOKEN, MASK, norm)
-    assert loss.item() == pytest.approx(alone) and got == pytest.approx(part)
+    or of every token (token)."""
+    assert grpo.agg_loss(PER_TOKEN, MASK, norm).item() == pytest.approx(alone)
 
 
-@pytest.mark.parametrize("norm,denominator,world,share,want", [
-    ("sequence", 4.0, 1, 1.0, (1.5 + 5) / 4),        # 2 more completions in another micro-batch: N = 4
-    ("sequence", 4.0, 2, 1.0, 2 * (1.5 + 5) / 4),    # ... on the other rank: x W (FSDP2/DDP halve it back)
-    ("sequence", 4.0, 2, 0.5, (1.5 + 5) / 4),        # half of a loss of two parts
-    ("fixed", 16.0, 2, 1.0, 2 * (1.5 + 5) / 16),     # B x G = 8 per rank, 2 ranks: / 16 however few are kept
-    ("token", 10.0, 2, 1.0, 2 * (3 + 15) / 10),      # 5 more tokens on the other rank
+@pytest.mark.parametrize("norm,denominator,want", [
+    ("sequence", 4.0, (1.5 + 5) / 4),     # 2 more completions elsewhere in the step: N = 4
+    ("fixed", 16.0, (1.5 + 5) / 16),      # B x G = 8 per process, 2 processes: / 16 however few are kept
+    ("token", 10.0, (3 + 15) / 10),       # 5 more tokens elsewhere
 ])
-def test_aggregate_of_a_micro_batch_of_a_step(norm, denominator, world, share, want):
-    loss, _ = grpo.aggregate(PER_TOKEN, MASK, norm, denominator, world, share)
-    assert loss.item() == pytest.approx(want)
+def test_agg_loss_of_a_micro_batch_of_a_step(norm, denominator, want):
+    """A micro-batch's term: its part of the step's sum over the step's denominator."""
+    assert grpo.agg_loss(PER_TOKEN, MASK, norm, denominator).item() == pytest.approx(want)
+
+
+def test_agg_loss_takes_no_distribution_argument():
+    """Eq. 7's aggregation is the maths alone (the machinery scales a term's gradient by W): the loss matrix, the
+    mask, the normalisation and a denominator."""
+    import inspect
+    assert list(inspect.signature(grpo.agg_loss).parameters) == ["per_token", "mask", "loss_norm", "denominator"]
 
 
 def test_count_is_a_ranks_part_of_the_denominator():
@@ -280,7 +283,7 @@ def test_count_is_a_ranks_part_of_the_denominator():
     assert grpo.count("token", MASK.sum(1), 8) == 5.0   # (each completion's token count)
     assert [grpo.count(n, None, 8) for n in grpo.LOSS_NORMS] == [0.0, 8.0, 0.0]   # a rank that trains none
     with pytest.raises(ValueError, match="loss_norm"):
-        grpo.aggregate(PER_TOKEN, MASK, "constant")
+        grpo.agg_loss(PER_TOKEN, MASK, "constant")
 
 
 def step_loss_by_hand(logp, old, ref, adv, mask, norm, fixed_total, beta=0.05, eps=0.2):
@@ -314,8 +317,8 @@ def test_a_step_split_over_micro_batches_and_ranks_has_the_gradient_of_one_batch
     want = step_loss_by_hand(logp.numpy(), old.numpy(), ref.numpy(), adv.numpy(), mask.numpy(), norm, 16)
 
     one = logp.clone().requires_grad_(True)   # one batch on one process (fixed: B x G = 16)
-    loss, _ = grpo.grpo_loss(one, old, ref, adv, mask, beta=0.05, loss_norm=norm,
-                             denominator=grpo.count(norm, mask, 16))
+    per_token, _ = grpo.token_losses(one, old, ref, adv, mask, beta=0.05)
+    loss = grpo.agg_loss(per_token, mask, norm, grpo.count(norm, mask, 16))
     loss.backward()
     split, ranks = logp.clone().requires_grad_(True), ([0, 1, 2, 3], [4, 5])
     denominator = sum(grpo.count(norm, mask[rows], 8) for rows in ranks)
@@ -323,10 +326,10 @@ def test_a_step_split_over_micro_batches_and_ranks_has_the_gradient_of_one_batch
     for rows in ranks:
         for mb in (rows[:2], rows[2:]):
             if mb:
-                term = grpo.grpo_loss(split[mb], old[mb], ref[mb], adv[mb], mask[mb], beta=0.05, loss_norm=norm,
-                                      denominator=denominator, world=2)[0]
-                term.backward()
-                value += term.item() / 2   # (FSDP2/DDP: the mean over the ranks)
+                per_token, _ = grpo.token_losses(split[mb], old[mb], ref[mb], adv[mb], mask[mb], beta=0.05)
+                term = grpo.agg_loss(per_token, mask[mb], norm, denominator)
+                (term * 2).backward()   # x W, as Learner.backward: FSDP2/DDP average the ranks' gradients
+                value += term.item()
     assert loss.item() == pytest.approx(want, abs=1e-12) and value == pytest.approx(want, abs=1e-12)
     assert torch.allclose(split.grad / 2, one.grad, atol=1e-12, rtol=0)
 

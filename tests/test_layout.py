@@ -60,23 +60,49 @@ def local_names(tree, path):
     return own, stages, machinery
 
 
+def machinery_objects_and_methods(tree, machinery):
+    """(the `self.X` attributes a class of `tree` sets to a machinery object, the methods its classes define):
+    `self.learner = learner.Learner(...)` makes `self.learner.backward(...)` a call into the machinery."""
+    def from_machinery(call):
+        f = call.func
+        root = f.value.id if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) else getattr(f, "id", "")
+        return root in machinery
+    objects = {t.attr for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+               and from_machinery(n.value) for t in n.targets
+               if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    methods = {f.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body
+               if isinstance(f, ast.FunctionDef)}
+    return objects, methods
+
+
 def stage_functions_handed_to_the_machinery(path):
-    """(line, call) of each call in `path` to a machinery function or class (`evaluation.Runner(...)`, or a name
-    imported from the machinery) that is given a stage's function: a def of the stage script itself (`corrupt`), a
-    stage module's function (`perturb.apply`, `judges.make_judge` under its alias) or a lambda. A method of the
-    stage's own objects handed to its own collaborator (Eq. 7's `self.loss` to its Learner) is not such a call."""
+    """(line, call) of each call in `path` to the machinery (a function or class: `evaluation.Runner(...)`, a name
+    imported from the machinery, or a method of a machinery object the stage holds: `self.learner.backward(...)`)
+    that is given a stage's function: a def of the stage script itself (`corrupt`), a stage module's function
+    (`perturb.apply`, `judges.make_judge` under its alias), a method of the stage's own classes (`self.loss`, bound)
+    or a lambda. An extension's RL subclass holds train.RL's machinery objects and methods too."""
     import importlib
     tree = ast.parse(path.read_text(), str(path))
     own, stages, machinery = local_names(tree, path)
+    objects, methods = machinery_objects_and_methods(tree, machinery)
+    if path.name != "train.py" or path.parent != ROOT:   # an extension's subclass inherits train.RL's
+        base = ast.parse((ROOT / "train.py").read_text())
+        inherited = machinery_objects_and_methods(base, local_names(base, ROOT / "train.py")[2])
+        objects, methods = objects | inherited[0], methods | inherited[1]
 
-    def target(f):   # the machinery module's dotted name of the function called, or None
+    def target(f):   # the machinery's dotted name of the function called, or None
         if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in machinery:
             return f"{machinery[f.value.id]}.{f.attr}"
+        if (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and f.value.attr in objects
+                and isinstance(f.value.value, ast.Name) and f.value.value.id == "self"):
+            return f"self.{f.value.attr}.{f.attr}"
         return machinery.get(f.id) if isinstance(f, ast.Name) else None
 
     def stage_function(v):
         if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id in stages:
             return callable(getattr(importlib.import_module(stages[v.value.id]), v.attr))
+        if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self":
+            return v.attr in methods
         return isinstance(v, ast.Lambda) or (isinstance(v, ast.Name) and v.id in own)
     for node in ast.walk(tree):
         called = target(node.func) if isinstance(node, ast.Call) else None
@@ -100,9 +126,13 @@ def test_the_check_of_handed_functions_sees_one(tmp_path):
                      "def corrupt(x):\n    return x\n"
                      "evaluation.Runner(1, corrupt)\nevaluation.export(perturb.apply)\nevaluation.write(x=lambda: 0)\n"
                      "Runner(judges.make_judge)\nevaluation.Runner(1, [2], perturb.RENDER_VERSION)\n"
-                     "Layer(1, lambda f: f)\n")
+                     "Layer(1, lambda f: f)\n"
+                     "from machinery.model import learner\n"
+                     "class RL:\n    def __init__(self):\n        self.learner = learner.Learner(1)\n"
+                     "        self.learner.backward(self.loss, 2)\n        self.learner.backward(self.cfg)\n"
+                     "    def loss(self):\n        return 0\n")
     assert [c for _, c in stage_functions_handed_to_the_machinery(probe)] == [
-        "evaluation.Runner", "evaluation.export", "evaluation.write", "Runner"]
+        "evaluation.Runner", "evaluation.export", "evaluation.write", "Runner", "self.learner.backward"]
 
 
 # machinery/'s layers, lowest first (docs/DESIGN.md, Layout): a module imports only modules of its own layer or a

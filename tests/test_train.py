@@ -568,21 +568,20 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
 
 
 def test_loss_norm_sets_what_a_steps_sum_is_divided_by():
-    """loss_norm, through grpo.count, the machinery's sum over ranks and grpo.aggregate: sequence divides Eq. 7's
-    sum by the completions kept (a full-size update however few), fixed by batch_size x group_size (2 of 8 kept: a
-    quarter of the update), token by the kept completions' tokens."""
+    """loss_norm, through grpo.count, the sum over processes (Learner.totals, as RL.update takes it) and
+    grpo.agg_loss: sequence divides Eq. 7's sum by the completions kept (a full-size update however few), fixed by
+    batch_size x group_size (2 of 8 kept: a quarter of the update), token by the kept completions' tokens."""
     import grpo
-    from machinery.model import parallel
+    from machinery.model import learner
 
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])   # the 2 completions kept of B x G = 4 x 2
     per_token = torch.tensor([[2.0, 4.0, 9.0], [6.0, 9.0, 9.0]])   # token means 3 and 6 (9: not a token)
     for norm, want in (("sequence", (3 + 6) / 2), ("fixed", (3 + 6) / 8), ("token", (2 + 4 + 6) / 3)):
-        seen = []
-
-        def term(rows, denominator, norm=norm):   # a micro-batch's term of the step's loss
-            seen.append(grpo.aggregate(per_token[rows], mask[rows], norm, denominator)[0].item())
-        parallel.backward_micro_batches(2, 0, term, torch.device("cpu"), grpo.count(norm, mask, 4 * 2))
-        assert seen == [pytest.approx(want)]
+        trained, denominator = learner.Learner(None, None, torch.device("cpu"), 0).totals(
+            2, grpo.count(norm, mask, 4 * 2))
+        halves = [grpo.agg_loss(per_token[rows], mask[rows], norm, denominator).item() for rows in (slice(0, 1),
+                                                                                                  slice(1, 2))]
+        assert trained == 2 and sum(halves) == pytest.approx(want)   # two micro-batches' terms add up to L
     with pytest.raises(SystemExit):
         train.parse_args(["--set", "loss_norm=mean"])
 
@@ -626,25 +625,6 @@ def test_sft_jitter_is_drawn_anew_at_each_showing_only_when_fresh(assets, monkey
         train.sft_step(cfg, None, None, samples[:1], clips, train.Observer(cfg), step)
     assert (drawn[0] != drawn[1]) == fresh and drawn[1] == drawn[2]
     assert drawn[0][:2] == train.runtime.Seeds(0).sft_jitter(samples[0].id)
-
-
-def test_sft_corruption_shows_a_share_of_the_clips_under_a_lighting_or_weather_spec(assets, monkeypatch):
-    """sft_corruption: each showing is corrupted with that probability, by a spec of a photometric category drawn
-    from the sample's key and the step (the same again on a resumed run's step); 0 shows the clip itself."""
-    from machinery.datasets import data
-    samples, _ = data.load_video_r1(assets[2])
-    frames = np.random.default_rng(0).integers(0, 256, (4, 56, 56, 3)).astype(np.uint8)
-    specs = []
-    monkeypatch.setattr(train, "perturbed", lambda clips, s, f, spec: specs.append(spec) or 255 - f)
-    for share, steps in ((0.0, range(1, 41)), (0.5, range(1, 201)), (1.0, range(1, 41))):
-        specs.clear()
-        cfg = train.Config(frames=4, max_pixels=56 * 56, sft_corruption=share)
-        shown = [train.sft_view(cfg, None, samples[0], frames, step) for step in steps]
-        corrupted = [not np.array_equal(v, frames) for v in shown]
-        assert len(specs) == sum(corrupted) and abs(np.mean(corrupted) - share) < 0.1, (share, np.mean(corrupted))
-        assert {s.category for s in specs} <= set(perturb.PHOTOMETRIC) and all(s.eta == 0.7 for s in specs)
-    again = [train.sft_view(cfg, None, samples[0], frames, 7) for _ in range(2)]
-    assert specs[6] == specs[-1] == specs[-2] and np.array_equal(*again)   # step 7's draw, every time
 
 
 def test_a_before_after_check_of_no_questions_prints_no_table(assets, tmp_path):

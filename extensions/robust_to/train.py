@@ -162,16 +162,19 @@ class AgentRL(train.RL):
         return extra
 
     def agent_backward(self, items, dec, syn):
-        """Eq. 7-8 over both completions of every rollout, each half weighing 1/2 (every rank runs both, a rank
-        without items on stand-ins); stats are the means over the two halves."""
+        """Eq. 7-8 over both completions of every rollout, each half weighing 1/2 and divided by its own denominator
+        (every process runs both, one without items on stand-ins); stats are the means over the two halves."""
         adv = grpo.group_advantages([it.rewards for it in items]).view(-1) if items else torch.zeros(0)
-        stats: dict = {}
-        total = 0.0
+        rows, stats, trained = list(range(len(adv))), defaultdict(float), 0.0
         for roll in (dec, syn):
-            st, total = self.grpo_backward(roll, range(len(adv)), adv, share=0.5)
-            for k, v in st.items():
-                stats[k] = stats.get(k, 0.0) + float(v) / 2
-        return stats, 2 * len(adv), total
+            masks = roll.completion_mask[torch.as_tensor(rows)] if rows else None
+            trained, denominator = self.learner.totals(len(rows), grpo.count(
+                self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size))
+            if trained and denominator:   # (a process without rows runs stand-ins)
+                sums = self.backward(roll, rows, adv, denominator, weight=0.5)
+                for k, v in (sums.items() if rows else ()):
+                    stats[k] += v / len(rows) / 2
+        return dict(stats), 2 * len(adv), trained
 
 
 GROUPS = {"Robust-TO": "Robust-TO's orchestrated agent and its reward"}

@@ -42,7 +42,6 @@ import shutil
 import tempfile
 import weakref
 from contextlib import contextmanager
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -243,17 +242,6 @@ def video_metadata(frames, fps=policy.DEFAULT_FPS):
             "video_backend": "opencv", "do_sample_frames": False}
 
 
-@runtime_checkable
-class EngineSettings(Protocol):
-    """What the rollout engine reads of a run's settings (train.Config's fields of these names)."""
-    model: str                           # the checkpoint vLLM loads (then synced to the policy's weights)
-    rollout_engine: str                  # hf | vllm
-    seed: int                            # the run's seed (runtime.Seeds: each rank's process stream)
-    vllm_gpu_memory_utilization: float   # the GPU's share the engine takes
-    vllm_max_model_len: int              # its context length (0: the model's)
-    engine_max_gap: float                # SyncGuard's max_gap
-
-
 DTYPE = None   # the engine's dtype; None: the policy's compute dtype (bf16 on a GPU, float32 on CPU; tests set bf16)
 
 
@@ -262,7 +250,7 @@ class Engine:
     same padding and mask), with `engine_logprobs`; `measure` (every micro-batch of the update) and
     `guard.close_step` (after it) check it against the policy; `sync(model)` after every optimiser step."""
 
-    def __init__(self, cfg: EngineSettings, model, processor, device, seed):
+    def __init__(self, cfg, model, processor, device, seed):
         try:
             import vllm
         except ImportError:
@@ -400,7 +388,7 @@ class Engine:
                               engine_logprobs=logp * mask)
 
 
-def make(cfg: EngineSettings, model, processor, device, rank):
+def make(cfg, model, processor, device, rank):
     """This rank's engine (--rollout-engine vllm), or None (hf). Every rank builds its engine at once (vLLM's
     process groups are created collectively)."""
     if cfg.rollout_engine == "hf":

@@ -1,14 +1,14 @@
-"""The policy as training drives it: generation with the weights gathered (FSDP2), the log-probs of the policy
-and the frozen reference, a loss's backward in micro-batches with every rank running the same number (a rank
-with fewer rows runs zero-weight stand-ins) and the gradient normalised over every rank (`Learner`); AdamW with
-App. D's cosine schedule, one per stage (`Optim`)."""
+"""The policy as training drives it (`Learner`): generation with the weights gathered (FSDP2), a step's totals summed
+over the processes, its completions in micro-batches with every process running the same number (one with fewer rows
+runs zero-weight stand-ins), the log-probs of the policy and the frozen reference, and a term's backward scaled so
+that FSDP2's and DDP's average over the processes gives the step's gradient. train.py's RL.update writes Eq. 7 with
+these pieces, in Alg. 2's order. AdamW with App. D's cosine schedule, one per stage (`Optim`); SFT's backward."""
 from __future__ import annotations
 
 import math
 import warnings
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,16 +16,6 @@ import torch
 from machinery import runtime
 from machinery.datasets import data
 from machinery.model import parallel, policy
-
-
-@runtime_checkable
-class LearnerSettings(Protocol):
-    """What the optimiser and the SFT backward read of a run's settings (train.Config's fields of these names)."""
-    weight_decay: float       # AdamW's
-    max_grad_norm: float      # the gradient norm clip
-    micro_batch_size: int     # rows per forward/backward (0: all at once)
-    frames: int               # a stand-in prompt's blank video: frames
-    max_pixels: int           # ... and pixels per frame
 
 
 @dataclass
@@ -38,8 +28,8 @@ class Optim:
     max_grad_norm: float
 
     @classmethod
-    def make(cls, cfg: LearnerSettings, model, lr, total_steps, device, restart=0, restart_lr=0.0):
-        """`restart`: the schedule starts again at that step (SFT's answerability part), from `restart_lr` (0: lr)."""
+    def make(cls, cfg, model, lr, total_steps, device, restart=0, restart_lr=0.0):
+        """`cfg`: a run's settings (weight_decay, max_grad_norm). `restart`: the schedule starts again at that step (SFT's answerability part), from `restart_lr` (0: lr)."""
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
 
@@ -52,7 +42,7 @@ class Optim:
 
     def step(self, trained: bool):
         """One optimiser step on the accumulated gradients (already the mean over every rank's trained rows:
-        parallel.backward_micro_batches), clipped; skipped when no rank trained anything, and then the schedule
+        Learner.backward), clipped; skipped when no rank trained anything, and then the schedule
         does not advance either (it counts updates, not steps)."""
         if trained:
             torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
@@ -72,14 +62,14 @@ class Learner:
     """The policy in the RL update: `model` (FSDP2-sharded or plain) generates; forward and backward go through
     `train_model` (the DDP wrapper, else the model); `ref_model` is the frozen reference of the KL (None: with
     LoRA, the policy's own frozen reference adapter, or its adapters off before any SFT; with beta 0 none is
-    needed: policy.reference_logprobs). `stand_in()`: a one-row prompt for a rank that trains
-    nothing this step."""
+    needed: policy.reference_logprobs). `blank`: (the run's settings, its observer, a sample), what the one-row
+    stand-in prompt of a process that trains nothing this step is built from (stand_in)."""
 
     def __init__(self, model, processor, device, micro_batch_size, temperature=1.0, beta=0.0, train_model=None,
-                 ref_model=None, stand_in=None):
+                 ref_model=None, blank=None):
         self.model, self.processor, self.device = model, processor, device
         self.micro_batch_size, self.temperature, self.beta = micro_batch_size, temperature, beta
-        self.train_model, self.ref_model, self.stand_in = train_model or model, ref_model, stand_in
+        self.train_model, self.ref_model, self.blank = train_model or model, ref_model, blank
         self.engine = None   # --rollout-engine vllm: the rank's engine (engine.py; train.run_rl builds it)
 
     @torch.no_grad()
@@ -99,93 +89,111 @@ class Learner:
         """`flag` on any rank (a phase that gathers the weights is entered by every rank or none)."""
         return bool(runtime.all_sum([float(flag)], self.device)[0])
 
-    def logprobs(self, inputs, ids, mask, old=None, ref=None):
-        """(log F_theta, log F_theta_old, log F_ref) per completion token: `old` and `ref` as given (kept from an
-        earlier update on these rollouts), else the current policy's (detached) and the reference's (the
-        policy's when beta is 0: no KL term)."""
-        logp = policy.token_logprobs(self.train_model, inputs, ids, mask, temperature=self.temperature)
+    def totals(self, n_rows, count):
+        """(the rows trained on every process, the step's denominator): this process's `n_rows` and `count`
+        (grpo.count), each summed over the processes, once per step."""
+        trained, denominator = runtime.all_sum([float(n_rows), float(count)], self.device)
+        return trained, denominator
+
+    def pad(self, parts, draws):
+        """The step's `parts` [(rollout, rows, advantages)] padded with empty ones to the most any process has (at
+        most `draws`): every process then runs as many micro-batches (an empty part's are stand-ins)."""
+        ranks_with = runtime.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
+        return list(parts) + [(None, [], torch.zeros(0))] * (sum(n > 0 for n in ranks_with) - len(parts))
+
+    def micro_batches(self, rollout, rows, adv, kept=None):
+        """This process's micro-batches of the completions `rows` of `rollout` (advantages `adv`, one per row), on the
+        policy's device, padded with stand-ins (weight 0) to the busiest process's number: every process runs as many
+        forward/backward passes (FSDP2's collectives pair up; DDP's all-reduce too). `kept` (several updates per
+        generation): the old and reference log-probs an earlier update stored per micro-batch."""
+        self.train_model.train()
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        device = policy.model_device(parallel.unwrap(self.train_model))
+        for part in parallel.micro_batches(len(rows), self.micro_batch_size, self.device):
+            if part is None:   # a stand-in: fewer micro-batches here than on another process, at weight 0
+                yield self._stand_in(rollout, rows, adv, device)
+                continue
+            r = rows[part]
+            old, ref = kept[part.start] if kept is not None and part.start in kept else (None, None)
+            engine = rollout.engine_logprobs[r] if old is None and rollout.engine_logprobs is not None else None
+            yield MicroBatch(policy._to(rollout.row_inputs(r), device), rollout.completion_ids[r],
+                             rollout.completion_mask[r].to(device), adv[part].to(device), 1.0, len(r), part.start,
+                             old, ref, engine)
+
+    def _stand_in(self, rollout, rows, adv, device):
+        if not len(rows):   # this process trains nothing this step: a blank video
+            ids, mask = policy.target_ids(self.processor, [""])
+            return MicroBatch(policy._to(stand_in(self.processor, *self.blank), device), ids, mask.to(device), torch.zeros(1, device=device),
+                              0.0, 0)
+        r = rows[:1]   # its first row again
+        return MicroBatch(policy._to(rollout.row_inputs(r), device), rollout.completion_ids[r],
+                          rollout.completion_mask[r].to(device), adv[:1].to(device), 0.0, 0)
+
+    def logprobs(self, mb, kept=None):
+        """(log F_theta, log F_theta_old, log F_ref) per completion token of the micro-batch `mb`: F_theta_old and
+        F_ref as an earlier update on these rollouts kept them, else the current policy's (detached) and the
+        reference's (the policy's when beta is 0: no KL term), then kept in `kept` for the next updates."""
+        logp = policy.token_logprobs(self.train_model, mb.inputs, mb.ids, mb.mask, temperature=self.temperature)
+        old, ref = mb.old, mb.ref
         if ref is None and self.beta > 0:
-            ref = policy.reference_logprobs(parallel.unwrap(self.train_model), inputs, ids, mask,
+            ref = policy.reference_logprobs(parallel.unwrap(self.train_model), mb.inputs, mb.ids, mb.mask,
                                             ref_model=self.ref_model, temperature=self.temperature)
             parallel.release(self.ref_model)  # FSDP2 keeps a root gathered after a forward without backward
         old = logp.detach() if old is None else old.to(logp.device)
         ref = logp.detach() if ref is None else ref.to(logp.device)
+        if kept is not None and mb.key is not None and mb.old is None:
+            kept[mb.key] = (old, ref)   # (the micro-batches are the same slices at every update)
         return logp, old, ref
 
-    def backward(self, loss, rollout, rows, adv, count, kept=None):
-        """`loss(logp, old, ref, adv, mask, denominator, world) -> (its term of the step's loss, stats)` (train.RL.loss:
-        Eq. 7 normalised by grpo.aggregate) on the completions `rows` of `rollout` (advantages `adv`, one per row),
-        backward in micro-batches, the terms added; `count`: this rank's part of the step's denominator, which sums
-        every rank's. `kept` (several updates per generation): a dict the first update fills with each
-        micro-batch's old and reference log-probs, and the later ones read. Returns (this rank's mean loss and
-        stats, the rows of all ranks)."""
-        self.train_model.train()
-        rows, sums = torch.as_tensor(rows, dtype=torch.long), defaultdict(float)
-        base = parallel.unwrap(self.train_model)
-
-        def batch(part):
-            if part is None and not len(rows):  # this rank trains nothing this step: a blank video, at weight 0
-                return self.stand_in(), *policy.target_ids(self.processor, [""]), torch.zeros(1)
-            part = part if part is not None else slice(0, 1)  # fewer micro-batches than another rank: weight 0
-            r = rows[part]
-            return rollout.row_inputs(r), rollout.completion_ids[r], rollout.completion_mask[r], adv[part]
-
-        def backward(part, denominator):
-            x, ids, mask, a = batch(part)
-            reuse = kept is not None and part is not None and part.start in kept
-            old, ref = kept[part.start] if reuse else (None, None)
-            logp, old, ref = self.logprobs(policy._to(x, policy.model_device(base)), ids, mask, old, ref)
-            term, stats = loss(logp, old, ref, a.to(logp.device), mask.to(logp.device), denominator, parallel.world())
-            (term if part is not None else term * 0.0).backward()   # (a stand-in adds nothing)
-            if self.engine is not None:   # the sync check (every micro-batch: FSDP2's extra forwards pair up)
-                fresh = part is not None and not reuse and rollout.engine_logprobs is not None
-                self.engine.measure(self.train_model, x, ids, mask, logp,
-                                    rollout.engine_logprobs[rows[part]] if fresh else None, self.temperature)
-            if kept is not None and part is not None and not reuse:
-                kept[part.start] = (old, ref)   # (the micro-batches are the same slices at every update)
-            if part is not None:
-                for key, v in stats.items():
-                    sums[key] += v * len(ids)
-
-        n = parallel.backward_micro_batches(len(rows), self.micro_batch_size, backward, self.device, count)
-        return {k: v / len(rows) for k, v in sums.items()} if len(rows) else {}, n
-
-    def update(self, backward, parts, count, optim, mu, draws):
-        """`mu` optimiser steps, each on one gradient of the step's `parts` [(rollout, rows, advantages)]:
-        `backward(rollout, rows, adv, kept=, count=)` per part, all with `count`, this rank's part of the step's
-        denominator (grpo.count of all its parts), so the parts sum to one loss divided once. Each rank pads its
-        parts to the most any rank has (at most `draws`), so every rank runs as many backward passes. Returns (the
-        stats' means over the rows and the mu steps, this rank's rows)."""
-        ranks_with = runtime.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
-        parts = list(parts) + [(None, [], torch.zeros(0))] * (sum(n > 0 for n in ranks_with) - len(parts))
-        n_rows = sum(len(rows) for _, rows, _ in parts)
-        kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
+    def backward(self, loss, mb, logp):
+        """Backpropagate a micro-batch's term of the step's loss, times W, since FSDP2 and DDP average the processes'
+        gradients (the terms over every process sum to the step's loss), and times 0 for a stand-in; then, with a
+        rollout engine, its log-prob gap on these tokens (every micro-batch: FSDP2's extra forwards pair up)."""
+        (loss * (parallel.world() * mb.weight)).backward()
         if self.engine is not None:
-            self.engine.sleep()   # (CUDA: the engine's memory is the update's)
-        for _ in range(mu):
-            total = 0
-            for (rollout, rows, adv), keep in zip(parts, kept):
-                stats, n = backward(rollout, rows, adv, kept=keep, count=count)
-                total += n
-                for key, v in stats.items():
-                    sums[key] += v * len(rows) / n_rows / mu
-            optim.step(total > 0)
-        gap = -1.0
+            self.engine.measure(self.train_model, mb.inputs, mb.ids, mb.mask, logp, mb.engine_logprobs,
+                                self.temperature)
+
+    def engine_sleep(self):
+        """--rollout-engine vllm: the engine's memory is the update's (CUDA); no-op otherwise."""
         if self.engine is not None:
-            gap = self.engine.guard.close_step(self.device)   # (stops the run when the engine is not the policy)
-            self.engine.sync(self.model)   # the next rollouts sample from the updated policy, never a stale one
-        return {**sums, "engine_logprob_gap": gap}, n_rows
+            self.engine.sleep()
+
+    def engine_sync(self):
+        """After the update: the engine's log-prob gap check (stops the run when the engine is not the policy) and
+        the updated weights loaded into it, so the next rollouts never sample a stale policy. Returns the step's
+        mean gap (-1: no engine)."""
+        if self.engine is None:
+            return -1.0
+        gap = self.engine.guard.close_step(self.device)
+        self.engine.sync(self.model)
+        return gap
 
 
-def stand_in(cfg: LearnerSettings, processor, observer, sample):
+@dataclass
+class MicroBatch:
+    """One forward/backward of the update on this process: rows of a rollout, or a stand-in (weight 0)."""
+    inputs: Any                      # the rows' prompt inputs (video and text), on the policy's device
+    ids: torch.Tensor                # [n, T] completion tokens
+    mask: torch.Tensor               # [n, T] which are tokens of the completion
+    adv: torch.Tensor                # [n] advantages (Eq. 8)
+    weight: float                    # 1, or 0 for a stand-in
+    n: int                           # rows trained (0 for a stand-in)
+    key: int | None = None           # the micro-batch's first row (kept's key)
+    old: torch.Tensor | None = None  # log F_theta_old kept from an earlier update on these rollouts
+    ref: torch.Tensor | None = None  # log F_ref kept likewise
+    engine_logprobs: torch.Tensor | None = None   # the rollout engine's, on a first update
+
+
+def stand_in(processor, cfg, observer, sample):
     """A one-row prompt for a zero-weight micro-batch (this rank has fewer rows than another, possibly none:
-    parallel.backward_micro_batches): `sample`'s question on a blank video of the run's frame size."""
+    Learner.micro_batches, sft_backward): `sample`'s question on a blank video of the run's frame size."""
     side = max(56, int(math.sqrt(cfg.max_pixels)) // 28 * 28)
     blank = np.zeros((cfg.frames, side, side, 3), dtype=np.uint8)
     return observer.inputs(processor, [data.build_messages(sample)], [observer(sample, blank)])
 
 
-def sft_backward(cfg: LearnerSettings, model, processor, inputs, targets, blank):
+def sft_backward(cfg, model, processor, inputs, targets, blank):
     """-log p(target + <|im_end|> | prompt) of each row of `inputs`, micro-batched, the gradient being the mean
     over every target token of the step on every rank (as one big batch would give). `blank`: (observer, sample) of
     the stand-in prompt (stand_in) a rank with no rows gives, built only then. Returns (this rank's mean NLL per
@@ -199,7 +207,7 @@ def sft_backward(cfg: LearnerSettings, model, processor, inputs, targets, blank)
             return policy.take_rows_for(base, inputs, list(range(rows.start, rows.stop))), ids[rows], mask[rows]
         if targets:  # fewer micro-batches than another rank: its first row again, at weight 0
             return policy.take_rows_for(base, inputs, [0]), ids[:1], mask[:1]
-        return (stand_in(cfg, processor, *blank), *policy.target_ids(processor, [""]))  # no rows: weight 0
+        return (stand_in(processor, cfg, *blank), *policy.target_ids(processor, [""]))  # no rows: weight 0
 
     def backward(rows, denominator):
         nonlocal nll_sum

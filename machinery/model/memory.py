@@ -23,7 +23,7 @@ Modes (how the policy is trained; every figure is per GPU):
 Phases of one RL step (App. G's order): (a) generation: clean + perturbed groups of the rank's videos in one
 generate call (shared-prefix rollouts: batch_size x 2 prompts prefilled once, the KV cache copied per completion);
 (b) update: micro-batches of completion rows through forward + backward (gradient checkpointing on GPUs), the
-reference's no-grad forward per micro-batch between the policy's forward and its backward (train.RL.grpo_backward);
+reference's no-grad forward per micro-batch between the policy's forward and its backward (train.RL.backward);
 (c) the optimizer step. `load` (each rank reads the full model before sharding) is reported, not part of the peak;
 the answerability forward (Eq. 3, batch_size rows without grad) is smaller than the generate call and not a phase.
 

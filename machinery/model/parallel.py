@@ -4,7 +4,8 @@
     model = parallel.shard(model, device)            # "fsdp": torch's FSDP2, in place
     with parallel.gathered(model):                    # rollouts: all-gather once, decode locally
         out = policy.rollout(model, ...)
-    total = parallel.backward_micro_batches(n_rows, micro_batch_size, backward, device)
+    for part in parallel.micro_batches(n_rows, micro_batch_size, device):   # None: a zero-weight stand-in
+        ...
 
 Modes (docs/DESIGN.md, "Training at scale"):
 - ``fsdp``: full fine-tuning with ``torch.distributed.fsdp.fully_shard`` (FSDP2). Every decoder layer and every
@@ -21,8 +22,9 @@ else none (one CPU process: the demo and the tests, fp32 throughout).
 Exact gradients with uneven curricula: the curriculum selects a different number of completions on each rank
 (possibly none), but FSDP2 and DDP need every rank to run the same forward/backward passes. So every rank runs
 as many micro-batches as the busiest one (a rank with fewer runs zero-weight ones), and each micro-batch's loss is
-divided by the step's denominator summed over every rank (Eq. 7's: grpo.aggregate), times W, so that the gradient
-averaged over ranks by FSDP2/DDP is the step's, as one big batch on one process would give.
+divided by the step's denominator summed over every rank (Eq. 7's: grpo.agg_loss in train.RL.backward) and its
+gradient scaled by W (learner.Learner.backward), so that the gradient averaged over ranks by FSDP2/DDP is the
+step's, as one big batch on one process would give.
 """
 from __future__ import annotations
 
@@ -176,8 +178,8 @@ def backward_micro_batches(n_rows: int, micro_batch_size: int, backward, device,
 
     `backward(rows, denominator)` backpropagates the loss of this rank's `rows` (a slice; None: a stand-in, since
     this rank has fewer micro-batches than another, whose loss it multiplies by 0) normalised by `denominator`: the
-    sum over every rank of `count` (this rank's; None: its rows). How it normalises is the caller's (Eq. 7:
-    grpo.aggregate, with W = world() since FSDP2 and DDP average the ranks' gradients).
+    sum over every rank of `count` (this rank's; None: its rows), times W = world() since FSDP2 and DDP average the
+    ranks' gradients (SFT's NLL: learner.sft_backward).
     Returns sum_r n_r (0: nothing was trained anywhere, and no backward ran)."""
     total, denominator = runtime.all_sum([float(n_rows), float(n_rows if count is None else count)], device)
     if total == 0 or denominator == 0:

@@ -4,7 +4,6 @@ perturb.apply); what the policy is shown of a clip (`Observer`); SFT's photometr
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -14,24 +13,13 @@ from machinery.datasets import data
 from machinery.model import policy
 
 
-@runtime_checkable
-class ClipSettings(Protocol):
-    """What the clip reader reads of a run's settings (train.Config's fields of these names)."""
-    frames: int               # frames read per clip
-    max_pixels: int           # pixels per frame
-    video_cache: int          # decoded clips kept in memory
-    max_bad_fraction: float   # the share of the data's videos that may be unreadable before the run stops
-    depth_model: str          # depth.Depth's source: auto, proxy, or a model
-    depth_cache: str          # its cache folder ("" : the default)
-
-
 class Clips:
     """Decoded training clips with an LRU cache. A missing or unreadable video is skipped, and remembered
     (path -> reason) so that it is neither decoded again nor counted twice; above a share
     (max_bad_fraction) of the data's videos the run stops. `read_kwargs`: an extension's frame sampler.
     `depth_map` is a clip's depth for its corruption (--depth-model's, depth.Depth; None: perturb's proxy)."""
 
-    def __init__(self, cfg: ClipSettings, missing: list, n_videos: int, read_kwargs=None):
+    def __init__(self, cfg, missing: list, n_videos: int, read_kwargs=None):
         self.cfg, self.cache, self.n_videos = cfg, OrderedDict(), n_videos
         self.bad = {path: "missing" for _, path in missing}
         self.read_kwargs = read_kwargs or {}

@@ -13,7 +13,7 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,10 +24,8 @@ from machinery.corruption import depth as depths
 from machinery.datasets import answers, data, synthetic
 from machinery.model import memory, parallel, policy
 from machinery.model import tiny as tiny_model
-from machinery.model.engine import EngineSettings
-from machinery.model.learner import LearnerSettings
 from machinery.training import checkpoints, report
-from machinery.training.clips import Clips, ClipSettings
+from machinery.training.clips import Clips
 
 
 def arg(default, help_, group=None, choices=None):
@@ -83,25 +81,6 @@ class RunConfig:
     judge_cache: str = arg("", "SQLite verdict cache (default: OUT/judge_cache.sqlite)")
     keep_checkpoints: int = arg(2, "complete checkpoints kept (older ones are deleted)")
     stop_after: int = arg(0, "testing: exit (as if killed) after this many steps of this run, no final save")
-
-
-@runtime_checkable
-class RunSettings(ClipSettings, LearnerSettings, EngineSettings, Protocol):
-    """What the run plumbing reads of a script's config beyond RunConfig's own fields: train.Config's fields of
-    these names (and the clips', the learner's and the engine's). tests/test_settings.py checks that the machinery
-    reads nothing else."""
-    data: str                 # the training data
-    video_root: str
-    lora_r: int               # the policy as loaded (0: full fine-tuning)
-    load_in_4bit: bool
-    mode: str                 # the RL mode: the branches of the memory plan, the table's title
-    beta: float               # Eq. 7's KL coefficient (0: no reference model)
-    batch_size: int           # the memory plan's RL step
-    group_size: int
-    temporal_grpo: int
-    max_new_tokens: int       # generated tokens (the checks', the warm-up's, the plan's)
-    judge: str                # the alignment judge (checked before anything loads)
-    sft_batch_size: int       # the answerability warm-up's labelling batch
 
 
 # ----------------------------------------------------------------------------- a dataclass as the command line
@@ -297,7 +276,7 @@ def load_data(cfg, rank, world, read_kwargs=None):
 @dataclass
 class Run:
     """What both stages share: the config, this process, the model, the data, the log."""
-    cfg: RunSettings                 # train.Config (or an extension's subclass)
+    cfg: Any                         # train.Config (or an extension's subclass)
     rank: int
     world: int
     device: Any
@@ -381,7 +360,7 @@ def lora_reference(run, ref_dir):
     policy.add_reference_adapter(model, ref_dir)
 
 
-def setup(cfg: RunSettings, *, observer, text_policy=False, policy_flag="", demo=Demo(), read_kwargs=None):
+def setup(cfg, *, observer, text_policy=False, policy_flag="", demo=Demo(), read_kwargs=None):
     """The process, the run folder (claimed: continue, refuse or start), the model and the data. `observer`: what
     the policy sees of a clip; `text_policy`: the script trains a text-only LM, not a VLM (a model of the other
     kind is refused: check_policy_kind; `policy_flag`: the flag that switches); `demo`: what the demo builds;
