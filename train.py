@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import curriculum
+import buffer
 import grpo
 import judge as judges
 import perturb
@@ -140,7 +140,7 @@ class Config(runs.RunConfig):
     assess: str = option("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
                          "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                          "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
-                         "defer, YES with c > tau -> discard, else train)", choices=curriculum.ASSESS_RULES)
+                         "defer, YES with c > tau -> discard, else train)", choices=buffer.ASSESS_RULES)
     random_keep: float = option(0.87, "assess=random (Fig. 4c's control): the share trained, the rest discarded at "
                                 "random (set it to a ROVA run's measured rho)")
     reassess: str = option("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
@@ -276,7 +276,7 @@ class RL:
         self.learner = learner.Learner(self.model, self.processor, self.device, cfg.micro_batch_size, cfg.temperature,
                                        cfg.beta, train_model, ref_model, stand_in=self.stand_in)
         self.cursor = runtime.Cursor(len(self.shard), runtime.Seeds(cfg.seed, self.rank).rl_order)
-        self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
+        self.buffer = buffer.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.dual, self.on_corrupted = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
         self.timer = runtime.Timer()
@@ -401,11 +401,11 @@ class RL:
 
     def assess(self, c, acc=None, answers=None, clean_answers=None, key=0):
         """Eq. 3's verdict by the rule `assess`: accuracy (the rollouts' against the ground truth, the verdict a veto:
-        curriculum.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
+        buffer.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
         if self.cfg.assess != "accuracy":   # random: Fig. 4c's control (key: the spec's seed)
-            return curriculum.self_assess_verdict(c, tau=self.cfg.tau) if self.cfg.assess == "verdict" else \
-                curriculum.self_assess_random(key, self.cfg.random_keep)
-        return curriculum.self_assess(acc, c, answers, clean_answers, tau=self.cfg.tau, a_min=self.cfg.a_min,
+            return buffer.self_assess_verdict(c, tau=self.cfg.tau) if self.cfg.assess == "verdict" else \
+                buffer.self_assess_random(key, self.cfg.random_keep)
+        return buffer.self_assess(acc, c, answers, clean_answers, tau=self.cfg.tau, a_min=self.cfg.a_min,
                                       a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below)
 
     def weights(self):
@@ -518,7 +518,7 @@ class RL:
         reeval_rollouts rollouts on its view."""
         k = self.reeval_rollouts()
         if not k:
-            return [curriculum.self_assess_verdict(c, tau=self.cfg.tau).difficulty for c in conf]
+            return [buffer.self_assess_verdict(c, tau=self.cfg.tau).difficulty for c in conf]
         texts = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k).texts
         return [self.assess(c, self.accuracy(texts[n * k:(n + 1) * k], s)).difficulty
                 for n, ((_, s, _), c) in enumerate(zip(todo, conf))]
@@ -591,8 +591,8 @@ def mean(values):
 def confidences(model, processor, observer, samples, views):
     """c of Eq. 3 for each sample's corrupted clip, as the policy is shown it (`views`): the policy's P(YES) on Fig.
     10's answerability prompt about the sample's question, from one forward pass."""
-    messages = curriculum.answerability_messages([data.question_text(s) for s in samples])
-    return curriculum.answerability(model, observer.inputs(processor, messages, views), policy.tokenizer_of(processor))
+    messages = buffer.answerability_messages([data.question_text(s) for s in samples])
+    return buffer.answerability(model, observer.inputs(processor, messages, views), policy.tokenizer_of(processor))
 
 
 def perturbed(clips, sample, frames, spec):
@@ -658,7 +658,7 @@ def answerability_shown(run, warm_up, n):
                 spec = perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=run.cfg.eta)
                 examples += [(s, None, frames), (s, spec.to_dict(), shown(s, spec.to_dict(), frames))]
         warm_up.label(examples)
-    return [(s, x, shown(s, x["spec"], f), curriculum.answerability_messages([data.question_text(s)])[0])
+    return [(s, x, shown(s, x["spec"], f), buffer.answerability_messages([data.question_text(s)])[0])
             for s, x in warm_up.batch(n) if (f := run.clips.get(s)) is not None]
 
 

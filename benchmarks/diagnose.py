@@ -29,7 +29,7 @@ from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import curriculum  # noqa: E402
+import buffer  # noqa: E402
 from machinery.datasets import answers, data  # noqa: E402
 import grpo  # noqa: E402
 import judge as judges  # noqa: E402
@@ -107,22 +107,22 @@ def measure(args):
                                **gen)
         pert = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[3] for b in batch]), n=G,
                               **gen)
-        questions = curriculum.answerability_messages([data.question_text(b[0]) for b in batch])
+        questions = buffer.answerability_messages([data.question_text(b[0]) for b in batch])
         asked = policy.make_inputs(processor, questions, [b[3] for b in batch])
-        conf = curriculum.answerability(model, asked, policy.tokenizer_of(processor))
+        conf = buffer.answerability(model, asked, policy.tokenizer_of(processor))
         for k, (s, spec, _, _) in enumerate(batch):
             ct, pt = clean.texts[k * G:(k + 1) * G], pert.texts[k * G:(k + 1) * G]
             acc_c = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in ct]
             rew, comp = grpo.total_reward(pt, s.answer, s.problem_type, reference_texts=ct, judge=judge,
                                           alpha_r=args.alpha_r, alpha_a=args.alpha_a, source=s.source)
             base = [f + a for f, a in zip(comp["format"], comp["accuracy"])]
-            a = curriculum.self_assess(comp["accuracy"], conf[k], answers.each(pt, s), answers.each(ct, s),
+            a = buffer.self_assess(comp["accuracy"], conf[k], answers.each(pt, s), answers.each(ct, s),
                                    tau=args.tau, a_min=args.a_min, a_max=args.a_max,
                                    unanswerable_below=args.unanswerable_below)
             groups.append(dict(category=perturb.CATEGORY_OF[spec.subtype], subtype=spec.subtype, acc_clean=acc_c,
                                acc_pert=comp["accuracy"], r_align=comp["alignment"], base=base, total=rew,
                                c=conf[k], decision=a.decision,
-                               verdict=curriculum.self_assess_verdict(conf[k], tau=args.tau).decision))
+                               verdict=buffer.self_assess_verdict(conf[k], tau=args.tau).decision))
         print(f"{len(groups)}/{len(order)} samples", flush=True)
     return groups
 

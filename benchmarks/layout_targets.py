@@ -3,7 +3,7 @@
 - lines of the six stage scripts (together, and the largest), and the largest Python file anywhere in the
   project (its own files, `git ls-files`);
 - one RL step's audit: the lines a reader follows from `RL.step` through Alg. 2 (the RL class, grpo.py,
-  curriculum.py), the files they are in, and the distribution code in them (collectives, gathers, sharding and
+  buffer.py), the files they are in, and the distribution code in them (collectives, gathers, sharding and
   replication wrappers, in code: comments and docstrings aside);
 - the README's words; the options train.py's --help lists; the core's import edges into extensions/;
 - the largest cyclomatic complexity in the stage scripts (radon, when installed: a measuring tool, not a
@@ -28,9 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-STAGES = ("perturb.py", "curriculum.py", "grpo.py", "judge.py", "train.py", "eval_pvrbench.py")
+STAGES = ("perturb.py", "buffer.py", "grpo.py", "judge.py", "train.py", "eval_pvrbench.py")
 # what a reader of one RL step follows (the RL class's phases, the equations, the curriculum)
-AUDIT = ("train.py:RL", "grpo.py", "curriculum.py")
+AUDIT = ("train.py:RL", "grpo.py", "buffer.py")
 # distribution code: collectives, process-group calls, sharding and replication wrappers (in code, not in comments
 # or docstrings; a rank's own data shard and seed are data, not distribution)
 DISTRIBUTION = re.compile(r"torch\.distributed|\bdist\.|\bparallel\.|all_reduce|all_gather|all_sum|gathered|"

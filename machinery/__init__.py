@@ -1,4 +1,4 @@
-"""The machinery beneath the paper's stage scripts (perturb.py, curriculum.py, grpo.py, judge.py, train.py,
+"""The machinery beneath the paper's stage scripts (perturb.py, buffer.py, grpo.py, judge.py, train.py,
 eval_pvrbench.py), in layers, lowest first; a module imports only modules of its own layer or a lower one, and
 none imports a stage script or an extension:
 

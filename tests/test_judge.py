@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import test_chat
 
-import curriculum
+import buffer
 import judge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ def test_prompts_format_with_their_placeholders():
     assert "Reference answer: 0" in a and "Candidate answer: zero" in a and "no partial credit" in a
     r = judge.REASONING_CONSISTENCY_PROMPT.format(reference="R {x}", candidate="C")
     assert "R {x}" in r and all(t in r for t in ("1.0", "0.5", "0.0")) and "independently" in r
-    q = curriculum.ANSWERABILITY_PROMPT.format(question="Which way?")
+    q = buffer.ANSWERABILITY_PROMPT.format(question="Which way?")
     assert "Which way?" in q and "YES" in q and "NO" in q
     m = judge.REASONING_QUALITY_PROMPT.format(question="Q", clean="C", perturbed="P")
     assert all(k in m for k in judge.QUALITY_KEYS) and "LOWER is better" in m

@@ -17,7 +17,7 @@ CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").rglob("*.py"))   
 EXTENSIONS = sorted(p for p in (ROOT / "extensions").rglob("*.py") if "tests" not in p.parts)
 
 
-STAGES = ("perturb", "curriculum", "grpo", "judge", "train", "eval_pvrbench")
+STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
 
 
 def imported_modules(path):
@@ -154,7 +154,7 @@ def test_no_module_imports_in_a_cycle():
 
 
 def test_the_core_never_imports_an_extension():
-    assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "curriculum.py", "grpo.py", "train.py",
+    assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "buffer.py", "grpo.py", "train.py",
                                       "eval_pvrbench.py"}
     edges = [(p.name, m) for p in CORE for m in imported_modules(p) if m.split(".")[0] == "extensions"]
     assert edges == []
@@ -188,7 +188,7 @@ def test_no_comment_cites_a_file_outside_the_repository():
 
 
 def test_one_rl_step_is_auditable_without_distribution_code():
-    """What a reader follows from RL.step (the RL class, grpo.py, curriculum.py) holds no collective, gather or
+    """What a reader follows from RL.step (the RL class, grpo.py, buffer.py) holds no collective, gather or
     sharding wrapper: distribution lives in machinery/model/parallel.py."""
     audit = layout_targets.audit_sources()
     assert audit and not [m for src in audit.values()

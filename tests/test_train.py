@@ -562,7 +562,7 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
     labels = warm_up.labels
     assert len(shown) == 2
     assert all(x in labels and (x["spec"] is None) == (v is run.clips.get(s)) for s, x, v, _ in shown)
-    assert all(m == train.curriculum.answerability_messages([train.data.question_text(s)])[0] for s, _, _, m in shown)
+    assert all(m == train.buffer.answerability_messages([train.data.question_text(s)])[0] for s, _, _, m in shown)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
     assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
 
