@@ -23,7 +23,7 @@ a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
+from machinery import cli  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
 import gc
 import json
 import math
@@ -42,6 +42,7 @@ import buffer
 import grpo
 import judge as judges
 import perturb
+from machinery import distributed, seeds, steplog
 from machinery.datasets import answers, data, synthetic
 from machinery.model import engine, learner, parallel, policy
 from machinery.training import checkpoints, records, runs, warmup
@@ -207,7 +208,7 @@ def _check_config(ap, cfg):
         ap.error("temporal_corruption with --temporal-grpo: T-GRPO compares the ordered clip with a shuffled one, "
                  "and a temporally corrupted clip is already shuffled (the same permutation); use one of them")
     if bool(cfg.model) != bool(cfg.data):
-        raise runtime.UserError("give both --model and --data (or neither, for the demo)")
+        raise cli.UserError("give both --model and --data (or neither, for the demo)")
 
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
@@ -226,11 +227,11 @@ def sft_view(cfg, clips, sample, frames, step):
     """What SFT shows of a clip: under sft_jitter (drawn once per clip, or at each showing: sft_jitter_fresh) and,
     with probability sft_corruption, under a lighting or weather corruption of the training protocol (Sec. 4's
     dynamic specs, at eta), drawn at each showing."""
-    seeds = runtime.Seeds(cfg.seed)
+    streams = seeds.Seeds(cfg.seed)
     if cfg.sft_jitter > 0:
-        frames = jitter(frames, cfg.sft_jitter, seeds.sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None))
+        frames = jitter(frames, cfg.sft_jitter, streams.sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None))
     if cfg.sft_corruption > 0:   # (no draw at all when off)
-        rng = np.random.default_rng(seeds.sft_corruption(sample.id, step))
+        rng = np.random.default_rng(streams.sft_corruption(sample.id, step))
         if rng.random() < cfg.sft_corruption:
             spec = perturb.sample_spec(rng, str(rng.choice(perturb.PHOTOMETRIC)), eta=cfg.eta)
             frames = perturbed(clips, sample, frames, spec)
@@ -275,11 +276,11 @@ class RL:
         self.rank, self.shard, self.by_id, self.clips = stream
         self.learner = learner.Learner(self.model, self.processor, self.device, cfg.micro_batch_size, cfg.temperature,
                                        cfg.beta, train_model, ref_model, stand_in=self.stand_in)
-        self.cursor = runtime.Cursor(len(self.shard), runtime.Seeds(cfg.seed, self.rank).rl_order)
+        self.cursor = seeds.Cursor(len(self.shard), seeds.Seeds(cfg.seed, self.rank).rl_order)
         self.buffer = buffer.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.dual, self.on_corrupted = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
-        self.timer = runtime.Timer()
+        self.timer = steplog.Timer()
 
     @staticmethod
     def needs_judge(cfg):
@@ -289,7 +290,7 @@ class RL:
     def step(self, step, spec_rng):
         """One RL step: Alg. 2 in App. G's order, in draws from the stream until batch_size samples are selected
         (next_samples; the extra assessments count in the step's cost)."""
-        self.timer = runtime.Timer()
+        self.timer = steplog.Timer()
         literal = self.cfg.assess_after_update                           # Alg. 2's order: l.5 before l.6
         draws, todo = [], self.next_samples()
         with self.learner.generating():                                   # (FSDP2: the weights gathered once)
@@ -614,7 +615,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0,
                                restart_lr=cfg.answerability_lr)
-    cursor = runtime.Cursor(len(run.shard), runtime.Seeds(cfg.seed, run.rank).sft_order)
+    cursor = seeds.Cursor(len(run.shard), seeds.Seeds(cfg.seed, run.rank).sft_order)
     warm_up = warmup.AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
     if ckpt:
         run.resume(per_rank, optim, ckpt)
@@ -628,7 +629,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
         else:   # half answerability, half the task (replayed: alone, the model forgets it)
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
             nll, n = warm_up.step(answerability_shown(run, warm_up, half), task_batch)
-        nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
+        nll = distributed.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
         run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0], "nll": nll,
@@ -652,10 +653,10 @@ def answerability_shown(run, warm_up, n):
     def shown(s, spec, frames):   # (spec: a dict; None: the clean clip)
         return frames if spec is None else perturbed(run.clips, s, frames, perturb.PerturbSpec.from_dict(spec))
     if warm_up.labels is None:
-        seeds, examples = runtime.Seeds(run.cfg.seed, run.rank), []
+        streams, examples = seeds.Seeds(run.cfg.seed, run.rank), []
         for i, s in enumerate(run.shard):
             if (frames := run.clips.get(s)) is not None:
-                spec = perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=run.cfg.eta)
+                spec = perturb.sample_spec(np.random.default_rng(streams.answerability_spec(i)), eta=run.cfg.eta)
                 examples += [(s, None, frames), (s, spec.to_dict(), shown(s, spec.to_dict(), frames))]
         warm_up.label(examples)
     return [(s, x, shown(s, x["spec"], f), buffer.answerability_messages([data.question_text(s)])[0])
@@ -689,7 +690,7 @@ def run_rl(run, state, ckpt, per_rank, rl=RL):
         state["step"] += 1
         run.log({"stage": "rl", "step": state["step"], "lr": rl.optim.sched.get_last_lr()[0],
                  "updates": rl.optim.updates}
-                | runtime.reduce_record(s, run.device, run.world)
+                | distributed.reduce_record(s, run.device, run.world)
                 | {"bad_videos": len(run.clips.bad), "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
             run.checkpoint(state, rl.optim, {"rl": rl.state()})
@@ -708,7 +709,7 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     per_rank = checkpoints.load_rank_state(ckpt, run.rank)
     n_params = sum(p.numel() for p in run.model.parameters())
     if rl.needs_judge(run.cfg) and (note := judges.stand_in_note(run.cfg.judge, n_params)):
-        runtime.log(note)   # (the default offline judge on a real model)
+        cli.log(note)   # (the default offline judge on a real model)
     if run.cfg.eval_before and not (run.out / "eval_before.json").is_file():
         accuracy_check(run, "eval_before.json")
     if state["stage"] == "sft":
@@ -726,10 +727,10 @@ RESUME = "rerun the same command to continue from the last checkpoint"   # Ctrl-
 def main(argv=None, **settings):
     """Train (Alg. 2). `settings`: values for Config fields without a flag."""
     cfg = parse_args(argv, settings)
-    with runtime.interrupt_hint(runs.resume_hint(cfg, RESUME)):
+    with cli.interrupt_hint(runs.resume_hint(cfg, RESUME)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg))
         train(run, ckpt)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=RESUME)
+    cli.run(main, interrupted=RESUME)

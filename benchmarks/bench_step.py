@@ -42,10 +42,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from machinery import hub  # noqa: E402
 from machinery.datasets import data  # noqa: E402
 
 from machinery.datasets import synthetic  # noqa: E402
@@ -72,7 +73,7 @@ RL_FLAGS = ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels"
 
 
 def parse_args(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", default="", help="policy checkpoint (default: an untrained tiny model, a smoke run)")
     a("--data", default="", help="Video-R1 JSON (default: a small synthetic set built in --work)")
@@ -322,7 +323,7 @@ def cost_app_g(out, args):
             "per_repeat": [{k: r[k] for k in ("seed", "rova_over_dual", "rova_over_grpo", "predicted_ratio")}
                            | {"rho": r["modes"]["rova"]["rho"]} for r in out["repeats"]],
             "command": " ".join(["python benchmarks/bench_step.py", *args.argv]),
-            "date": time.strftime("%Y-%m-%d"), "commit": runtime.versions()["git_commit"], "cpus": os.cpu_count()}
+            "date": time.strftime("%Y-%m-%d"), "commit": hub.versions()["git_commit"], "cpus": os.cpu_count()}
 
 
 def write_cost(path, entry):

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from machinery import runtime  # noqa: E402
+from machinery import hub  # noqa: E402
 from machinery.training import report  # noqa: E402
 
 DEMO_RANGE = ROOT / "docs" / "results" / "demo_range.json"
@@ -140,7 +140,7 @@ def main(argv=None):
                   "modes": {m: {"per_seed": {str(s): per_mode[m][s] | {"work": works[m][s]} for s in seeds},
                                 "ranges": ranges[m]} for m in modes},
                   "wall_s": sum(w["wall_s"] or 0 for m in modes for w in works[m].values()),
-                  "date": time.strftime("%Y-%m-%d"), "git_commit": runtime.versions().get("git_commit")}
+                  "date": time.strftime("%Y-%m-%d"), "git_commit": hub.versions().get("git_commit")}
         DEMO_RANGE.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {DEMO_RANGE.relative_to(ROOT)}")   # no machine path in the recorded figure
 

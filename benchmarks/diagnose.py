@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -40,7 +40,7 @@ from machinery import video  # noqa: E402
 
 
 def parse_args(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", required=True, help="policy checkpoint (the state RL starts from)")
     a("--data", required=True, help="Video-R1 JSON of the training questions, or a VSI-Bench-format .jsonl (the "

@@ -46,8 +46,8 @@ def test_the_machinery_never_imports_a_stage_script():
 
 
 # Where functions go down by design (docs/DESIGN.md, Layout): the scene compositor draws the layers of perturb.py's
-# effects (scene.Layer, particles), and runtime.run(main) is a program's entry point (as `sys.exit(main())`).
-HANDED_BY_DESIGN = ("machinery.corruption.scene", "machinery.runtime.run")
+# effects (scene.Layer, particles), and cli.run(main) is a program's entry point (as `sys.exit(main())`).
+HANDED_BY_DESIGN = ("machinery.corruption.scene", "machinery.cli.run")
 
 
 def local_names(tree, path):
@@ -106,7 +106,8 @@ def test_the_check_of_handed_functions_sees_one(tmp_path):
 
 
 # machinery/'s layers, lowest first (docs/DESIGN.md, Layout): a module imports only modules of its own layer or a
-# lower one. "machinery" is the foundation: its own files (runtime, imported first and light; video).
+# lower one. "machinery" is the foundation: its own files (cli, imported first, hub, distributed, seeds, steplog:
+# the standard library only at import; video).
 LAYERS = ("machinery", "machinery.datasets", "machinery.corruption", "machinery.model", "machinery.eval",
           "machinery.training")
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from machinery import runtime
+from machinery import cli
 from machinery import video
 from machinery.datasets import answers, data
 
@@ -270,9 +270,9 @@ def parse_turn(text):
     try:
         low, high = (float(x) for x in str(text).split(","))
     except ValueError:
-        raise runtime.UserError(f"a turn range is LOW,HIGH in rad/frame, e.g. 0.035,0.05; got {text!r}") from None
+        raise cli.UserError(f"a turn range is LOW,HIGH in rad/frame, e.g. 0.035,0.05; got {text!r}") from None
     if not 0 <= low <= high:
-        raise runtime.UserError(f"a turn range wants 0 <= LOW <= HIGH, got {text!r}")
+        raise cli.UserError(f"a turn range wants 0 <= LOW <= HIGH, got {text!r}")
     return low, high
 
 
@@ -678,7 +678,7 @@ def write_sample_video(path, fps: float = 8.0, **kw) -> str:
 
 # --------------------------------------------------------------------------- command line
 def main(argv=None):
-    ap = runtime.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
+    ap = cli.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
                                              "Video-R1 train.json, VSI-Bench eval.jsonl).")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--n", type=int, default=200, help="number of clips")
@@ -688,9 +688,9 @@ def main(argv=None):
     ap.add_argument("--eval-fraction", type=float, default=0.25, help="share of clips in eval.jsonl")
     ap.add_argument("--turn", default=",".join(map(str, TURN)), help="a turning clip's yaw rate range, LOW,HIGH "
                     "(rad/frame)")
-    runtime.add_debug_flag(ap)
+    cli.add_debug_flag(ap)
     args = ap.parse_args(argv)
-    runtime.out_dir(args.out)
+    cli.out_dir(args.out)
     summary = make_synthetic(args.out, n=args.n, seed=args.seed, num_frames=args.frames, size=args.size,
                              eval_fraction=args.eval_fraction, turn=parse_turn(args.turn))
     print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
@@ -704,4 +704,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main)
+    cli.run(main)

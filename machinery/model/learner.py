@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from machinery import runtime
+from machinery import distributed
 from machinery.datasets import data
 from machinery.model import parallel, policy
 
@@ -97,7 +97,7 @@ class Learner:
 
     def anywhere(self, flag) -> bool:
         """`flag` on any rank (a phase that gathers the weights is entered by every rank or none)."""
-        return bool(runtime.all_sum([float(flag)], self.device)[0])
+        return bool(distributed.all_sum([float(flag)], self.device)[0])
 
     def logprobs(self, inputs, ids, mask, old=None, ref=None):
         """(log F_theta, log F_theta_old, log F_ref) per completion token: `old` and `ref` as given (kept from an
@@ -156,7 +156,7 @@ class Learner:
         denominator (grpo.count of all its parts), so the parts sum to one loss divided once. Each rank pads its
         parts to the most any rank has (at most `draws`), so every rank runs as many backward passes. Returns (the
         stats' means over the rows and the mu steps, this rank's rows)."""
-        ranks_with = runtime.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
+        ranks_with = distributed.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
         parts = list(parts) + [(None, [], torch.zeros(0))] * (sum(n > 0 for n in ranks_with) - len(parts))
         n_rows = sum(len(rows) for _, rows, _ in parts)
         kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
