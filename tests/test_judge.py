@@ -1,7 +1,7 @@
 """Tests for judge.py: prompts, tolerant parsing, the OpenAI judge against the scripted fake server of
 test_chat.py (retries, Retry-After, timeouts, 4xx, garbage, concurrency, the reply cache across runs and
 processes, the key never leaking), the local rule+MiniLM judge on the labelled reasoning pairs of
-benchmarks/calibrate_judge.py, the HF judge on the tiny policy model, and make_judge."""
+experiments/calibrate_judge.py, the HF judge on the tiny policy model, and make_judge."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ import buffer
 import judge
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 from calibrate_judge import CALIBRATION_PAIRS, TURN_L, calibrate_thresholds
 
 SECRET = test_chat.SECRET

@@ -2,7 +2,7 @@
 imports a stage script and its sub-packages keep their layer order, no stage function is handed down to the machinery,
 no import cycles, one RL step auditable without distribution code, train.py's --help lists the core's flags only, and
 no comment points outside the repository. Sizes (lines per file, the stage scripts' total, the RL step's audit, the
-flags, the README's words) are figures benchmarks/layout_targets.py reports, not limits tested here."""
+flags, the README's words) are figures tools/layout_targets.py reports, not limits tested here."""
 import ast
 import re
 import sys
@@ -11,10 +11,12 @@ from pathlib import Path
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 import layout_targets  # noqa: E402
 CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").rglob("*.py"))   # machinery/ and its sub-packages
 EXTENSIONS = sorted(p for p in (ROOT / "extensions").rglob("*.py") if "tests" not in p.parts)
+SCRIPT_FOLDERS = ("benchmarks", "experiments", "checks", "tools")   # the scripts beside the core (docs/DESIGN.md)
+SCRIPTS = sorted(p for folder in SCRIPT_FOLDERS for p in (ROOT / folder).glob("*.py"))
 
 
 STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
@@ -86,9 +88,9 @@ def stage_functions_handed_to_the_machinery(path):
 
 
 def test_no_stage_function_is_handed_to_the_machinery():
-    """The flow runs one way: a stage (or a benchmark) calls the machinery with data (frames, settings, the
-    registry's names), never with a stage's function for the machinery to call back."""
-    files = [ROOT / f"{s}.py" for s in STAGES] + sorted((ROOT / "benchmarks").glob("*.py")) + EXTENSIONS
+    """The flow runs one way: a stage (or a benchmark, experiment, check or tool) calls the machinery with data
+    (frames, settings, the registry's names), never with a stage's function for the machinery to call back."""
+    files = [ROOT / f"{s}.py" for s in STAGES] + SCRIPTS + EXTENSIONS
     found = [(p.name, *c) for p in files for c in stage_functions_handed_to_the_machinery(p)]
     assert found == []
 
@@ -154,6 +156,16 @@ def test_no_module_imports_in_a_cycle():
         visit(node)
 
 
+def test_a_benchmark_never_imports_an_experiment():
+    """benchmarks/ holds speed and memory benchmarks that stand alone: none imports a script of experiments/ (a
+    helper both use lives in benchmarks/ or the machinery)."""
+    assert {p.parent.name for p in SCRIPTS} == set(SCRIPT_FOLDERS)
+    experiments = {p.stem for p in (ROOT / "experiments").glob("*.py")}
+    edges = [(p.name, m) for p in sorted((ROOT / "benchmarks").glob("*.py")) for m in imported_modules(p)
+             if m.split(".")[0] in experiments]
+    assert edges == []
+
+
 def test_the_core_never_imports_an_extension():
     assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "buffer.py", "grpo.py", "train.py",
                                       "eval_pvrbench.py"}
@@ -182,7 +194,7 @@ def test_train_help_lists_the_core_flags_only():
 
 
 def test_no_comment_cites_a_file_outside_the_repository():
-    files = CORE + sorted((ROOT / "extensions").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    files = CORE + sorted((ROOT / "extensions").rglob("*.py")) + SCRIPTS
     bad = [(p.name, n) for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
            if re.search(r"(?<!docs/)DESIGN\.md|\.\./shared", line)]
     assert bad == []

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from machinery import seeds
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import layout_targets  # noqa: E402  (the project's own files: git ls-files)
 
 

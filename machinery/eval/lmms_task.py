@@ -21,7 +21,7 @@ lmms-eval's clustered standard errors cluster by video, as eval_pvrbench.py's cu
                                 it imports), copied: the folder needs nothing from this project at run time
   export.json                   the export's settings (style, scoring, Avg.'s weights, eta, frames, fps, versions)
 The data files are named relative to the YAMLs, which lmms-eval resolves from 0.7.3 on (the version checked by
-benchmarks/lmms_eval_check.py). Clips that could not be read are left out and counted in export.json.
+checks/lmms_eval_check.py). Clips that could not be read are left out and counted in export.json.
 """
 from __future__ import annotations
 

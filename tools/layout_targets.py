@@ -10,9 +10,9 @@
   dependency, e.g. `python -m venv /tmp/radon && /tmp/radon/bin/pip install radon`, then `--radon
   /tmp/radon/bin/radon`).
 
-    python benchmarks/layout_targets.py [--radon PATH]      # the figures (and, with radon, the complexity)
-    python benchmarks/layout_targets.py --lines             # the core's files and their lines
-    python benchmarks/layout_targets.py --complexity        # the complexity line alone
+    python tools/layout_targets.py [--radon PATH]      # the figures (and, with radon, the complexity)
+    python tools/layout_targets.py --lines             # the core's files and their lines
+    python tools/layout_targets.py --complexity        # the complexity line alone
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ def project_files():
 
 
 def core_files():
-    """The stage scripts and the package beneath them, its sub-packages included (extensions, tests and benchmarks
-    excluded)."""
+    """The stage scripts and the package beneath them, its sub-packages included (extensions, tests and the
+    scripts of benchmarks/, experiments/, checks/ and tools/ excluded)."""
     return [p for p in project_files() if p.parent == ROOT or p.relative_to(ROOT).parts[0] == "machinery"]
 
 

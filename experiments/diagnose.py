@@ -1,7 +1,7 @@
 """What each training signal can teach a given policy: the rollout groups of RL's first steps, measured
 once, without training (the "find out why" of the CPU-scale reproduction, docs/RESULTS.md).
 
-    python benchmarks/diagnose.py --model runs/reproduce/sft/final --data runs/reproduce/sft/synthetic/train.json
+    python experiments/diagnose.py --model runs/reproduce/sft/final --data runs/reproduce/sft/synthetic/train.json
 
 For --samples training questions (seeded order; one corruption spec each from the dynamic protocol, as
 train.py draws them), G rollouts on the clean and G on the corrupted video at the training temperature,

@@ -2,8 +2,8 @@
 under one corruption (PVRBench's static protocol, the subtypes in turn), scored two ways by the same model:
 c = P(YES) on Fig. 10's prompt (one forward, buffer.answerability) and the greedy answer's score.
 
-    python benchmarks/answerability.py --model runs/rova/final        # the demo checkpoint, its benchmark
-    python benchmarks/answerability.py --model OUT/final --benchmark runs/rova/synthetic --limit 120
+    python experiments/answerability.py --model runs/rova/final        # the demo checkpoint, its benchmark
+    python experiments/answerability.py --model OUT/final --benchmark runs/rova/synthetic --limit 120
 
 Prints c's spread (mean, std, min, max; App. C.2's verdict rule needs c to cross 0.5 and tau), the share
 judged YES, the Pearson correlation of c with the answer's score (all clips, and corrupted clips only), and

@@ -4,7 +4,7 @@ torch backend of the corruption engine on CUDA against its OpenCV one, one FSDP2
 7B-wide Qwen2.5-VL (random weights; peak memory against memory.plan, seconds per step), and, where vLLM is
 installed, ROVA steps of a 7B-wide model with each rollout engine (hf, vllm: seconds per step and their ratio).
 
-    python benchmarks/gpu_check.py [--device cuda] [--json OUT.json]
+    python checks/gpu_check.py [--device cuda] [--json OUT.json]
 
 Each check prints one line, "ok" or "FAIL" with what it measured; the exit status is the number of
 failures. Nothing is downloaded (tiny models are built in a temporary folder, clips rendered in memory).
