@@ -52,7 +52,7 @@ with its model schemes, load_benchmark, evaluate with its models, reports, frame
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
+from machinery import cli  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
 import argparse
 import concurrent.futures
 import contextlib
@@ -68,7 +68,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machinery import video
+from machinery import hub, video
 from machinery.corruption import depth as depths
 from machinery.datasets import answers, data
 from machinery.eval import charts, evaluation, hf_dataset, lmms_task, run_files
@@ -434,9 +434,9 @@ def parse_sources(spec, what="--benchmark"):
     for part in filter(None, spec.split(",")):
         name, _, value = part.strip().partition("=")
         if name not in SOURCES:
-            raise runtime.UserError(f"{what}: unknown source {name!r} (valid: {', '.join(SOURCES)})")
+            raise cli.UserError(f"{what}: unknown source {name!r} (valid: {', '.join(SOURCES)})")
         if what == "--benchmark" and not value and name != "synthetic":
-            raise runtime.UserError(f"--benchmark: {name} needs a file: {name}=PATH")
+            raise cli.UserError(f"--benchmark: {name} needs a file: {name}=PATH")
         out[name] = value or (DEFAULT_SYNTH if what == "--benchmark" else None)
     return out
 
@@ -455,8 +455,8 @@ def parse_subtypes(spec, protocol="pvrbench"):
         elif name in order:
             chosen.add(name)
         elif name != "none":
-            raise runtime.UserError(f"--subtypes: unknown {name!r} (subtypes: {', '.join(known)}; categories: "
-                                    f"{', '.join(perturb.CATEGORIES)}; or all / none)")
+            raise cli.UserError(f"--subtypes: unknown {name!r} (subtypes: {', '.join(known)}; categories: "
+                                f"{', '.join(perturb.CATEGORIES)}; or all / none)")
     return [s for s in order if s in chosen]
 
 
@@ -607,7 +607,7 @@ def _model_and_name(args, models, rename):
           f"({tiny})", flush=True)
     if not (tiny / "config.json").is_file():
         from machinery.model import tiny as tiny_model
-        with runtime.no_hf_progress_bars():
+        with hub.no_hf_progress_bars():
             tiny_model.build_tiny(tiny)
     return str(tiny), args.model_name or "tiny-untrained"
 
@@ -617,15 +617,15 @@ def check_sources(args, scheme, path):
     made or any video is read (an API model is checked by its first request)."""
     unknown = re.fullmatch(r"([a-z][a-z0-9_-]*):.+", path)
     if not scheme and unknown and not Path(path).exists():
-        raise runtime.UserError(f"--model {path}: no model scheme {unknown[1]}: here (a folder, a hub id or "
-                                "openai:NAME; an extension's entry point adds its own: python -m "
-                                "extensions.<name>.eval --model SCHEME:PATH)")
+        raise cli.UserError(f"--model {path}: no model scheme {unknown[1]}: here (a folder, a hub id or "
+                            "openai:NAME; an extension's entry point adds its own: python -m "
+                            "extensions.<name>.eval --model SCHEME:PATH)")
     if scheme != "openai":
-        runtime.model_source(path)
+        hub.model_source(path)
     if args.adapter and not (Path(args.adapter) / "adapter_config.json").is_file():
-        raise runtime.UserError(f"--adapter {args.adapter}: no adapter_config.json there (a peft LoRA adapter "
-                                "folder, e.g. train.py --lora-r's OUT/final)")
-    runtime.check_hf_flags({"--judge": args.judge})
+        raise cli.UserError(f"--adapter {args.adapter}: no adapter_config.json there (a peft LoRA adapter "
+                            "folder, e.g. train.py --lora-r's OUT/final)")
+    hub.check_hf_flags({"--judge": args.judge})
 
 
 # ----------------------------------------------------------------------------- the resumable store and the run
@@ -635,7 +635,7 @@ def check_sources(args, scheme, path):
 
 def parser():
     """The command line's parser (an extension adds its own argument group to it, then calls parse_args)."""
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=cli.HelpFormatter,
                                  usage="%(prog)s [--model M] [--benchmark SRC=PATH,...] [--video-root ...] [options]")
     g = ap.add_argument_group("benchmark",
                               "what is evaluated: the sources, the perturbations (Sec. 4, Table 8)").add_argument
@@ -712,7 +712,7 @@ def parser():
     o("--compare", nargs="+", default=None, metavar="RESULTS", help="lay several results.json side by side (the "
       "latest of each model and configuration)")
     o("--stop-after", type=int, default=0, help="testing: stop (as if killed) after this many generated samples")
-    runtime.add_debug_flag(out_group)
+    cli.add_debug_flag(out_group)
     return ap
 
 
@@ -720,7 +720,7 @@ def parse_args(argv=None, ap=None):
     """The command line (`ap`: parser(), or an extension's parser built on it) with its defaults resolved."""
     ap = ap or parser()
     args = ap.parse_args(argv)
-    runtime.out_dir(args.out, create=False)  # (made when there are results to write)
+    cli.out_dir(args.out, create=False)  # (made when there are results to write)
     check_exclusive(ap, args)
     args.export = args.export_lmms_eval or args.export or (str(Path(args.export_hf) / "videos") if args.export_hf else "")
     synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
@@ -807,7 +807,7 @@ def main(argv=None):
     if args.regenerate_hf:
         return regenerate_hf(args)
     if args.export_hf and (reason := hf_dataset.check_target(args.export_hf, dataset_flags(args))):
-        raise runtime.UserError(reason)
+        raise cli.UserError(reason)
     bench = load_benchmark(args)   # the data's mistakes before the model's
     return evaluate(args, None if args.export else resolve_model(args), bench)
 
@@ -942,7 +942,7 @@ def export_hf(args, bench, groups, manifest, out, shown):
     info = {"name": "PVRBench" + (" severity sweep" if args.etas else ""), "sources": list(bench.sources),
             "subtypes": bench.subtypes, "etas": list(args.etas), "eta": json.dumps(flags["eta"]), "rows": len(rows),
             "clips": len({r["video"] for r in rows}), "command": command_line(flags), "render": perturb.RENDER_VERSION,
-            "versions": {k: v for k, v in runtime.versions().items() if k not in ("git_commit", "platform")}}
+            "versions": {k: v for k, v in hub.versions().items() if k not in ("git_commit", "platform")}}
     hf_dataset.write(args.export_hf, rows, flags, hf_dataset.card(info))
 
 
@@ -951,7 +951,7 @@ def regenerate_hf(args):
     into a scratch folder beside DIR, compared with DIR (hf_dataset.compare); DIR is left as it was if it differs."""
     root = Path(args.regenerate_hf)
     if not (root / hf_dataset.SETTINGS).is_file():
-        raise runtime.UserError(f"--regenerate-hf {root}: no {hf_dataset.SETTINGS} there (a folder --export-hf wrote)")
+        raise cli.UserError(f"--regenerate-hf {root}: no {hf_dataset.SETTINGS} there (a folder --export-hf wrote)")
     flags = json.loads((root / hf_dataset.SETTINGS).read_text())["flags"]
     defaults = parser()
     flags.update({k: getattr(args, k) for k in ("benchmark", "video_root") if getattr(args, k) != defaults.get_default(k)})
@@ -968,7 +968,7 @@ def regenerate_hf(args):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if reason:
-        raise runtime.UserError(reason)
+        raise cli.UserError(reason)
     print(f"{root}: every clip regenerated from its spec and source video matches ({added} missing clip(s) written)")
     return added
 
@@ -1000,7 +1000,7 @@ def results_file(args, results, target, bench, run_dir, run_hash, judge, manifes
                 (run_dir / "manifest.jsonl").read_bytes()).hexdigest(), "rows": len(manifest)},
             "raw_question_rows": raw_question_rows(bench.sources),
             "scoring": scoring_block(args.style, args.scoring),
-            **reports, "versions": runtime.versions(), "date": ts, "n_samples": results["n_samples"],
+            **reports, "versions": hub.versions(), "date": ts, "n_samples": results["n_samples"],
             "n_errors": results["n_errors"]}
 
 
@@ -1011,4 +1011,4 @@ def raw_question_rows(sources):
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=INTERRUPTED)
+    cli.run(main, interrupted=INTERRUPTED)

@@ -328,7 +328,7 @@ class HFJudge(_PromptJudge):
 # --------------------------------------------------------------------------- offline default
 # (its answer normalisation and text measures, public so that extensions read answers by the same rules:
 # machinery/datasets/answers.py, machinery/datasets/verdicts.py)
-# Measured by benchmarks/calibrate_judge.py on its 34 labelled reasoning pairs, MiniLM cosine similarity
+# Measured by experiments/calibrate_judge.py on its 34 labelled reasoning pairs, MiniLM cosine similarity
 # per tier: 1.0 (paraphrases) 0.71-0.94, mean 0.87; 0.5 (additions/omissions) 0.39-0.88, mean 0.72;
 # 0.0 (contradictions) 0.66-0.99, mean 0.84: minimal-edit contradictions (left <-> right, first <->
 # last) score 0.97-0.99, above most paraphrases: a sentence encoder does not see them; only

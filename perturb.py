@@ -55,11 +55,11 @@ from typing import Callable
 import cv2
 import numpy as np
 
-from machinery import runtime
+from machinery import cli
 from machinery.corruption import kernels, occluders, perturb_cli, props, scene
 from machinery.corruption.kernels import walk
 from machinery.corruption.scene import UNCHANGED, Layer  # noqa: F401 - UNCHANGED: for registered effects (extensions)
-from machinery.runtime import hash48  # (public too: perturb.hash48, the specs' stable seeds)
+from machinery.seeds import hash48  # (public too: perturb.hash48, the specs' stable seeds)
 
 CATEGORIES = {  # Table 8
     "lighting": ("dusk", "night", "overexposure", "shadow"),
@@ -673,4 +673,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main)
+    cli.run(main)

@@ -23,7 +23,7 @@ a clip, and train() with its RL subclass's phases.
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
+from machinery import cli  # noqa: I001 - first: it sets the OpenMP wait policy before torch loads (GOMP_SPINCOUNT)
 import gc
 import json
 import math
@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 import torch
 
-import curriculum
+import buffer
 import grpo
 import judge as judges
 import perturb
+from machinery import distributed, seeds, steplog
 from machinery.datasets import answers, data, synthetic
 from machinery.model import engine, learner, parallel, policy
 from machinery.training import checkpoints, records, runs, warmup
@@ -138,7 +139,7 @@ class Config(runs.RunConfig):
     assess: str = option("accuracy", "Eq. 3's rule (--mode rova): accuracy (Sec. 3.2: the G perturbed rollouts' "
                          "accuracy and their agreement with the clean ones, a_min / a_max, c > tau discards easy ones, "
                          "the answerability verdict a veto) or verdict (App. C.2: Fig. 10's verdict alone; NO -> "
-                         "defer, YES with c > tau -> discard, else train)", choices=curriculum.ASSESS_RULES)
+                         "defer, YES with c > tau -> discard, else train)", choices=buffer.ASSESS_RULES)
     random_keep: float = option(0.87, "assess=random (Fig. 4c's control): the share trained, the rest discarded at "
                                 "random (set it to a ROVA run's measured rho)")
     reassess: str = option("verdict", "Eq. 5's re-assessment of a buffered sample on its regenerated video: rule (by "
@@ -205,7 +206,7 @@ def _check_config(ap, cfg):
         ap.error("temporal_corruption with --temporal-grpo: T-GRPO compares the ordered clip with a shuffled one, "
                  "and a temporally corrupted clip is already shuffled (the same permutation); use one of them")
     if bool(cfg.model) != bool(cfg.data):
-        raise runtime.UserError("give both --model and --data (or neither, for the demo)")
+        raise cli.UserError("give both --model and --data (or neither, for the demo)")
 
 
 # ----------------------------------------------------------------------------- SFT (Sec. 5.1)
@@ -224,7 +225,7 @@ def sft_view(cfg, sample, frames, step):
     """What SFT shows of a clip: the clip, under sft_jitter (drawn once per clip, or at each showing:
     sft_jitter_fresh)."""
     if cfg.sft_jitter > 0:
-        seed = runtime.Seeds(cfg.seed).sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None)
+        seed = seeds.Seeds(cfg.seed).sft_jitter(sample.id, step if cfg.sft_jitter_fresh else None)
         frames = jitter(frames, cfg.sft_jitter, seed)
     return frames
 
@@ -268,11 +269,11 @@ class RL:
         self.learner = learner.Learner(self.model, self.processor, self.device, cfg.micro_batch_size, cfg.temperature,
                                        cfg.beta, train_model, ref_model,
                                        blank=(cfg, self.observer, self.shard[0] if self.shard else None))
-        self.cursor = runtime.Cursor(len(self.shard), runtime.Seeds(cfg.seed, self.rank).rl_order)
-        self.buffer = curriculum.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
+        self.cursor = seeds.Cursor(len(self.shard), seeds.Seeds(cfg.seed, self.rank).rl_order)
+        self.buffer = buffer.MemoryBuffer(cfg.buffer_capacity, cfg.n_max, cfg.reeval_period)
         self.queue: list = []  # (sample id, spec dict) promoted by the buffer, trained first (Alg. 2 l.17)
         self.dual, self.on_corrupted = cfg.mode in ("rova", "dual"), cfg.mode != "grpo"  # grpo: clean videos (Eq. 11)
-        self.timer = runtime.Timer()
+        self.timer = steplog.Timer()
 
     @staticmethod
     def needs_judge(cfg):
@@ -282,7 +283,7 @@ class RL:
     def step(self, step, spec_rng):
         """One RL step: Alg. 2 in App. G's order, in draws from the stream until batch_size samples are selected
         (next_samples; the extra assessments count in the step's cost)."""
-        self.timer = runtime.Timer()
+        self.timer = steplog.Timer()
         literal = self.cfg.assess_after_update                           # Alg. 2's order: l.5 before l.6
         draws, todo = [], self.next_samples()
         with self.learner.generating():                                   # (FSDP2: the weights gathered once)
@@ -394,12 +395,12 @@ class RL:
 
     def assess(self, c, acc=None, answers=None, clean_answers=None, key=0):
         """Eq. 3's verdict by the rule `assess`: accuracy (the rollouts' against the ground truth, the verdict a veto:
-        curriculum.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
+        buffer.self_assess), verdict (App. C.2's answerability verdict and c alone) or random."""
         if self.cfg.assess != "accuracy":   # random: Fig. 4c's control (key: the spec's seed)
-            return curriculum.self_assess_verdict(c, tau=self.cfg.tau) if self.cfg.assess == "verdict" else \
-                curriculum.self_assess_random(key, self.cfg.random_keep)
-        return curriculum.self_assess(acc, c, answers, clean_answers, tau=self.cfg.tau, a_min=self.cfg.a_min,
-                                      a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below)
+            return buffer.self_assess_verdict(c, tau=self.cfg.tau) if self.cfg.assess == "verdict" else \
+                buffer.self_assess_random(key, self.cfg.random_keep)
+        return buffer.self_assess(acc, c, answers, clean_answers, tau=self.cfg.tau, a_min=self.cfg.a_min,
+                                  a_max=self.cfg.a_max, unanswerable_below=self.cfg.unanswerable_below)
 
     def weights(self):
         """(w_format, w_acc, w_alignment) of Alg. 1 l.13 (App. D: 1, 1, 1); a subclass may stage them."""
@@ -521,7 +522,7 @@ class RL:
         reeval_rollouts rollouts on its view."""
         k = self.reeval_rollouts()
         if not k:
-            return [curriculum.self_assess_verdict(c, tau=self.cfg.tau).difficulty for c in conf]
+            return [buffer.self_assess_verdict(c, tau=self.cfg.tau).difficulty for c in conf]
         texts = self._rollout([s for _, s, _ in todo], [v for _, _, v in todo], k).texts
         return [self.assess(c, self.accuracy(texts[n * k:(n + 1) * k], s)).difficulty
                 for n, ((_, s, _), c) in enumerate(zip(todo, conf))]
@@ -594,8 +595,8 @@ def mean(values):
 def confidences(model, processor, observer, samples, views):
     """c of Eq. 3 for each sample's corrupted clip, as the policy is shown it (`views`): the policy's P(YES) on Fig.
     10's answerability prompt about the sample's question, from one forward pass."""
-    messages = curriculum.answerability_messages([data.question_text(s) for s in samples])
-    return curriculum.answerability(model, observer.inputs(processor, messages, views), policy.tokenizer_of(processor))
+    messages = buffer.answerability_messages([data.question_text(s) for s in samples])
+    return buffer.answerability(model, observer.inputs(processor, messages, views), policy.tokenizer_of(processor))
 
 
 def perturbed(clips, sample, frames, spec):
@@ -617,7 +618,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
     total = task + int(math.ceil(cfg.answerability_epochs * 2 * per_rank_n / half))
     optim = learner.Optim.make(cfg, run.model, cfg.sft_lr, total, run.device, restart=task if total > task else 0,
                                restart_lr=cfg.answerability_lr)
-    cursor = runtime.Cursor(len(run.shard), runtime.Seeds(cfg.seed, run.rank).sft_order)
+    cursor = seeds.Cursor(len(run.shard), seeds.Seeds(cfg.seed, run.rank).sft_order)
     warm_up = warmup.AnswerabilityWarmUp(run, per_rank[0] if ckpt else {})
     if ckpt:
         run.resume(per_rank, optim, ckpt)
@@ -631,7 +632,7 @@ def run_sft(run, state, ckpt, per_rank, sft_step=sft_step):
         else:   # half answerability, half the task (replayed: alone, the model forgets it)
             task_batch = [run.shard[i] for i in cursor.take(cfg.sft_batch_size - half)]
             nll, n = warm_up.step(answerability_shown(run, warm_up, half), task_batch)
-        nll = runtime.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
+        nll = distributed.mean_over_ranks(nll, n, run.device)  # None: no rank had a readable video
         optim.step(nll is not None)
         state["step"] += 1
         run.log({"stage": "sft", "step": state["step"], "lr": optim.sched.get_last_lr()[0], "nll": nll,
@@ -655,13 +656,13 @@ def answerability_shown(run, warm_up, n):
     def shown(s, spec, frames):   # (spec: a dict; None: the clean clip)
         return frames if spec is None else perturbed(run.clips, s, frames, perturb.PerturbSpec.from_dict(spec))
     if warm_up.labels is None:
-        seeds, examples = runtime.Seeds(run.cfg.seed, run.rank), []
+        streams, examples = seeds.Seeds(run.cfg.seed, run.rank), []
         for i, s in enumerate(run.shard):
             if (frames := run.clips.get(s)) is not None:
-                spec = perturb.sample_spec(np.random.default_rng(seeds.answerability_spec(i)), eta=run.cfg.eta)
+                spec = perturb.sample_spec(np.random.default_rng(streams.answerability_spec(i)), eta=run.cfg.eta)
                 examples += [(s, None, frames), (s, spec.to_dict(), shown(s, spec.to_dict(), frames))]
         warm_up.label(examples)
-    return [(s, x, shown(s, x["spec"], f), curriculum.answerability_messages([data.question_text(s)])[0])
+    return [(s, x, shown(s, x["spec"], f), buffer.answerability_messages([data.question_text(s)])[0])
             for s, x in warm_up.batch(n) if (f := run.clips.get(s)) is not None]
 
 
@@ -692,7 +693,7 @@ def run_rl(run, state, ckpt, per_rank, rl=RL):
         state["step"] += 1
         run.log({"stage": "rl", "step": state["step"], "lr": rl.optim.sched.get_last_lr()[0],
                  "updates": rl.optim.updates}
-                | runtime.reduce_record(s, run.device, run.world)
+                | distributed.reduce_record(s, run.device, run.world)
                 | {"bad_videos": len(run.clips.bad), "sec_step": time.perf_counter() - t0})
         if state["step"] % cfg.save_every == 0 or state["step"] == cfg.rl_steps:
             run.checkpoint(state, rl.optim, {"rl": rl.state()})
@@ -711,7 +712,7 @@ def train(run, ckpt, rl=RL, sft_step=sft_step):
     per_rank = checkpoints.load_rank_state(ckpt, run.rank)
     n_params = sum(p.numel() for p in run.model.parameters())
     if rl.needs_judge(run.cfg) and (note := judges.stand_in_note(run.cfg.judge, n_params)):
-        runtime.log(note)   # (the default offline judge on a real model)
+        cli.log(note)   # (the default offline judge on a real model)
     if run.cfg.eval_before and not (run.out / "eval_before.json").is_file():
         accuracy_check(run, "eval_before.json")
     if state["stage"] == "sft":
@@ -729,10 +730,10 @@ RESUME = "rerun the same command to continue from the last checkpoint"   # Ctrl-
 def main(argv=None, **settings):
     """Train (Alg. 2). `settings`: values for Config fields without a flag."""
     cfg = parse_args(argv, settings)
-    with runtime.interrupt_hint(runs.resume_hint(cfg, RESUME)):
+    with cli.interrupt_hint(runs.resume_hint(cfg, RESUME)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg))
         train(run, ckpt)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=RESUME)
+    cli.run(main, interrupted=RESUME)

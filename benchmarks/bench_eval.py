@@ -47,10 +47,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 
 import eval_pvrbench as ev  # noqa: E402
+from machinery import hub  # noqa: E402
 from machinery.datasets import synthetic  # noqa: E402
 from machinery.eval import evaluation  # noqa: E402
 
@@ -260,7 +261,7 @@ def sharpened_tiny(folder):
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--latency", type=float, default=0.2, help="seconds per request of the fake server")
     ap.add_argument("--api-videos", type=int, default=24)
     ap.add_argument("--api-questions", type=int, default=8, help="questions per video (API part)")
@@ -270,7 +271,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        quiet(runtime.versions)   # (imports what results.json lists: paid here, not by the first run timed)
+        quiet(hub.versions)   # (imports what results.json lists: paid here, not by the first run timed)
         api, api_same = api_part(make_benchmark(tmp / "api_bench", args.api_videos, args.api_questions),
                                  tmp / "api", args.latency)
         b, a = api["before"], api["after"]

@@ -1,5 +1,5 @@
 """How much a second busy process slows training on a shared CPU, with libgomp's default spin-wait and with
-the project's setting (runtime.GOMP_SPINCOUNT).
+the project's setting (cli.GOMP_SPINCOUNT).
 
     python benchmarks/bench_load.py            # ~3 min on 2 cores
 
@@ -7,7 +7,7 @@ A worker process times the demo's two hot loops on the tiny Qwen2.5-VL: SFT step
 forward + backward + AdamW) and rollouts (4 clips x 8 samples of 64 tokens), medians over repeats. It runs
 once alone and once beside a busy process of the same kind (the same worker, looping), first with libgomp's
 own default (GOMP_SPINCOUNT=300000: an idle OpenMP thread spins that long before it sleeps), then with the
-project's (runtime.GOMP_SPINCOUNT, what the scripts set when the user has set neither OMP_WAIT_POLICY nor
+project's (cli.GOMP_SPINCOUNT, what the scripts set when the user has set neither OMP_WAIT_POLICY nor
 GOMP_SPINCOUNT). Sharing the cores with one equal process should cost about 2x on a machine with as many
 cores as one process uses threads; much more than that is the spinning threads of each process stealing
 the cores the other's working threads need.
@@ -33,7 +33,7 @@ LIBGOMP_DEFAULT = "300000"  # libgomp's GOMP_SPINCOUNT when neither it nor OMP_W
 def worker(assets: Path, repeats: int, busy: bool):
     sys.path.insert(0, str(ROOT))
     # before torch, as the scripts do (it leaves a given GOMP_SPINCOUNT alone)
-    from machinery import runtime  # noqa: F401
+    from machinery import cli  # noqa: F401
     import numpy as np
     import torch
 
@@ -93,7 +93,7 @@ def main(argv=None):
     if args.worker:
         return worker(Path(args.worker), args.repeats, args.busy)
     sys.path.insert(0, str(ROOT))
-    from machinery import runtime
+    from machinery import cli
     with tempfile.TemporaryDirectory() as tmp:
         assets = Path(tmp)
         subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
@@ -102,7 +102,7 @@ def main(argv=None):
                         "synthetic.make_synthetic(sys.argv[2] + '/synth', n=16, seed=0, num_frames=8, size=56)",
                         str(ROOT), tmp], check=True, capture_output=True)
         ratios = {}
-        for label, spin in (("default", LIBGOMP_DEFAULT), ("project", runtime.GOMP_SPINCOUNT)):
+        for label, spin in (("default", LIBGOMP_DEFAULT), ("project", cli.GOMP_SPINCOUNT)):
             alone = measure(assets, spin, args.repeats, busy=False)
             shared = measure(assets, spin, args.repeats, busy=True)
             r = {k: shared[k] / alone[k] for k in alone}

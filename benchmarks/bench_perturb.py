@@ -17,6 +17,7 @@ one, and adds each subtype's ms ratio (this / baseline) and the line `median_rat
 max_ratio_vs_baseline=<y>`: the comparison that does not depend on the cache.
 """
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -27,7 +28,28 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import perturb  # noqa: E402
 from machinery.datasets import synthetic  # noqa: E402
-from contact_sheet import load_engine  # noqa: E402  (benchmarks/: another checkout's engine, by path)
+
+
+def load_engine(path):
+    """perturb.py from this checkout, or the perturb.py at `path` with the machinery beside it (another checkout's
+    engine: its kernels, scene and occluders too, not this checkout's), imported apart from this checkout's
+    modules, which are put back afterwards."""
+    if not path:
+        import perturb
+        return perturb
+    ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "perturb" or k.split(".")[0] == "machinery"}
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        spec = importlib.util.spec_from_file_location("perturb", os.path.abspath(path))
+        engine = importlib.util.module_from_spec(spec)
+        sys.modules["perturb"] = engine  # dataclasses look their module up
+        spec.loader.exec_module(engine)
+    finally:
+        sys.path.pop(0)
+        for k in [k for k in sys.modules if k == "perturb" or k.split(".")[0] == "machinery"]:
+            del sys.modules[k]
+        sys.modules.update(ours)
+    return engine
 
 
 def timed(fn, repeats, sync=lambda: None, warmup=12):

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -68,7 +68,7 @@ def timed(model, processor, inputs, group, tokens, share):
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (each runs A twice and B twice)")
     ap.add_argument("--prompts", type=int, default=4, help="videos per rollout batch (App. D: 4 per GPU)")
     ap.add_argument("--group", type=int, default=8, help="G, completions per video (App. D: 8)")

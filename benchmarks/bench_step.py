@@ -3,7 +3,7 @@
 
     python benchmarks/bench_step.py --model runs/reproduce/sft/final --data runs/reproduce/sft/synthetic/train.json
     python benchmarks/bench_step.py            # smoke run: an untrained tiny model on a small synthetic set
-    python benchmarks/bench_step.py --v5 --steps 40 --repeats 5 --write docs/results/v5.json   # Table 13 on v5's start
+    python benchmarks/bench_step.py --v5 --steps 40 --repeats 5 --write experiments/results/v5.json   # Table 13 on v5's start
 
 Each mode gets its own copy of the policy (loaded from --model), its own optimiser, memory buffer and
 reference model, and the same data order and corruption-spec stream (same --seed). Step t runs the
@@ -27,7 +27,7 @@ ratio from these measured costs (`predicted_ratio`). The last line is `rova_over
 predicted_ratio=<z>` (the paper: 403/215 = 1.87 and 403/428 = 0.94; Eq. 19: 0.950).
 
 --model should be a checkpoint that has learnt the answer format (reproduce.py passes its SFT
-checkpoint; --v5 takes v5's, docs/results/v5-start): an untrained model rolls out --max-new-tokens of noise, ROVA
+checkpoint; --v5 takes v5's, experiments/results/v5-start): an untrained model rolls out --max-new-tokens of noise, ROVA
 defers every sample and trains nothing, and the ratios say little. Settings default to train.py's CPU demo; --v5
 takes v5's (its summary's RL settings, learning rate and toy, the toy's data rendered again into --work and checked
 against the summary's hash).
@@ -42,10 +42,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from machinery import hub  # noqa: E402
 from machinery.datasets import data  # noqa: E402
 
 from machinery.datasets import synthetic  # noqa: E402
@@ -56,7 +57,7 @@ from machinery.training import clips as clips_mod  # noqa: E402
 from machinery.training import runs as runs_mod  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-V5_SUMMARY = ROOT / "docs" / "results" / "v5.json"
+V5_SUMMARY = ROOT / "experiments" / "results" / "v5.json"
 
 MODES = ("grpo", "dual", "rova")
 COMPONENTS = ("perturbation", "rollout", "self_assessment", "alignment_reward",
@@ -72,7 +73,7 @@ RL_FLAGS = ("batch_size", "group_size", "max_new_tokens", "frames", "max_pixels"
 
 
 def parse_args(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", default="", help="policy checkpoint (default: an untrained tiny model, a smoke run)")
     a("--data", default="", help="Video-R1 JSON (default: a small synthetic set built in --work)")
@@ -95,11 +96,11 @@ def parse_args(argv=None):
       "buffered samples (train.py's reassess: rule = the accuracy rule's G rollouts per entry; verdict = one "
       "forward, App. G)")
     a("--eta", default=train.Config().eta, help="perturbation intensity (train.py --eta: a number or per subtype)")
-    a("--v5", action="store_true", help="v5's start (docs/results/v5-start), toy data, RL settings, learning rate and "
+    a("--v5", action="store_true", help="v5's start (experiments/results/v5-start), toy data, RL settings, learning rate and "
       "eta, from --summary (flags given explicitly still win)")
     a("--summary", default=str(V5_SUMMARY), help="v5's summary, for --v5 and as the default of --write")
     a("--write", default="", metavar="SUMMARY", help="write the figures as `cost_app_g` into this summary JSON "
-      "(v5's: docs/results/v5.json; then `python benchmarks/reproduce_v5.py --render`)")
+      "(v5's: experiments/results/v5.json; then `python experiments/reproduce_v5.py --render`)")
     args = ap.parse_args(argv)
     if args.v5:   # v5's settings as defaults, then the command line again (its explicit flags win)
         ap.set_defaults(**v5_settings(json.loads(Path(args.summary).read_text())))
@@ -112,7 +113,7 @@ def v5_settings(summary):
     """bench_step's defaults for v5: its start, its RL settings, the learning rate its budget stage chose, its toy's
     eta; the data: the toy rendered again in --work (v5_data)."""
     rl, toy = summary["settings"]["rl"], summary["settings"]["toy"]
-    return {"model": str(ROOT / "docs" / "results" / "v5-start"), "work": str(ROOT / "runs" / "bench_step_v5"),
+    return {"model": str(ROOT / "experiments" / "results" / "v5-start"), "work": str(ROOT / "runs" / "bench_step_v5"),
             "lr": summary["budget"]["lr"], "eta": toy["eta"], "unanswerable_below": rl["unanswerable_below"],
             **{k: rl[k] for k in RL_FLAGS}}
 
@@ -120,15 +121,13 @@ def v5_settings(summary):
 def v5_data(summary, work):
     """v5's toy benchmark (train.py's demo benchmark at v5's toy settings) rendered in WORK/v5-synthetic, checked
     against the hash its summary records; returns its train.json."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reproduce   # (the data's hash, as v5 recorded it)
     toy, synth = summary["settings"]["toy"], Path(work) / "v5-synthetic"
     if not (synth / "train.json").is_file():
         cfg = SimpleNamespace(demo_clips=toy["demo_clips"], demo_families=toy["demo_families"],
                               demo_turn=toy["demo_turn"], frames=summary["settings"]["rl"]["frames"])
         print(f"rendering v5's toy benchmark ({toy['demo_clips']} clips) in {synth}", flush=True)
         synthetic.make_synthetic(synth, **runs_mod.demo_benchmark(cfg))
-    if reproduce.data_hash(synth) != summary["start"]["data"]:
+    if synthetic.questions_hash(synth) != summary["start"]["data"]:   # (the data's hash, as v5 recorded it)
         raise SystemExit(f"{synth} is not the benchmark {V5_SUMMARY.name} records (remove it and run again)")
     return str(synth / "train.json")
 
@@ -322,16 +321,17 @@ def cost_app_g(out, args):
             "per_repeat": [{k: r[k] for k in ("seed", "rova_over_dual", "rova_over_grpo", "predicted_ratio")}
                            | {"rho": r["modes"]["rova"]["rho"]} for r in out["repeats"]],
             "command": " ".join(["python benchmarks/bench_step.py", *args.argv]),
-            "date": time.strftime("%Y-%m-%d"), "commit": runtime.versions()["git_commit"], "cpus": os.cpu_count()}
+            "date": time.strftime("%Y-%m-%d"), "commit": hub.versions()["git_commit"], "cpus": os.cpu_count()}
 
 
 def write_cost(path, entry):
-    """`cost_app_g` into the summary at `path`, the rest of it as it was (written as reproduce_v5 writes it)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import reproduce
+    """`cost_app_g` into the summary at `path`, the rest of it as it was (written as experiments/reproduce_v5.py
+    writes it: indented by 1, whole or not at all)."""
     summary = json.loads(Path(path).read_text())
     summary["cost_app_g"] = entry
-    reproduce.write_json(path, summary)
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.replace(path)
 
 
 def main(argv=None):
@@ -342,7 +342,7 @@ def main(argv=None):
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.write:
         write_cost(args.write, cost_app_g(out, args))
-        print(f"cost_app_g written into {args.write}; render it: python benchmarks/reproduce_v5.py --render")
+        print(f"cost_app_g written into {args.write}; render it: python experiments/reproduce_v5.py --render")
     print(report(out))
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from machinery import runtime  # noqa: E402,I001 - first: it sets the OpenMP wait policy before torch loads
+from machinery import cli  # noqa: E402,I001 - first: it sets the OpenMP wait policy before torch loads
 import grpo  # noqa: E402
 from machinery.model import memory  # noqa: E402
 
@@ -195,7 +195,7 @@ def check_plan(rows=4, text_tokens=120, frames=4, side=112, new_tokens=64, refer
 
 
 def parse_args(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=runtime.HelpFormatter,
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=cli.HelpFormatter,
                                  epilog="Defaults are App. D's (train.py's): 4 videos per GPU, G = 8 per branch, "
                                         "16 frames x 128x28x28 pixels, 256 new tokens.")
     ap.add_argument("--model", default="qwen2.5-vl-7b",
@@ -210,7 +210,7 @@ def parse_args(argv=None):
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (A100-80GB: 80)")
     ap.add_argument("--all", action="store_true", help="docs/MEASURED.md's table (other flags but --gpu-gib ignored)")
     ap.add_argument("--validate", action="store_true", help="measure a CPU update and compare (about 10 s)")
-    runtime.add_debug_flag(ap)
+    cli.add_debug_flag(ap)
     return ap.parse_args(argv)
 
 
@@ -219,8 +219,8 @@ def model_config(name):
     if name in memory.PRESETS:
         return name
     if not (Path(name) / "config.json").is_file():
-        raise runtime.UserError(f"--model {name}: neither a preset ({', '.join(memory.PRESETS)}) nor a folder "
-                                f"with a config.json")
+        raise cli.UserError(f"--model {name}: neither a preset ({', '.join(memory.PRESETS)}) nor a folder "
+                            f"with a config.json")
     from transformers import AutoConfig
     return AutoConfig.from_pretrained(name, local_files_only=True)
 
@@ -285,4 +285,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main)
+    cli.run(main)

@@ -25,7 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from machinery.runtime import UserError
+from machinery.cli import UserError
 
 FACTOR = 28  # Qwen2-VL patch (14) x spatial merge (2)
 

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from machinery import runtime  # noqa: E402, I001
+from machinery import cli  # noqa: E402, I001
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from machinery import distributed  # noqa: E402
 from machinery.datasets import data  # noqa: E402
 from machinery.model import parallel  # noqa: E402
 from machinery.model import policy  # noqa: E402
@@ -47,7 +48,7 @@ def main():
     out, tiny, data_json = sys.argv[1:4]
     lora = "--lora" in sys.argv
     micro, norm = option("--micro-batch", "2"), option("--loss-norm", "sequence")
-    rank, world, device = runtime.setup_distributed()
+    rank, world, device = distributed.setup_distributed()
     cfg = train.parse_args(["--model", tiny, "--data", data_json, "--out", out, "--frames", "4", "--max-pixels",
                             str(56 * 56), "--group-size", "2", "--micro-batch-size", micro, "--lr", "1e-4",
                             "--lora-r", "4" if lora else "0", "--batch-size", str(4 // world),
@@ -93,7 +94,7 @@ def main():
     if dist.is_initialized():
         dist.barrier()   # rank 1 must not tear gloo down while rank 0 is still saving (an abort at exit otherwise)
         dist.destroy_process_group()
-        runtime.leave()   # (as runs.finish: a rank can abort in the interpreter's teardown after all is written)
+        cli.leave()   # (as runs.finish: a rank can abort in the interpreter's teardown after all is written)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ def test_subtype_parsing_and_cycle_assignment():
     assert ev.parse_subtypes("all") == list(perturb.SUBTYPES)
     assert ev.parse_subtypes("rain,lighting,fog") == ["dusk", "night", "overexposure", "shadow", "fog", "rain"]
     assert ev.parse_subtypes("none") == []
-    with pytest.raises(ev.runtime.UserError):
+    with pytest.raises(ev.cli.UserError):
         ev.parse_subtypes("hail")
     samples = [data.Sample(id=f"{t}{i}", video=f"v{i % 5}.mp4", question="Q", options=["A. x", "B. y"], answer="A",
                            problem_type="multiple choice", task=t, source="urbanvideo", meta={"video_id": f"v{i % 5}"})

@@ -29,8 +29,8 @@ def test_eq15_predicted_ratio_by_hand():
 
 def test_v5_settings_from_the_summary_explicit_flags_win():
     args = bench_step.parse_args(["--v5", "--steps", "3", "--batch-size", "2"])
-    s = json.loads((ROOT / "docs" / "results" / "v5.json").read_text())
-    assert args.model == str(ROOT / "docs" / "results" / "v5-start") and args.lr == s["budget"]["lr"] == 1e-4
+    s = json.loads((ROOT / "experiments" / "results" / "v5.json").read_text())
+    assert args.model == str(ROOT / "experiments" / "results" / "v5-start") and args.lr == s["budget"]["lr"] == 1e-4
     assert (args.group_size, args.max_new_tokens, args.frames, args.max_pixels, args.reeval_period) == (8, 64, 8, 3136,
                                                                                                         10)
     assert args.eta == s["settings"]["toy"]["eta"] and args.batch_size == 2 and args.steps == 3

@@ -1,4 +1,4 @@
-"""benchmarks/calibrate_toy.py: the next-action oracle reads the turn off the pixels, and the rule that picks each
+"""experiments/calibrate_toy.py: the next-action oracle reads the turn off the pixels, and the rule that picks each
 subtype's intensity, by hand."""
 import sys
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import calibrate_toy as ct  # noqa: E402
 from machinery.datasets import synthetic  # noqa: E402
 

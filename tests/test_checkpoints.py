@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from machinery.runtime import UserError
+from machinery.cli import UserError
 from machinery.training import checkpoints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,9 +97,9 @@ def test_a_filesystem_without_flock_is_one_line(tmp_path, monkeypatch):
 
 
 WORKER = """import os, sys, time
-from machinery import runtime
-runtime.setup_distributed()
-path = f"{sys.argv[1]}/{runtime.rank_of()}"
+from machinery import distributed
+distributed.setup_distributed()
+path = f"{sys.argv[1]}/{distributed.rank_of()}"
 open(path, "w").write(str(os.getpid()))
 os.replace(path, path + ".pid")
 time.sleep(120)"""

@@ -20,7 +20,7 @@ from machinery.corruption import depth
 from machinery.datasets import data
 import eval_pvrbench as ev
 import perturb
-from machinery import runtime
+from machinery import cli, hub
 from machinery.datasets import synthetic
 import train
 from machinery import video
@@ -47,7 +47,7 @@ def tiny(tmp_path_factory):
             if p.dim() > 1:
                 torch.nn.init.normal_(p, 0, 0.3)
         model.head.conv3.bias.fill_(1.0)
-    with runtime.no_hf_progress_bars():
+    with hub.no_hf_progress_bars():
         model.save_pretrained(folder)
         DPTImageProcessor(size={"height": 56, "width": 56}, keep_aspect_ratio=True,
                           ensure_multiple_of=14).save_pretrained(folder)
@@ -136,7 +136,7 @@ def test_a_corrupt_cache_file_is_recomputed_with_a_warning_naming_it(tiny, tmp_p
     np.save(path, d.astype(np.float32))   # the wrong dtype is not used either
     with pytest.warns(UserWarning, match="expected float16"):
         assert np.array_equal(source(clip, "v", range(4)), d)
-    with pytest.raises(runtime.UserError, match=re.escape(f"depth file {path}: shape")):
+    with pytest.raises(cli.UserError, match=re.escape(f"depth file {path}: shape")):
         depth.read(path, (5, 48, 64))
     assert not list(tmp_path.rglob("*.tmp"))   # atomic writes leave no temporary file
 
@@ -159,10 +159,10 @@ def test_clip_memo_reads_a_clips_depth_once_per_frames_object(tiny, tmp_path, cl
 
 
 def test_bad_depth_models_are_one_line(tmp_path):
-    with pytest.raises(runtime.UserError, match="--depth-model .*no such folder"):
+    with pytest.raises(cli.UserError, match="--depth-model .*no such folder"):
         depth.check_source(str(tmp_path / "nope"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(runtime.UserError, match="no config.json"):
+    with pytest.raises(cli.UserError, match="no config.json"):
         depth.Source(str(tmp_path / "empty"), tmp_path).load()
     depth.check_source("")   # none: the proxy
 
@@ -260,9 +260,9 @@ def test_eval_records_the_depth_hashes_it_and_export_regenerates_bit_identically
 
 
 def test_eval_depth_flags_are_checked_before_any_work(tiny, tmp_path, bench):
-    with pytest.raises(runtime.UserError, match="--depth-cache .* give --depth-model auto or NAME"):
+    with pytest.raises(cli.UserError, match="--depth-cache .* give --depth-model auto or NAME"):
         ev.main(eval_cli(bench, tiny, tmp_path / "out", "--depth-model", "proxy", "--depth-cache", str(tmp_path / "c")))
-    with pytest.raises(runtime.UserError, match="--depth-model"):
+    with pytest.raises(cli.UserError, match="--depth-model"):
         ev.main(eval_cli(bench, tiny, tmp_path / "out", "--export", str(tmp_path / "e"), "--depth-model",
                          str(tmp_path / "nope")))
     assert not (tmp_path / "e").exists()

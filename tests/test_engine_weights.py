@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from machinery import runtime
+from machinery import cli
 from machinery.model import engine, policy
 from machinery.model import tiny as tiny_model
 
@@ -82,7 +82,7 @@ def test_the_served_adapter_is_the_trained_one_alone_and_the_model_is_left_alone
 def test_a_lora_model_training_anything_beside_its_adapter_is_refused(tiny):
     model, _ = policy.load_policy(tiny, lora_r=4, dtype=torch.float32, device="cpu")
     next(p for n, p in model.named_parameters() if "lora_" not in n).requires_grad_(True)
-    with pytest.raises(runtime.UserError, match="serves a LoRA model's adapter alone"):
+    with pytest.raises(cli.UserError, match="serves a LoRA model's adapter alone"):
         engine.served_adapter(model)
 
 
@@ -170,7 +170,7 @@ def test_the_guard_stops_on_the_third_step_in_a_row_above_the_limit():
     assert step(0.2) == pytest.approx(0.2) and step(0.3) == pytest.approx(0.3)
     assert step(0.01) == pytest.approx(0.01)   # the run of steps above resets
     assert step(0.2) and step(0.2) and step(0, tokens=False) == -1.0   # a step that measured nothing: neither
-    with pytest.raises(runtime.UserError) as e:
+    with pytest.raises(cli.UserError) as e:
         step(0.4)
     msg = str(e.value)
     assert "\n" not in msg and "0.2, 0.2, 0.4" in msg and "engine_max_gap 0.05" in msg and "not sampling" in msg

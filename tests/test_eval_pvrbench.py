@@ -17,7 +17,8 @@ from PIL import Image
 
 import eval_pvrbench as ev
 import perturb
-from machinery import runtime, video
+from machinery import video
+from machinery.cli import UserError
 from machinery.corruption import depth
 from machinery.datasets import answers, data, synthetic
 from machinery.eval import evaluation, run_files
@@ -573,13 +574,13 @@ def test_a_served_model_gets_the_frames_as_one_video(assets, tmp_path, monkeypat
         FakeVideoServer.refuse = {"error": "video_url is not supported by this model"}
         refused = (r"refused a request with the clip as one video part \(HTTP 400: "
                    r"video_url is not supported by this model\): .*--video-format images")
-        with pytest.raises(runtime.UserError, match=refused):
+        with pytest.raises(UserError, match=refused):
             ev.main(args + ["--base-url", url, "--out", str(tmp_path / "refused"), "--api-retries", "0"])
         words = ("Per-request media_io_kwargs are disabled by default because they can change multimodal media "
                  "loading resource usage. Start the server with --trust-request-mm-kwargs only when clients are "
                  "trusted. (parameter=media_io_kwargs)")   # vLLM 0.32.0's own, quoted whole
         FakeVideoServer.refuse = {"error": {"message": words, "type": "BadRequestError", "code": 400}}
-        with pytest.raises(runtime.UserError) as refused:
+        with pytest.raises(UserError) as refused:
             ev.main(args + ["--base-url", url, "--out", str(tmp_path / "untrusted"), "--api-retries", "0"])
         assert words in str(refused.value) and str(refused.value).endswith(
             "start the server with --trust-request-mm-kwargs: the clip's frame rate goes with each request as "

@@ -1,11 +1,11 @@
-"""The figures docs/ shows in marked blocks are what their scripts print (benchmarks/figures.py): a live block
+"""The figures docs/ shows in marked blocks are what their scripts print (tools/figures.py): a live block
 that differs from its command's output now, or a recorded one that differs from the output saved when it was
 measured, fails here with the command that rewrites it."""
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 import figures  # noqa: E402
 
 
@@ -20,11 +20,11 @@ def test_a_hand_edit_of_a_block_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "ROOT", tmp_path)
     monkeypatch.setattr(figures, "BLOCKS", {"hello": figures.Block("page.md", ("-c", "print('figure 42')"), True)})
     page.write_text("# a page\n")
-    assert figures.problems() == ["page.md: no block hello (python benchmarks/figures.py --update hello)"]
+    assert figures.problems() == ["page.md: no block hello (python tools/figures.py --update hello)"]
     figures.main(["--update", "hello"])
     assert figures.problems() == [] and "figure 42" in page.read_text()
     page.write_text(page.read_text().replace("figure 42", "figure 41"))
-    assert figures.problems() == ["page.md: block hello is stale (python benchmarks/figures.py --update hello)"]
+    assert figures.problems() == ["page.md: block hello is stale (python tools/figures.py --update hello)"]
     assert figures.main(["--check"]) == 1
 
 
@@ -71,7 +71,7 @@ def test_a_block_a_script_writes_as_markdown(tmp_path, monkeypatch):
     monkeypatch.setattr(figures, "BLOCKS", {"results": figures.Block(
         "page.md", ("-c", "print('| a | 0.5 |')"), True, marks=("<!-- r:begin -->", "<!-- r:end -->"), fence=False)})
     page.write_text("# Results\n\n<!-- r:begin -->\n| a | 0.4 |\n<!-- r:end -->\n\nAfter.\n")
-    assert figures.problems() == ["page.md: block results is stale (python benchmarks/figures.py --update results)"]
+    assert figures.problems() == ["page.md: block results is stale (python tools/figures.py --update results)"]
     figures.main(["--update", "results"])
     assert page.read_text() == "# Results\n\n<!-- r:begin -->\n| a | 0.5 |\n<!-- r:end -->\n\nAfter.\n"
     assert figures.problems() == []

@@ -13,7 +13,7 @@ import pytest
 
 import judge as judges
 import train
-from machinery import runtime
+from machinery import cli
 from machinery.datasets import synthetic
 from machinery.model import tiny as tiny_model
 from machinery.training import runs
@@ -92,11 +92,11 @@ def test_no_folder_if_refused_removes_only_what_it_made(tmp_path):
     made, there = tmp_path / "made", tmp_path / "there"
     there.mkdir()
     for folder in (made, there):
-        with pytest.raises(runtime.UserError), runtime.no_folder_if_refused(folder):
+        with pytest.raises(cli.UserError), cli.no_folder_if_refused(folder):
             (folder / "sub").mkdir(parents=True)
-            raise runtime.UserError("refused")
+            raise cli.UserError("refused")
     assert not made.exists() and (there / "sub").is_dir()
-    with pytest.raises(KeyboardInterrupt), runtime.no_folder_if_refused(made):   # Ctrl-C is not a refusal
+    with pytest.raises(KeyboardInterrupt), cli.no_folder_if_refused(made):   # Ctrl-C is not a refusal
         made.mkdir()
         raise KeyboardInterrupt
     assert made.is_dir()
@@ -128,25 +128,25 @@ def test_ctrl_c_before_the_first_checkpoint_names_nothing_that_does_not_exist(tm
     ckpt = tmp_path / "run" / "checkpoints" / "rl-0000050"
     ckpt.mkdir(parents=True)
     assert "no checkpoint" in hint()   # (not complete: no COMPLETE marker, no state)
-    out = subprocess.run([sys.executable, "-c", "from machinery import runtime\ndef main():\n"
-                          "    with runtime.interrupt_hint(lambda: 'asked when Ctrl-C comes'):\n"
-                          "        raise KeyboardInterrupt\nruntime.run(main, interrupted='the default')"],
+    out = subprocess.run([sys.executable, "-c", "from machinery import cli\ndef main():\n"
+                          "    with cli.interrupt_hint(lambda: 'asked when Ctrl-C comes'):\n"
+                          "        raise KeyboardInterrupt\ncli.run(main, interrupted='the default')"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 130 and out.stderr.strip() == "interrupted: asked when Ctrl-C comes"
 
 
 def test_set_booleans_are_strict():
     for text, value in (("true", True), ("1", True), ("On", True), ("false", False), ("0", False), ("NO", False)):
-        assert runtime.strict_bool(text) is value
+        assert cli.strict_bool(text) is value
     for text in ("ture", "", "2", "yes please"):
         with pytest.raises(ValueError, match="not a boolean"):
-            runtime.strict_bool(text)
+            cli.strict_bool(text)
     cfg = train.parse_args(["--set", "gradient_checkpointing=false"])
     assert cfg.gradient_checkpointing is False
 
 
 def test_every_parser_refuses_abbreviations():
-    """Each command line in the project is runtime.ArgumentParser (no abbreviations, one-line errors) or, in the
+    """Each command line in the project is cli.ArgumentParser (no abbreviations, one-line errors) or, in the
     developer scripts that do not import the machinery, passes allow_abbrev=False."""
     files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     calls = []
@@ -156,7 +156,7 @@ def test_every_parser_refuses_abbreviations():
     assert calls and all("allow_abbrev=False" in call for _, call in calls), [c for c in calls
                                                                               if "allow_abbrev=False" not in c[1]]
     with pytest.raises(SystemExit):
-        runtime.ArgumentParser().parse_args(["--x"])
+        cli.ArgumentParser().parse_args(["--x"])
 
 
 def test_the_stand_in_judge_is_named_on_a_real_model_only():

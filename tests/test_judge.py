@@ -1,7 +1,7 @@
 """Tests for judge.py: prompts, tolerant parsing, the OpenAI judge against the scripted fake server of
 test_chat.py (retries, Retry-After, timeouts, 4xx, garbage, concurrency, the reply cache across runs and
 processes, the key never leaking), the local rule+MiniLM judge on the labelled reasoning pairs of
-benchmarks/calibrate_judge.py, the HF judge on the tiny policy model, and make_judge."""
+experiments/calibrate_judge.py, the HF judge on the tiny policy model, and make_judge."""
 from __future__ import annotations
 
 import json
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import test_chat
 
-import curriculum
+import buffer
 import judge
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 from calibrate_judge import CALIBRATION_PAIRS, TURN_L, calibrate_thresholds
 
 SECRET = test_chat.SECRET
@@ -41,7 +41,7 @@ def test_prompts_format_with_their_placeholders():
     assert "Reference answer: 0" in a and "Candidate answer: zero" in a and "no partial credit" in a
     r = judge.REASONING_CONSISTENCY_PROMPT.format(reference="R {x}", candidate="C")
     assert "R {x}" in r and all(t in r for t in ("1.0", "0.5", "0.0")) and "independently" in r
-    q = curriculum.ANSWERABILITY_PROMPT.format(question="Which way?")
+    q = buffer.ANSWERABILITY_PROMPT.format(question="Which way?")
     assert "Which way?" in q and "YES" in q and "NO" in q
     m = judge.REASONING_QUALITY_PROMPT.format(question="Q", clean="C", perturbed="P")
     assert all(k in m for k in judge.QUALITY_KEYS) and "LOWER is better" in m

@@ -2,7 +2,7 @@
 imports a stage script and its sub-packages keep their layer order, no stage function is handed down to the machinery,
 no import cycles, one RL step auditable without distribution code, train.py's --help lists the core's flags only, and
 no comment points outside the repository. Sizes (lines per file, the stage scripts' total, the RL step's audit, the
-flags, the README's words) are figures benchmarks/layout_targets.py reports, not limits tested here."""
+flags, the README's words) are figures tools/layout_targets.py reports, not limits tested here."""
 import ast
 import re
 import sys
@@ -11,13 +11,15 @@ from pathlib import Path
 import train
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tools"))
 import layout_targets  # noqa: E402
 CORE = sorted(ROOT.glob("*.py")) + sorted((ROOT / "machinery").rglob("*.py"))   # machinery/ and its sub-packages
 EXTENSIONS = sorted(p for p in (ROOT / "extensions").rglob("*.py") if "tests" not in p.parts)
+SCRIPT_FOLDERS = ("benchmarks", "experiments", "checks", "tools")   # the scripts beside the core (docs/DESIGN.md)
+SCRIPTS = sorted(p for folder in SCRIPT_FOLDERS for p in (ROOT / folder).glob("*.py"))
 
 
-STAGES = ("perturb", "curriculum", "grpo", "judge", "train", "eval_pvrbench")
+STAGES = ("perturb", "buffer", "grpo", "judge", "train", "eval_pvrbench")
 
 
 def imported_modules(path):
@@ -46,8 +48,8 @@ def test_the_machinery_never_imports_a_stage_script():
 
 
 # Where functions go down by design (docs/DESIGN.md, Layout): the scene compositor draws the layers of perturb.py's
-# effects (scene.Layer, particles), and runtime.run(main) is a program's entry point (as `sys.exit(main())`).
-HANDED_BY_DESIGN = ("machinery.corruption.scene", "machinery.runtime.run")
+# effects (scene.Layer, particles), and cli.run(main) is a program's entry point (as `sys.exit(main())`).
+HANDED_BY_DESIGN = ("machinery.corruption.scene", "machinery.cli.run")
 
 
 def local_names(tree, path):
@@ -112,9 +114,9 @@ def stage_functions_handed_to_the_machinery(path):
 
 
 def test_no_stage_function_is_handed_to_the_machinery():
-    """The flow runs one way: a stage (or a benchmark) calls the machinery with data (frames, settings, the
-    registry's names), never with a stage's function for the machinery to call back."""
-    files = [ROOT / f"{s}.py" for s in STAGES] + sorted((ROOT / "benchmarks").glob("*.py")) + EXTENSIONS
+    """The flow runs one way: a stage (or a benchmark, experiment, check or tool) calls the machinery with data
+    (frames, settings, the registry's names), never with a stage's function for the machinery to call back."""
+    files = [ROOT / f"{s}.py" for s in STAGES] + SCRIPTS + EXTENSIONS
     found = [(p.name, *c) for p in files for c in stage_functions_handed_to_the_machinery(p)]
     assert found == []
 
@@ -136,7 +138,8 @@ def test_the_check_of_handed_functions_sees_one(tmp_path):
 
 
 # machinery/'s layers, lowest first (docs/DESIGN.md, Layout): a module imports only modules of its own layer or a
-# lower one. "machinery" is the foundation: its own files (runtime, imported first and light; video).
+# lower one. "machinery" is the foundation: its own files (cli, imported first, hub, distributed, seeds, steplog:
+# the standard library only at import; video).
 LAYERS = ("machinery", "machinery.datasets", "machinery.corruption", "machinery.model", "machinery.eval",
           "machinery.training")
 
@@ -183,8 +186,18 @@ def test_no_module_imports_in_a_cycle():
         visit(node)
 
 
+def test_a_benchmark_never_imports_an_experiment():
+    """benchmarks/ holds speed and memory benchmarks that stand alone: none imports a script of experiments/ (a
+    helper both use lives in benchmarks/ or the machinery)."""
+    assert {p.parent.name for p in SCRIPTS} == set(SCRIPT_FOLDERS)
+    experiments = {p.stem for p in (ROOT / "experiments").glob("*.py")}
+    edges = [(p.name, m) for p in sorted((ROOT / "benchmarks").glob("*.py")) for m in imported_modules(p)
+             if m.split(".")[0] in experiments]
+    assert edges == []
+
+
 def test_the_core_never_imports_an_extension():
-    assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "curriculum.py", "grpo.py", "train.py",
+    assert {p.name for p in CORE} >= {"perturb.py", "judge.py", "buffer.py", "grpo.py", "train.py",
                                       "eval_pvrbench.py"}
     edges = [(p.name, m) for p in CORE for m in imported_modules(p) if m.split(".")[0] == "extensions"]
     assert edges == []
@@ -211,14 +224,14 @@ def test_train_help_lists_the_core_flags_only():
 
 
 def test_no_comment_cites_a_file_outside_the_repository():
-    files = CORE + sorted((ROOT / "extensions").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    files = CORE + sorted((ROOT / "extensions").rglob("*.py")) + SCRIPTS
     bad = [(p.name, n) for p in files for n, line in enumerate(p.read_text().splitlines(), 1)
            if re.search(r"(?<!docs/)DESIGN\.md|\.\./shared", line)]
     assert bad == []
 
 
 def test_one_rl_step_is_auditable_without_distribution_code():
-    """What a reader follows from RL.step (the RL class, grpo.py, curriculum.py) holds no collective, gather or
+    """What a reader follows from RL.step (the RL class, grpo.py, buffer.py) holds no collective, gather or
     sharding wrapper: distribution lives in machinery/model/parallel.py."""
     audit = layout_targets.audit_sources()
     assert audit and not [m for src in audit.values()

@@ -1,7 +1,7 @@
 """eval_pvrbench.py --export-lmms-eval: the task folder's files, its videos (the frames a model is shown, bit for
 bit), and its scoring: the exported utils.py, aggregated as lmms-eval aggregates (a task's metric by its own
 function, a category group by the unweighted mean of its tasks, pvrbench by utils.total), gives eval_pvrbench.py's
-figures on the same outputs. A real lmms-eval against a real vLLM server: benchmarks/lmms_eval_check.py (.ci/run)."""
+figures on the same outputs. A real lmms-eval against a real vLLM server: checks/lmms_eval_check.py (.ci/run)."""
 import base64
 import http.server
 import importlib.util

@@ -1,4 +1,4 @@
-"""benchmarks/measure_v5.py against values worked by hand: Table 2's figures per clip, the drop's pseudo-values,
+"""experiments/measure_v5.py against values worked by hand: Table 2's figures per clip, the drop's pseudo-values,
 the curriculum per window, the re-evaluation outcomes."""
 import json
 import statistics
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import measure_v5 as m  # noqa: E402
 
 

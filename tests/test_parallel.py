@@ -231,8 +231,8 @@ MISMATCH = """
 import sys, time
 sys.path.insert(0, ".")
 import torch, torch.distributed as dist
-from machinery import runtime
-rank, world, device = runtime.setup_distributed()
+from machinery import distributed
+rank, world, device = distributed.setup_distributed()
 if rank == 0:
     dist.all_reduce(torch.ones(3))   # rank 1 never enters this collective
 else:

@@ -490,11 +490,11 @@ def test_cli_debug_shows_the_traceback(tmp_path):
 
 
 def test_cli_refuses_a_clip_that_does_not_fit_in_memory_before_decoding(cli_clips, tmp_path, monkeypatch):
-    from machinery import runtime
+    from machinery import cli
 
     monkeypatch.setattr(perturb_cli, "_memory_available", lambda: 1_000_000)  # 30 x 160x128 x 3 x 2 = 3.7 MB
     monkeypatch.setattr(video, "read_clip", lambda *a, **k: pytest.fail("decoded anyway"))
     out = tmp_path / "o.mp4"
-    with pytest.raises(runtime.UserError, match=r"30 frames of 160x128 need about 0\.0 GB .* --frames N"):
+    with pytest.raises(cli.UserError, match=r"30 frames of 160x128 need about 0\.0 GB .* --frames N"):
         perturb.main([str(cli_clips["even"]), "--subtype", "fog", "--out", str(out), "--depth-model", "proxy"])
     assert not out.exists()

@@ -1,4 +1,4 @@
-"""benchmarks/powered.py: reproduction v5's statistics against values worked by hand."""
+"""experiments/powered.py: reproduction v5's statistics against values worked by hand."""
 import math
 import random
 import statistics
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import powered  # noqa: E402
 
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from machinery import runtime
+from machinery import distributed
 from machinery.training import records
 
 CATS = {"lighting": ("dusk",), "weather": ("fog",)}
@@ -42,7 +42,7 @@ def test_the_logged_rates_are_table12s():
     rec = records.step_record(items, selected, {}, 0, {}, buffer_size=3, seconds={"rollout": 1.0},
                               weights=(1.0, 1.0, 1.0), categories=CATS, category_of=CAT_OF, promoted=2)
     assert rec["samples"] == 4 and rec["promoted"] == 2   # (promoted: this step's re-evaluation, not its batch)
-    reduced = runtime.reduce_record(rec, torch.device("cpu"), 1)
+    reduced = distributed.reduce_record(rec, torch.device("cpu"), 1)
     # rho = 2 / 4 (counting the promotion among the samples and the selected would give 3 / 5 = 0.6)
     assert reduced["rho"] == pytest.approx(0.5)
     assert (reduced["discard_rate"], reduced["defer_rate"]) == (pytest.approx(0.25), pytest.approx(0.25))
@@ -54,4 +54,4 @@ def test_a_step_of_promotions_alone_has_no_fresh_samples():
     rec = records.step_record([e], [e], {}, 0, {}, buffer_size=0, seconds={}, weights=(1.0, 1.0, 1.0),
                               categories=CATS, category_of=CAT_OF)
     assert (rec["samples"], rec["selected"], rec["trained"], rec["promoted_trained"]) == (0, 0, 1, 1)
-    assert runtime.reduce_record(rec, torch.device("cpu"), 1)["rho"] is None
+    assert distributed.reduce_record(rec, torch.device("cpu"), 1)["rho"] is None

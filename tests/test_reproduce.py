@@ -1,5 +1,5 @@
-"""benchmarks/reproduce.py, bench_step.py and robust_to.py with tiny settings: every stage runs, the tables
-are written between the markers (text around them kept), and a second run redoes nothing."""
+"""experiments/reproduce.py (with benchmarks/bench_step.py) and experiments/robust_to.py with tiny settings: every
+stage runs, the tables are written between the markers (text around them kept), and a second run redoes nothing."""
 import json
 import subprocess
 import sys
@@ -17,7 +17,7 @@ def vlm_smoke(tmp_path_factory):
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\nhand-written discussion\n\n<!-- reproduce:begin -->\nold\n"
                        "<!-- reproduce:end -->\n\ntail\n")
-    cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--modes", "grpo-aug,rova",
+    cmd = [sys.executable, "experiments/reproduce.py", "--smoke", "--modes", "grpo-aug,rova",
            "--out", str(tmp_path / "r"), "--results", str(results), "--summary", str(tmp_path / "v4.json")]
     first = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     return tmp_path, results, cmd, first
@@ -99,7 +99,7 @@ def test_render_writes_the_page_from_the_summary_alone(vlm_smoke, tmp_path):
     summary = json.loads((smoke / "v4.json").read_text())
     (tmp_path / "v4.json").write_text(json.dumps(summary))
     page = tmp_path / "RESULTS.md"
-    done = subprocess.run([sys.executable, "benchmarks/reproduce.py", "--render",
+    done = subprocess.run([sys.executable, "experiments/reproduce.py", "--render",
                            "--summary", str(tmp_path / "v4.json"), "--results", str(page)],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -116,7 +116,7 @@ def lines_of(folder):
 
 
 def test_paired_claims_follow_the_stated_rule():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import reproduce
     # d = (.1, .1, .1): mean .1 > 2 SE (0)
     assert reproduce.paired([0.5, 0.6, 0.7], [0.4, 0.5, 0.6])[1] == "holds"
@@ -129,7 +129,7 @@ def test_paired_claims_follow_the_stated_rule():
 
 
 def test_collapse_rule_by_hand():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import reproduce
 
     def task(acc, const, se):
@@ -147,7 +147,7 @@ def test_collapse_rule_by_hand():
 def test_stages_keep_the_timings_of_another_process(tmp_path):
     """Two reproduce.py processes on one OUT (disjoint --seeds): a stage's time is added to the file as it is
     now, not to the copy read at start, so neither loses the other's stages."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import reproduce
     (tmp_path / "logs").mkdir()
     st = reproduce.Stages(tmp_path)
@@ -159,7 +159,7 @@ def test_stages_keep_the_timings_of_another_process(tmp_path):
 
 
 def test_paired_gain_by_hand():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import reproduce
     before = {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.5}
     after = {"a": 1.0, "b": 1.0, "c": 0.0, "e": 1.0}   # d unscored after, e unscored before: both left out
@@ -170,7 +170,7 @@ def test_paired_gain_by_hand():
 
 
 def test_diagnose_within_group_correlation_by_hand():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "experiments"))
     import diagnose
     assert diagnose.within_corr([[0, 1, 2]], [[0, 2, 4]]) == 1.0
     # group means removed: dx = (-.5, .5, .5, -.5), dy = (-.5, .5, -.5, .5) -> sum dx dy = 0
@@ -185,7 +185,7 @@ def test_reproduce_smoke_text_policy(tmp_path):
     """Embodied-R's pipeline (--policy text, the cv perceiver): SFT, RL, evaluation, its own marked section."""
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\n<!-- reproduce:begin -->\nvlm tables\n<!-- reproduce:end -->\n")
-    cmd = [sys.executable, "benchmarks/reproduce.py", "--smoke", "--policy", "text", "--modes", "rova",
+    cmd = [sys.executable, "experiments/reproduce.py", "--smoke", "--policy", "text", "--modes", "rova",
            "--out", str(tmp_path / "r"), "--results", str(results)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -199,13 +199,13 @@ def test_reproduce_smoke_text_policy(tmp_path):
 
 
 def test_robust_to_smoke_writes_its_section_and_resumes(vlm_smoke, tmp_path):
-    """benchmarks/robust_to.py on reproduce.py's smoke output: every stage runs, its own marked section is
+    """experiments/robust_to.py on reproduce.py's smoke output: every stage runs, its own marked section is
     written (the other sections kept), the rules row is there, and a second run redoes nothing."""
     start = vlm_smoke[0] / "r"
     assert vlm_smoke[3].returncode == 0
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\n<!-- reproduce:begin -->\nvlm tables\n<!-- reproduce:end -->\n")
-    cmd = [sys.executable, "benchmarks/robust_to.py", "--smoke", "--from", str(start), "--direct", "grpo-aug,rova",
+    cmd = [sys.executable, "experiments/robust_to.py", "--smoke", "--from", str(start), "--direct", "grpo-aug,rova",
            "--out", str(tmp_path / "rt"), "--results", str(results)]
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -227,9 +227,9 @@ def test_robust_to_smoke_writes_its_section_and_resumes(vlm_smoke, tmp_path):
 
 
 def test_robust_to_needs_the_reproduce_checkpoints(tmp_path):
-    run = subprocess.run([sys.executable, "benchmarks/robust_to.py", "--from", str(tmp_path / "none")], cwd=ROOT,
+    run = subprocess.run([sys.executable, "experiments/robust_to.py", "--from", str(tmp_path / "none")], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
-    assert run.returncode == 2 and "run benchmarks/reproduce.py" in run.stderr and "sft/final" in run.stderr
+    assert run.returncode == 2 and "run experiments/reproduce.py" in run.stderr and "sft/final" in run.stderr
 
 
 def test_robust_to_labels_the_direct_runs_with_their_own_rl_steps(tmp_path, monkeypatch):
@@ -238,7 +238,7 @@ def test_robust_to_labels_the_direct_runs_with_their_own_rl_steps(tmp_path, monk
     import argparse
     import importlib
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "experiments"))
     robust_to = importlib.import_module("robust_to")
     for seed, steps in ((0, 100), (1, 100), (2, 300)):
         run = tmp_path / "runs" / f"grpo-s{seed}"

@@ -1,4 +1,4 @@
-"""benchmarks/reproduce_v5.py --quick: every stage runs and the summary has the keys the issue names; a rerun
+"""experiments/reproduce_v5.py --quick: every stage runs and the summary has the keys the issue names; a rerun
 (the same command, a later chunk) runs nothing; a chunk whose minutes are spent starts no stage. The claims'
 arithmetic is checked against hand-made summaries."""
 import json
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import reproduce_v5_report as report  # noqa: E402
 
 
 def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
     out, summary = tmp_path / "r", tmp_path / "v5.json"
-    cmd = [sys.executable, "benchmarks/reproduce_v5.py", "--quick", "--out", str(out), "--summary", str(summary),
+    cmd = [sys.executable, "experiments/reproduce_v5.py", "--quick", "--out", str(out), "--summary", str(summary),
            "--results", str(tmp_path / "RESULTS.md")]
     stopped = subprocess.run([*cmd, "--chunk-minutes", "0"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert stopped.returncode == 0 and "chunk over" in stopped.stdout and not (out / "sft").exists()
@@ -44,7 +44,7 @@ def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
     assert again.returncode == 0 and "kept from" in again.stdout
     assert "[rl-" not in again.stdout.replace("done already", "")   # nothing trained again
     shown = page.split("<!-- reproduce-v5:begin -->\n")[1].split("<!-- reproduce-v5:end -->")[0]
-    rendered = subprocess.run([sys.executable, "benchmarks/reproduce_v5.py", "--render", "--print", "--summary",
+    rendered = subprocess.run([sys.executable, "experiments/reproduce_v5.py", "--render", "--print", "--summary",
                                str(summary)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert rendered.returncode == 0 and rendered.stdout == shown   # the page's section from the summary alone
 
@@ -91,7 +91,7 @@ def test_the_recorded_rl_commands_are_built_again_with_the_fill_up_pinned(tmp_pa
     import shutil
     import reproduce_v5 as v5
     summary = tmp_path / "v5.json"
-    shutil.copy(ROOT / "docs" / "results" / "v5.json", summary)
+    shutil.copy(ROOT / "experiments" / "results" / "v5.json", summary)
     out = tmp_path / "runs" / "reproduce-v5"
     r = v5.Reproduction(v5.parse_args(["--out", str(out), "--summary", str(summary), "--results",
                                        str(tmp_path / "RESULTS.md")]))
@@ -108,9 +108,9 @@ def test_the_recorded_rl_commands_are_built_again_with_the_fill_up_pinned(tmp_pa
 
 
 def test_v5s_claims_keep_the_pre_registered_figures_beside_students_t():
-    """The claims again from docs/results/v5.json's data: the committed rule's p, MDE and verdict as recorded, and
+    """The claims again from experiments/results/v5.json's data: the committed rule's p, MDE and verdict as recorded, and
     Student's t at G - 1 df beside them (what the summary holds)."""
-    s = json.loads((ROOT / "docs" / "results" / "v5.json").read_text())
+    s = json.loads((ROOT / "experiments" / "results" / "v5.json").read_text())
     again = report.claims(s)
     for recorded, new in zip(s["claims"], again):
         assert recorded == new   # the summary holds the t columns too, and nothing pre-registered moved
@@ -129,7 +129,7 @@ def test_v5s_claims_keep_the_pre_registered_figures_beside_students_t():
 
 
 def test_table13_from_app_g_is_decided_when_measured():
-    s = json.loads((ROOT / "docs" / "results" / "v5.json").read_text())
+    s = json.loads((ROOT / "experiments" / "results" / "v5.json").read_text())
     s.pop("cost_app_g", None)
     page = report.render(s)
     assert "uninformative: the fill-up trains a full batch" in page and report.APP_G_COMMAND in page

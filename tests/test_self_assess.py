@@ -1,14 +1,14 @@
-"""curriculum.self_assess (Eq. 3, Sec. 3.2 selection) at each App. D threshold, and the YES/NO confidence."""
+"""buffer.self_assess (Eq. 3, Sec. 3.2 selection) at each App. D threshold, and the YES/NO confidence."""
 import math
 
 import numpy as np
 import pytest
 
-import curriculum
+import buffer
 
 
 def assess(acc, p_yes, pert=None, clean=None):
-    return curriculum.self_assess(acc, p_yes, pert, clean, tau=0.8, a_min=0.3, a_max=0.85)
+    return buffer.self_assess(acc, p_yes, pert, clean, tau=0.8, a_min=0.3, a_max=0.85)
 
 
 @pytest.mark.parametrize("acc,p_yes,agree,want_d,want_decision", [
@@ -51,7 +51,7 @@ def test_accuracy_is_the_mean_over_rollouts_and_agreement_uses_majorities():
     (1.0, "easy", "discard"),
 ])
 def test_the_verdict_rule_of_app_c2_at_its_thresholds(p_yes, want_d, want_decision):
-    from curriculum import self_assess_verdict
+    from buffer import self_assess_verdict
     a = self_assess_verdict(p_yes, tau=0.8)
     assert (a.difficulty, a.decision, a.confidence, a.accuracy) == (want_d, want_decision, p_yes, None)
     assert self_assess_verdict(0.7, tau=0.6).decision == "discard"   # tau moves the discard line only
@@ -64,10 +64,10 @@ def test_answerability_confidence_normalises_over_yes_and_no():
     logits[[1, 2]] = [2.0, 1.0]   # two YES spellings
     logits[3] = 0.5               # one NO spelling
     want = (math.exp(2) + math.exp(1)) / (math.exp(2) + math.exp(1) + math.exp(0.5))
-    assert curriculum.answerability_confidence(logits, [1, 2], [3]) == pytest.approx(want)
-    assert curriculum.answerability_confidence(np.zeros(5), [0], [1]) == pytest.approx(0.5)
+    assert buffer.answerability_confidence(logits, [1, 2], [3]) == pytest.approx(want)
+    assert buffer.answerability_confidence(np.zeros(5), [0], [1]) == pytest.approx(0.5)
     with pytest.raises(ValueError):
-        curriculum.answerability_confidence(logits, [], [3])
+        buffer.answerability_confidence(logits, [], [3])
 
 
 def test_answerability_token_ids_on_the_tiny_tokenizer(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from machinery.datasets import data
 from machinery.datasets import subset
 from machinery.datasets.data import DataError
-from machinery.runtime import UserError
+from machinery.cli import UserError
 from test_data import touch, write_json
 
 # --------------------------------------------------------------------------- records

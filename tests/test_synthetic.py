@@ -72,14 +72,14 @@ def test_the_demo_and_the_eval_build_one_benchmark(bench, tmp_path):
     """train.py's demo renders synthetic.DEMO_BENCHMARK (eval_pvrbench.py's default), and refuses an OUT/synthetic
     rendered with other settings instead of training on it."""
     import train
-    from machinery import runtime
+    from machinery import cli
     from machinery.training import runs
 
     cfg = train.parse_args(["--out", str(tmp_path / "demo")])
     assert runs.synthetic_settings(runs.demo_benchmark(cfg)) == runs.synthetic_settings(synthetic.DEMO_BENCHMARK)
     out, summary = bench
     assert runs.synthetic_settings(summary) == runs.synthetic_settings(dict(n=48, seed=3, num_frames=8, size=56))
-    with pytest.raises(runtime.UserError, match="rendered with other settings"):
+    with pytest.raises(cli.UserError, match="rendered with other settings"):
         runs.make_demo_benchmark(cfg, out)   # (48 clips, seed 3, the default turn: not the demo's)
 
 

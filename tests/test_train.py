@@ -169,7 +169,7 @@ def test_missing_and_corrupt_videos_are_skipped_and_counted(assets, tmp_path, ca
     assert files[str(folder / clips[1])] == "missing" and "decoded" in files[str(folder / clips[0])]
     assert "skipping sample" in capsys.readouterr().out
     a[a.index("max_bad_fraction=0.6")] = "max_bad_fraction=0.0"
-    with pytest.raises(train.runtime.UserError, match="missing"):
+    with pytest.raises(train.cli.UserError, match="missing"):
         train.main(a)
 
 
@@ -562,7 +562,7 @@ def test_answerability_targets_follow_the_sft_models_own_answers(assets, tmp_pat
     labels = warm_up.labels
     assert len(shown) == 2
     assert all(x in labels and (x["spec"] is None) == (v is run.clips.get(s)) for s, x, v, _ in shown)
-    assert all(m == train.curriculum.answerability_messages([train.data.question_text(s)])[0] for s, _, _, m in shown)
+    assert all(m == train.buffer.answerability_messages([train.data.question_text(s)])[0] for s, _, _, m in shown)
     assert [x["target"] for x in labels] == ["YES", "NO"] * len(samples)
     assert [x["id"] for x in labels[::2]] == [s.id for s in samples]
 
@@ -624,7 +624,7 @@ def test_sft_jitter_is_drawn_anew_at_each_showing_only_when_fresh(assets, monkey
     for step in (1, 2, 2):
         train.sft_step(cfg, None, None, samples[:1], clips, train.Observer(cfg), step)
     assert (drawn[0] != drawn[1]) == fresh and drawn[1] == drawn[2]
-    assert drawn[0][:2] == train.runtime.Seeds(0).sft_jitter(samples[0].id)
+    assert drawn[0][:2] == train.seeds.Seeds(0).sft_jitter(samples[0].id)
 
 
 def test_a_before_after_check_of_no_questions_prints_no_table(assets, tmp_path):

@@ -14,11 +14,12 @@ with the same results; main() below is eval_pvrbench's with these added.
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import cli  # noqa: I001 - first: the OpenMP wait policy before torch loads
 import json
 import re
 from pathlib import Path
 
+from machinery import hub
 from machinery.datasets import answers, data
 from machinery.eval import chat
 import eval_pvrbench as ev
@@ -41,10 +42,10 @@ class PerceiverModel(evaluation.HFModel):
 
     def check_kind(self, path):
         if self.text and not self.perceiver_spec:
-            raise runtime.UserError(f"{path} is a text-only LM (Embodied-R's reasoner): give --perceiver "
-                                    f"({' | '.join(perceive.PERCEIVER_SPECS)}) to turn the videos into text")
+            raise cli.UserError(f"{path} is a text-only LM (Embodied-R's reasoner): give --perceiver "
+                                f"({' | '.join(perceive.PERCEIVER_SPECS)}) to turn the videos into text")
         if self.perceiver_spec and not self.text:
-            raise runtime.UserError(f"--perceiver is for text-only models; {path} is a VLM and sees the videos itself")
+            raise cli.UserError(f"--perceiver is for text-only models; {path} is a VLM and sees the videos itself")
 
     def _texts(self, samples, clips, fps, style, max_new_tokens):
         if not self.text:
@@ -130,9 +131,9 @@ def add_arguments(ap):
 
 
 def check(args, scheme):
-    runtime.check_hf_flags({"--perceiver": args.perceiver})
+    hub.check_hf_flags({"--perceiver": args.perceiver})
     if args.debias and not args.debias.startswith("openai:"):
-        runtime.model_source(args.debias, what="--debias")
+        hub.model_source(args.debias, what="--debias")
 
 
 def prepare(args, sources):
@@ -183,4 +184,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=ev.INTERRUPTED)
+    cli.run(main, interrupted=ev.INTERRUPTED)

@@ -478,9 +478,9 @@ def _merge(stats, st):
 
 # --------------------------------------------------------------------------- CLI
 def main(argv=None) -> int:
-    from machinery import runtime
+    from machinery import cli
 
-    ap = runtime.ArgumentParser(description="Embodied-R perception (Sec. 2.2): key frames -> text via a frozen VLM.")
+    ap = cli.ArgumentParser(description="Embodied-R perception (Sec. 2.2): key frames -> text via a frozen VLM.")
     ap.add_argument("video", help="a video file")
     ap.add_argument("--question", required=True, help="the question the perception is conditioned on")
     ap.add_argument("--backend", required=True, help=f"the VLM: {' or '.join(PERCEIVER_SPECS)}")
@@ -509,5 +509,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from machinery import runtime
-    runtime.run(main)
+    from machinery import cli
+    cli.run(main)

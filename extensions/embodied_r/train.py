@@ -17,11 +17,12 @@ Every flag of train.py applies too.
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import cli  # noqa: I001 - first: the OpenMP wait policy before torch loads
 from dataclasses import dataclass
 from typing import ClassVar
 from pathlib import Path
 
+from machinery import hub
 from machinery.datasets import data
 from machinery.model import policy
 import train
@@ -76,7 +77,7 @@ def check(ap, cfg):
                  "hf, or --policy vlm")
     if cfg.policy == "text" and not cfg.model and cfg.out == train.Config.out:
         cfg.out = TEXT_DEMO_OUT  # the text demo keeps the VLM demo's runs/rova (eval_pvrbench.py's default) apart
-    runtime.check_hf_flags({"--perceiver": cfg.perceiver})
+    hub.check_hf_flags({"--perceiver": cfg.perceiver})
 
 
 class TextObserver(Observer):
@@ -191,11 +192,11 @@ def main(argv=None, **settings):
     """Train.py's two stages with Embodied-R's policy, frame sampler and rewards."""
     cfg = parse_args(argv, settings)
     read_kwargs = {"sampler": keyframe_sampler(cfg.keyframe_eps)} if cfg.frame_sampler == "keyframes" else {}
-    with runtime.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
+    with cli.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
         run, ckpt = runs.setup(cfg, observer=observer(cfg), text_policy=cfg.policy == "text", policy_flag="--policy",
                                demo=demo(cfg), read_kwargs=read_kwargs)
         train.train(run, ckpt, rl=EmbodiedRL)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=train.RESUME)
+    cli.run(main, interrupted=train.RESUME)

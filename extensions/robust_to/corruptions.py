@@ -23,7 +23,7 @@ import cv2
 import numpy as np
 
 import perturb
-from machinery import runtime
+from machinery import cli
 
 EXTRA_SUBTYPES = ("motion_blur", "noise")
 CATEGORY = "sensor"
@@ -247,4 +247,4 @@ perturb.register_effect("noise", CATEGORY,
 perturb.register_protocol("robust-to", PROTOCOL)
 
 if __name__ == "__main__":
-    runtime.run(perturb.main)
+    cli.run(perturb.main)

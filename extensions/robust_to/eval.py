@@ -13,7 +13,7 @@ flag works here too, with the same results; main() below is eval_pvrbench's with
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import cli  # noqa: I001 - first: the OpenMP wait policy before torch loads
 from pathlib import Path
 
 import eval_pvrbench as ev
@@ -111,4 +111,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=ev.INTERRUPTED)
+    cli.run(main, interrupted=ev.INTERRUPTED)

@@ -594,9 +594,9 @@ def _read_clip(path, num_frames: int):
 
 
 def main(argv=None) -> int:
-    from machinery import runtime
+    from machinery import cli
 
-    ap = runtime.ArgumentParser(description="Per-frame disturbance, reliability, relevance and Robust-TO frame "
+    ap = cli.ArgumentParser(description="Per-frame disturbance, reliability, relevance and Robust-TO frame "
                                              "selection for one video.")
     ap.add_argument("video", help="video file")
     ap.add_argument("--question", default="", help="question (relevance: colour / shape words, a proxy)")
@@ -605,12 +605,12 @@ def main(argv=None) -> int:
                     help="frames decoded uniformly (video.read_frames); a shorter clip gives all its frames, "
                          "none twice")
     ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="weight of reliability in the score")
-    runtime.add_debug_flag(ap)
+    cli.add_debug_flag(ap)
     args = ap.parse_args(argv)
     if args.k < 1 or args.num_frames < 1:
-        raise runtime.UserError(f"--k and --num-frames must be positive integers, got {args.k}, {args.num_frames}")
+        raise cli.UserError(f"--k and --num-frames must be positive integers, got {args.k}, {args.num_frames}")
     if not 0.0 <= args.alpha <= 1.0:
-        raise runtime.UserError(f"--alpha must be in [0, 1], got {args.alpha}")
+        raise cli.UserError(f"--alpha must be in [0, 1], got {args.alpha}")
     frames, src, total = _read_clip(args.video, args.num_frames)  # a VideoError names the file
     s = frame_scores(frames, args.question, alpha=args.alpha)
     chosen = sorted(select_frames(frames, args.question, args.k, alpha=args.alpha, scores=s).tolist())
@@ -626,6 +626,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from machinery import runtime
+    from machinery import cli
 
-    runtime.run(main)
+    cli.run(main)

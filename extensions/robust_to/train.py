@@ -16,7 +16,7 @@ teaches the agent's two outputs (`agent_sft_step`). Every flag of train.py appli
 """
 from __future__ import annotations
 
-from machinery import runtime  # noqa: I001 - first: the OpenMP wait policy before torch loads
+from machinery import cli  # noqa: I001 - first: the OpenMP wait policy before torch loads
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 import grpo
+from machinery import steplog
 from machinery.model import learner, parallel
 from machinery.training import runs
 import perturb
@@ -96,7 +97,7 @@ class AgentRL(train.RL):
         self.expected: dict = {}
 
     def step(self, step, spec_rng):
-        self.timer = runtime.Timer()
+        self.timer = steplog.Timer()
         with self.timer("perturbation"):
             items = self.corrupt_videos(self.next_samples(), spec_rng)
         extra, dec, syn = {}, None, None
@@ -187,10 +188,10 @@ def parse_args(argv=None, settings=None):
 def main(argv=None, **settings):
     """Train.py's two stages with the agent as the policy: its warm-up, then GRPO on it (AgentRL)."""
     cfg = parse_args(argv, settings)
-    with runtime.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
+    with cli.interrupt_hint(runs.resume_hint(cfg, train.RESUME)):
         run, ckpt = runs.setup(cfg, observer=Observer(cfg))
         train.train(run, ckpt, rl=AgentRL, sft_step=agent_sft_step)
 
 
 if __name__ == "__main__":
-    runtime.run(main, interrupted=train.RESUME)
+    cli.run(main, interrupted=train.RESUME)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machinery import runtime
+from machinery import cli, hub
 
 RECOMMENDED = "depth-anything/Depth-Anything-V2-Small-hf"
 AUTO, PROXY = "auto", "proxy"   # --depth-model's values besides a model's name or folder
@@ -57,19 +57,19 @@ def default_cache() -> Path:
 
 
 def check_source(name: str, cache: str = "", what: str = "--depth-model", needs_model: bool = True):
-    """One line now, before any work, when the model `name` asks for cannot be loaded (runtime.model_source):
+    """One line now, before any work, when the model `name` asks for cannot be loaded (hub.model_source):
     for `auto` (the recommended model, which a clip without its own depth needs: `needs_model`), a line that says
     how to get it or to use the proxy. `cache` (--depth-cache) with the proxy is a mistake too."""
     name = name or PROXY
     if cache and name == PROXY:
-        raise runtime.UserError(f"--depth-cache {cache} is where {what}'s maps are kept: give {what} auto or NAME")
+        raise cli.UserError(f"--depth-cache {cache} is where {what}'s maps are kept: give {what} auto or NAME")
     if name == AUTO and needs_model:
         try:
-            runtime.model_source(RECOMMENDED, f"{what} auto (the default for footage without its own depth) loads")
-        except runtime.UserError as e:
-            raise runtime.UserError(f"{e}; or give {what} proxy (perturb's depth proxy, no model)") from None
+            hub.model_source(RECOMMENDED, f"{what} auto (the default for footage without its own depth) loads")
+        except cli.UserError as e:
+            raise cli.UserError(f"{e}; or give {what} proxy (perturb's depth proxy, no model)") from None
     elif name not in (AUTO, PROXY):
-        runtime.model_source(name, what)
+        hub.model_source(name, what)
 
 
 def describe(name: str):
@@ -96,7 +96,7 @@ def own_depth(path, frames, indices=None) -> np.ndarray:
     T, H, W = frames.shape[:3]
     idx = list(range(T)) if indices is None else [int(i) for i in indices]
     if len(idx) != T or max(idx) >= len(d):
-        raise runtime.UserError(f"depth file {path}: {len(d)} maps, the clip read frames {idx[:4]}... ({T})")
+        raise cli.UserError(f"depth file {path}: {len(d)} maps, the clip read frames {idx[:4]}... ({T})")
     return np.stack([cv2.resize(d[i].astype(np.float32), (W, H), interpolation=cv2.INTER_LINEAR)
                      for i in idx]).astype(np.float16)
 
@@ -173,13 +173,13 @@ def read(path, shape=None) -> np.ndarray:
     try:
         d = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise runtime.UserError(f"depth file {path}: unreadable ({type(e).__name__}: {e})") from None
+        raise cli.UserError(f"depth file {path}: unreadable ({type(e).__name__}: {e})") from None
     if d.dtype != np.float16 or d.ndim != 3:
-        raise runtime.UserError(f"depth file {path}: expected float16 [T,H,W], got {d.dtype} {list(d.shape)}")
+        raise cli.UserError(f"depth file {path}: expected float16 [T,H,W], got {d.dtype} {list(d.shape)}")
     if shape is not None and tuple(d.shape) != tuple(shape):
-        raise runtime.UserError(f"depth file {path}: shape {list(d.shape)}, the clip needs {list(shape)}")
+        raise cli.UserError(f"depth file {path}: shape {list(d.shape)}, the clip needs {list(shape)}")
     if not np.isfinite(d).all() or (d < 0).any():
-        raise runtime.UserError(f"depth file {path}: non-finite or negative values")
+        raise cli.UserError(f"depth file {path}: non-finite or negative values")
     return d
 
 
@@ -239,7 +239,7 @@ class Source:
             return None
         try:
             return read(path, shape)
-        except runtime.UserError as e:
+        except cli.UserError as e:
             if not quiet:
                 warnings.warn(f"{e}; recomputing it", stacklevel=3)
             return None
@@ -251,15 +251,15 @@ class Source:
         import torch
         from transformers import AutoImageProcessor, AutoModelForDepthEstimation
 
-        kwargs = runtime.model_source(self.name, "--depth-model")
+        kwargs = hub.model_source(self.name, "--depth-model")
         try:
-            with runtime.no_hf_progress_bars():
+            with hub.no_hf_progress_bars():
                 self.processor = AutoImageProcessor.from_pretrained(self.name, **kwargs)
                 model = AutoModelForDepthEstimation.from_pretrained(self.name, use_safetensors=True,
                                                                     dtype=torch.float32, **kwargs)
         except (OSError, ValueError, KeyError) as e:
-            raise runtime.UserError(f"--depth-model {self.name}: not a loadable depth-estimation model "
-                                    f"(safetensors weights): {' '.join(str(e).split())[:300]}") from None
+            raise cli.UserError(f"--depth-model {self.name}: not a loadable depth-estimation model "
+                                f"(safetensors weights): {' '.join(str(e).split())[:300]}") from None
         self.device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.model, self.metric = model.eval().to(self.device), is_metric(model.config)
 

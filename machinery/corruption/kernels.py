@@ -9,12 +9,12 @@ import math
 import cv2
 import numpy as np
 
-from machinery import runtime
+from machinery import seeds
 
 
 def seeded_rng(seed: int, *tags) -> np.random.Generator:
     """An independent stream per (seed, purpose): results never depend on the order of calls."""
-    return np.random.default_rng([int(seed), runtime.hash48(*tags)])
+    return np.random.default_rng([int(seed), seeds.hash48(*tags)])
 
 
 def walk(rng, T: int, dims: int, fmin=0.02, fmax=0.08, k=3) -> np.ndarray:
@@ -244,7 +244,7 @@ def tone_table(gains, gamma=1.0, knee=None) -> np.ndarray:
 def noise_bank(h, w, sigma):
     """Gaussian sensor noise (luminance + weaker chroma), uint8 centred on 128. A fixed seed: a pure
     function of its arguments, cached because drawing normals is the slow part."""
-    r = np.random.default_rng(runtime.hash48("sensor-noise", h, w))
+    r = np.random.default_rng(seeds.hash48("sensor-noise", h, w))
     n = r.standard_normal((h, w, 1), np.float32) * sigma + r.standard_normal((h, w, 3), np.float32) * sigma * 0.4
     return np.clip(np.round(128 + n), 0, 255).astype(np.uint8)
 

@@ -27,7 +27,7 @@ import unicodedata
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from machinery import runtime
+from machinery import cli
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ TEXT_TYPES = ("OCR", "free-form")
 VIDEO_EXTS = (".mp4", ".avi", ".mov", ".mkv", ".webm")
 
 
-class DataError(runtime.UserError, ValueError):
+class DataError(cli.UserError, ValueError):
     """A data file or one of its rows is malformed (message names file, row, id and field)."""
 
 

@@ -14,7 +14,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from machinery import runtime
+from machinery import cli
 from machinery.datasets import data
 
 log = logging.getLogger(__name__)
@@ -166,16 +166,16 @@ def make_subset(data_path, out_path, rule: str = "outdoor", video_root=None, for
     is skipped and counted. ``out_path`` is never replaced unless ``force``. Returns the printed summary.
     """
     data_path = Path(data_path)
-    out = runtime.out_file(out_path, (".json", ".jsonl"), what="--out")
+    out = cli.out_file(out_path, (".json", ".jsonl"), what="--out")
     if rule not in SUBSET_RULES:
-        raise runtime.UserError(f"--rule {rule!r}: unknown (expected one of {', '.join(SUBSET_RULES)})")
+        raise cli.UserError(f"--rule {rule!r}: unknown (expected one of {', '.join(SUBSET_RULES)})")
     if data_path.exists() and out.exists() and out.resolve() == data_path.resolve():
-        raise runtime.UserError(f"--out {out} is the input file; give another name")
+        raise cli.UserError(f"--out {out} is the input file; give another name")
     if out.exists() and not force:
-        raise runtime.UserError(f"--out {out} exists; pass --force to replace it")
+        raise cli.UserError(f"--out {out} exists; pass --force to replace it")
     root = Path(video_root) if video_root else None
     if root is not None and not root.is_dir():
-        raise runtime.UserError(f"--video-root {root}: not a folder")
+        raise cli.UserError(f"--video-root {root}: not a folder")
     rows = data._read_records(data_path)
     scan = _subset_scan(data_path, rows, rule, root, skip_invalid)
     if not scan["kept"]:
@@ -258,9 +258,9 @@ def _print_subset_summary(s: dict) -> None:
 def main(argv=None):
     import argparse
 
-    ap = runtime.ArgumentParser(description="Data tools of the ROVA reference implementation (the synthetic "
+    ap = cli.ArgumentParser(description="Data tools of the ROVA reference implementation (the synthetic "
                                              "benchmark: synthetic.py).")
-    runtime.add_debug_flag(ap)
+    cli.add_debug_flag(ap)
     sub = ap.add_subparsers(dest="command", required=True)
     ms = sub.add_parser(
         "make-subset", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SUBSET_HELP,
@@ -277,7 +277,7 @@ def main(argv=None):
     ms.add_argument("--force", action="store_true", help="replace --out if it exists")
     ms.add_argument("--skip-invalid", action="store_true", help="skip malformed rows (counted, the first three "
                     "shown) instead of stopping at the first")
-    runtime.add_debug_flag(ms)
+    cli.add_debug_flag(ms)
     args = ap.parse_args(argv)
     summary = make_subset(args.data, args.out, rule=args.rule, video_root=args.video_root or None,
                           force=args.force, skip_invalid=args.skip_invalid)
@@ -286,4 +286,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main)
+    cli.run(main)

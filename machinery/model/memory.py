@@ -42,7 +42,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from machinery import runtime
+from machinery import cli
 
 GIB = 2 ** 30
 MODES = ("fsdp", "ddp", "lora", "qlora", "single")
@@ -67,8 +67,8 @@ PRESETS = {
 }
 
 
-class MemoryPlanError(runtime.UserError):
-    """The planned peak does not fit the GPU (check_fits): one line from the scripts (runtime.run)."""
+class MemoryPlanError(cli.UserError):
+    """The planned peak does not fit the GPU (check_fits): one line from the scripts (cli.run)."""
 
 
 def preset_config(name: str):

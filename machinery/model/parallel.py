@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from machinery import runtime
+from machinery import cli, distributed
 from machinery.model import policy
 
 MODES = ("auto", "fsdp", "ddp", "none")
@@ -44,14 +44,14 @@ def choose(requested: str, world: int, lora: bool, load_in_4bit: bool = False, c
     """The sharding mode for `requested` (one of MODES) on `world` processes. Full fine-tuning on a GPU is FSDP2
     even on one (its mixed precision keeps the fp32 master weights that bf16 AdamW would lose)."""
     if requested not in MODES:
-        raise runtime.UserError(f"--sharding must be one of {', '.join(MODES)}, got {requested!r}")
+        raise cli.UserError(f"--sharding must be one of {', '.join(MODES)}, got {requested!r}")
     if requested == "auto":
         if lora or load_in_4bit:
             return "ddp" if world > 1 else "none"
         return "fsdp" if (world > 1 or cuda) else "none"
     if requested == "fsdp" and (lora or load_in_4bit):
-        raise runtime.UserError("--sharding fsdp trains every weight (full fine-tuning); LoRA and 4-bit run "
-                                "replicated: --sharding ddp (or auto)")
+        raise cli.UserError("--sharding fsdp trains every weight (full fine-tuning); LoRA and 4-bit run "
+                            "replicated: --sharding ddp (or auto)")
     if requested == "ddp" and world == 1:
         return "none"
     return requested
@@ -157,7 +157,7 @@ def _unhooked_generate(models):
 
 
 def all_max(value: int, device) -> int:
-    return int(runtime.all_max_floats([int(value)], device)[0])
+    return int(distributed.all_max_floats([int(value)], device)[0])
 
 
 def micro_batches(n_rows: int, size: int, device) -> list:
@@ -181,7 +181,7 @@ def backward_micro_batches(n_rows: int, micro_batch_size: int, backward, device,
     sum over every rank of `count` (this rank's; None: its rows), times W = world() since FSDP2 and DDP average the
     ranks' gradients (SFT's NLL: learner.sft_backward).
     Returns sum_r n_r (0: nothing was trained anywhere, and no backward ran)."""
-    total, denominator = runtime.all_sum([float(n_rows), float(n_rows if count is None else count)], device)
+    total, denominator = distributed.all_sum([float(n_rows), float(n_rows if count is None else count)], device)
     if total == 0 or denominator == 0:
         return 0.0
     for rows in micro_batches(n_rows, micro_batch_size, device):
@@ -210,7 +210,7 @@ def checksum(model, device) -> float:
             t = t.to_local() if hasattr(t, "to_local") else t
             local += float(t.double().sum())
     if is_sharded(unwrap(model)):
-        return runtime.all_sum([local], device)[0]
+        return distributed.all_sum([local], device)[0]
     return local
 
 

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from machinery import runtime
+from machinery import cli, hub
 from machinery.model import positions
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
@@ -116,15 +116,15 @@ def load_policy(name_or_path, lora_r=0, lora_alpha=None, lora_dropout=0.05, load
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
             bnb_4bit_use_double_quant=True, llm_int8_skip_modules=NO_QUANT_MODULES)
-    hub = runtime.model_source(name_or_path)  # a mistyped path fails here, in one line, with no hub request
+    hub_args = hub.model_source(name_or_path)  # a mistyped path fails here, in one line, with no hub request
     try:
-        text_only = getattr(AutoConfig.from_pretrained(name_or_path, **hub), "vision_config", None) is None
+        text_only = getattr(AutoConfig.from_pretrained(name_or_path, **hub_args), "vision_config", None) is None
         model_cls, processor_cls = ((AutoModelForCausalLM, AutoTokenizer) if text_only
                                     else (AutoModelForImageTextToText, AutoProcessor))
-        model = model_cls.from_pretrained(name_or_path, **kwargs, **hub)
-        processor = processor_cls.from_pretrained(name_or_path, **hub)
+        model = model_cls.from_pretrained(name_or_path, **kwargs, **hub_args)
+        processor = processor_cls.from_pretrained(name_or_path, **hub_args)
     except OSError as e:  # transformers' "not a valid model identifier", a missing file of a checkpoint
-        raise runtime.UserError(f"cannot load model {name_or_path}: {e}") from e
+        raise cli.UserError(f"cannot load model {name_or_path}: {e}") from e
     use_reference_positions(model)
     tokenizer_of(processor).padding_side = "left"
     if load_in_4bit:
@@ -178,7 +178,7 @@ def freeze_vision_encoder(model):
     model) and the language model still train: Qwen2.5-VL's own fine-tuning recipe without tune_mm_vision. A model
     without a vision tower is refused."""
     if is_text_model(model):
-        raise runtime.UserError("freeze_vision: the model has no vision encoder")
+        raise cli.UserError("freeze_vision: the model has no vision encoder")
     for name, p in model.named_parameters():
         if "visual." in name and ".merger." not in name:
             p.requires_grad_(False)
@@ -191,7 +191,7 @@ def save(model, processor, folder, state_dict=None, dtype=None):
     if state_dict is not None and dtype is not None:
         state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
     adapters = {"selected_adapters": [model.active_adapter]} if hasattr(model, "peft_config") else {}
-    with runtime.no_hf_progress_bars():   # (LoRA: the trained adapter only, not the KL's reference)
+    with hub.no_hf_progress_bars():   # (LoRA: the trained adapter only, not the KL's reference)
         model.save_pretrained(folder, safe_serialization=True, state_dict=state_dict, **adapters)
     if not hasattr(model, "peft_config"):
         processor.save_pretrained(folder)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from machinery import runtime
+from machinery import cli
 from machinery.datasets import data
 from machinery.datasets import synthetic
 
@@ -162,7 +162,7 @@ def build_tiny(out_dir, arch="qwen2_5_vl", texts=None, seed=0, vocab_size=1024, 
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description="Policy tools of the ROVA reference implementation.")
+    ap = cli.ArgumentParser(description="Policy tools of the ROVA reference implementation.")
     sub = ap.add_subparsers(dest="command", required=True)
     tiny = sub.add_parser("build-tiny", help="write a tiny random VLM that loads offline (tests, CPU demos)")
     tiny.add_argument("--out", required=True, help="output directory")
@@ -173,4 +173,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    runtime.run(main)
+    cli.run(main)

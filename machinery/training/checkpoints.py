@@ -27,8 +27,8 @@ from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
-from machinery import runtime
-from machinery.runtime import UserError
+from machinery import distributed
+from machinery.cli import UserError
 
 STAGE_ORDER = {"sft": 0, "rl": 1}
 FAULT_ENV = "ROVA_FAULT"
@@ -54,7 +54,7 @@ def fault_point(name):
         return
     point, _, on_rank = spec.partition(":")
     point, _, nth = point.partition("@")
-    if point != name or (on_rank and int(on_rank) != runtime.rank_of()):
+    if point != name or (on_rank and int(on_rank) != distributed.rank_of()):
         return
     _passed[name] += 1
     if _passed[name] == int(nth or 1):
@@ -152,7 +152,7 @@ def _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world):
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    runtime.barrier()
+    distributed.barrier()
     fault_point("save.begin")
     plain, tensors = per_rank
     (tmp / f"rank{rank}.json").write_text(json.dumps(plain))
@@ -162,7 +162,7 @@ def _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world):
     fault_point("save.weights")
     if rank == 0:
         (tmp / "state.json").write_text(json.dumps({"state": state, "config": config, "world": world}, indent=1))
-    runtime.barrier()
+    distributed.barrier()
     if rank == 0:
         (tmp / "COMPLETE").write_text("ok\n")
         fault_point("save.marked")
@@ -173,7 +173,7 @@ def _save_checkpoint(out, rank, state, config, per_rank, save_all, keep, world):
         fault_point("save.renamed")
         for old in complete_checkpoints(root)[:-max(1, keep)]:
             _retire(old)
-    runtime.barrier()
+    distributed.barrier()
 
 
 def load_rank_state(ckpt, rank):
@@ -221,7 +221,7 @@ def claim_run_folder(out, config, rank, *, resume="", overwrite=False, ignore=()
     fault_point("setup.decided")
     if rank == 0:
         _tidy(out, files, folders, clear=decision["clear"])
-    runtime.barrier()
+    distributed.barrier()
     return Path(decision["ckpt"]) if decision["ckpt"] else None
 
 
@@ -276,7 +276,7 @@ def _same_world(ckpt, world):
 
 
 def _broadcast(decision):
-    if not runtime.distributed():
+    if not distributed.distributed():
         return decision
     import torch.distributed as dist
     box = [decision]

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from machinery import runtime, video
+from machinery import cli, video
 from machinery.corruption import depth as depths
 from machinery.datasets import data
 from machinery.model import policy
@@ -44,7 +44,7 @@ class Clips:
         try:
             return self.read(sample.video)
         except Exception as e:  # noqa: BLE001
-            runtime.log(f"evaluation: skipping {sample.id}: {e}")
+            cli.log(f"evaluation: skipping {sample.id}: {e}")
             return None
 
     def get(self, sample):
@@ -57,11 +57,11 @@ class Clips:
             frames = self.read(sample.video)
         except Exception as e:  # noqa: BLE001 - a bad file is skipped, never fatal (up to max_bad_fraction)
             self.bad[sample.video] = " ".join(str(e).split())
-            runtime.log(f"skipping sample {sample.id}: {e}")
+            cli.log(f"skipping sample {sample.id}: {e}")
             if len(self.bad) > self.cfg.max_bad_fraction * max(self.n_videos, 1):
-                raise runtime.UserError(f"stopping: {len(self.bad)} of {self.n_videos} videos are missing or "
-                                        f"unreadable (more than max_bad_fraction {self.cfg.max_bad_fraction}: --set "
-                                        f"max_bad_fraction=X); last: {sample.video}") from None
+                raise cli.UserError(f"stopping: {len(self.bad)} of {self.n_videos} videos are missing or "
+                                    f"unreadable (more than max_bad_fraction {self.cfg.max_bad_fraction}: --set "
+                                    f"max_bad_fraction=X); last: {sample.video}") from None
             return None
         self.cache[sample.video] = frames
         if len(self.cache) > self.cfg.video_cache:

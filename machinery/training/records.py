@@ -1,5 +1,5 @@
 """The RL step's log record: this rank's sums and counts (`key_sum`, `key_n`), reduced over ranks by
-runtime.reduce_record into the means log.jsonl shows. Every key is in every record, on every rank (None where
+distributed.reduce_record into the means log.jsonl shows. Every key is in every record, on every rank (None where
 there is no data), so that the reduction sums them in the same order."""
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def decisions(items, selected, categories, category_of):
            "selected": sum(id(it) in trained for it in fresh), "trained": len(selected),
            "promoted_trained": sum(it.promoted for it in selected),
            "flat_groups": sum(bool(it.rewards) and max(it.rewards) - min(it.rewards) < 1e-9 for it in selected)}
-    for cat in categories:  # every key on every rank (runtime.reduce_record sums them in order)
+    for cat in categories:  # every key on every rank (distributed.reduce_record sums them in order)
         mine = [it for it in fresh if category_of.get(it.spec.subtype) == cat]
         out |= {f"cat_{cat}_samples": len(mine), f"cat_{cat}_trained": sum(id(it) in trained for it in mine),
                 f"cat_{cat}_deferred": sum(it.decision == "defer" for it in mine),
@@ -54,7 +54,7 @@ def step_record(items, selected, loss_stats, n_rows, per_rollout, *, buffer_size
     list}), the loss statistics' means over the `n_rows` trained completions, each phase's `seconds`, and the reward
     `weights` (w_format, w_acc, w_alignment); the rollout engine's sync check from the loss statistics (the mean
     |engine - policy| log-prob per trained token over every rank's completions, the same on each rank, logged as
-    engine_logprob_gap; -1: none). runtime.reduce_record's rho = selected / samples is
+    engine_logprob_gap; -1: none). distributed.reduce_record's rho = selected / samples is
     Table 12's rho_t: fresh samples only."""
     s = defaultdict(float, judge_missing=missing, promoted=promoted,
                     evicted=evicted, buffer_size=buffer_size,

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from machinery import runtime
+from machinery import cli
 
 WINDOWS = 6   # rows of the table: App. D's 300 steps in windows of 50 (Table 12's)
 
@@ -59,19 +59,19 @@ def _f(x, spec=".2f"):
 def print_windows(rows, mode):
     """The windows (`windows`) as the demo prints them after its before/after table."""
     curriculum = mode == "rova"
-    runtime.log(f"the RL steps ({mode}) by window: rollout accuracy on clean / perturbed videos"
-                + (", and the curriculum (shares of the fresh samples assessed; Table 12)" if curriculum else ""))
+    cli.log(f"the RL steps ({mode}) by window: rollout accuracy on clean / perturbed videos"
+            + (", and the curriculum (shares of the fresh samples assessed; Table 12)" if curriculum else ""))
     head = "  steps      acc clean  acc pert  updates"
     if curriculum:
         head += "  fresh  discarded  deferred   rho  buffer  promoted  evicted"
-    runtime.log(head)
+    cli.log(head)
     for w in rows:
         line = (f"  {w['steps'][0]:>4}-{w['steps'][1]:<5} {_f(w['acc_clean']):>9} {_f(w['acc_perturbed']):>9} "
                 f"{w['updates']:>8}")
         if curriculum:
             line += (f"  {w['samples']:>5} {_f(w['discarded']):>10} {_f(w['deferred']):>9} {_f(w['rho']):>5} "
                      f"{_f(w['buffer'], '.1f'):>7} {w['promoted']:>9} {w['evicted']:>8}")
-        runtime.log(line)
+        cli.log(line)
 
 
 def plot(path, recs, rows, mode):
@@ -115,5 +115,5 @@ def show(out, mode):
         return None
     rows = windows(recs)
     print_windows(rows, mode)
-    runtime.log(f"picture of the RL steps: {plot(Path(out) / 'curriculum.png', recs, rows, mode)}")
+    cli.log(f"picture of the RL steps: {plot(Path(out) / 'curriculum.png', recs, rows, mode)}")
     return rows

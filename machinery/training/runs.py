@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from machinery import runtime
+from machinery import cli, distributed, hub, seeds, steplog
 from machinery.corruption import depth as depths
 from machinery.datasets import answers, data, synthetic
 from machinery.model import memory, parallel, policy
@@ -92,7 +92,7 @@ def config_parser(config, groups, *, plumbing="output", **kwargs):
     and --set go into the group `plumbing`."""
     from dataclasses import fields
 
-    ap = runtime.ArgumentParser(formatter_class=runtime.HelpFormatter, **kwargs)
+    ap = cli.ArgumentParser(formatter_class=cli.HelpFormatter, **kwargs)
     parts = {name: ap.add_argument_group(name, text) for name, text in groups.items()}
     for f in fields(config):
         if f.metadata.get("group") is None:
@@ -102,7 +102,7 @@ def config_parser(config, groups, *, plumbing="output", **kwargs):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_)
         else:
             group.add_argument(flag, type=_KINDS.get(str(f.type), str), default=f.default, help=help_)
-    runtime.add_debug_flag(parts[plumbing])
+    cli.add_debug_flag(parts[plumbing])
     names = [f.name for f in fields(config) if f.metadata.get("group") is None]
     parts[plumbing].add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                                  help=f"a setting without a flag of its own ({', '.join(names[:4])}, ...; "
@@ -110,7 +110,7 @@ def config_parser(config, groups, *, plumbing="output", **kwargs):
     return ap
 
 
-_KINDS = {"int": int, "float": float, "bool": runtime.strict_bool}
+_KINDS = {"int": int, "float": float, "bool": cli.strict_bool}
 _KIND_NAMES = {"int": "an integer", "float": "a number", "bool": "a boolean (true/false, 1/0)"}
 
 
@@ -126,7 +126,7 @@ def parse_config(ap, config, argv=None, settings=None, demo=None):
     if chosen:
         ap.set_defaults(**{k: v for k, v in chosen.items() if k in args})
         args = vars(ap.parse_args(argv))
-    args.pop("debug")  # read by runtime.run
+    args.pop("debug")  # read by cli.run
     kinds = {f.name: str(f.type) for f in fields(config) if f.metadata.get("group") is None}
     given = {**_settings(ap, kinds, args.pop("set")), **(settings or {})}
     unset = {k: v for k, v in chosen.items() if k in kinds and k not in given}
@@ -175,7 +175,7 @@ RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard") 
 # the confidence c of Eq. 3 means something; its verdict does not also veto (unanswerable_below 0). Then App. D's
 # 300 ROVA steps in App. G's order (each step assesses the batch_size samples it draws and trains those selected)
 # at lr 1e-4, re-evaluating the buffer every 10 steps, and the before/after check of every held-out question under
-# every subtype (eval_assign all). docs/MEASURED.md ("The demo") and benchmarks/demo_spread.py: its figures over
+# every subtype (eval_assign all). docs/MEASURED.md ("The demo") and experiments/demo_spread.py: its figures over
 # seeds, beside standard GRPO's.
 _BENCH = synthetic.DEMO_BENCHMARK
 DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=20.0, sft_batch_size=16,
@@ -203,11 +203,11 @@ def prepare_demo(cfg, rank, demo=Demo()):
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         if not (tiny / "config.json").is_file():
-            runtime.log(f"demo: building the tiny model in {tiny}")
-            with runtime.no_hf_progress_bars():
+            cli.log(f"demo: building the tiny model in {tiny}")
+            with hub.no_hf_progress_bars():
                 tiny_model.build_tiny(tiny, arch=demo.arch, extra_texts=demo.extra_texts)
         make_demo_benchmark(cfg, synth)
-    runtime.barrier()
+    distributed.barrier()
     cfg.model = str(tiny)
     use_demo_benchmark(cfg, synth)
 
@@ -224,13 +224,13 @@ def make_demo_benchmark(cfg, synth):
     """OUT/synthetic rendered once; one rendered with other settings (an older demo's) is refused, not reused."""
     wanted = demo_benchmark(cfg)
     if not (synth / "summary.json").is_file():
-        runtime.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
+        cli.log(f"demo: rendering the synthetic benchmark ({cfg.demo_clips} clips) in {synth}")
         synthetic.make_synthetic(synth, **wanted)
         return
     built, wanted = synthetic_settings(json.loads((synth / "summary.json").read_text())), synthetic_settings(wanted)
     if built != wanted:
-        raise runtime.UserError(f"{synth} was rendered with other settings ({built}) than this demo's ({wanted}): "
-                                f"remove it, or give another --out")
+        raise cli.UserError(f"{synth} was rendered with other settings ({built}) than this demo's ({wanted}): "
+                            f"remove it, or give another --out")
 
 
 def synthetic_settings(kw):
@@ -254,8 +254,8 @@ def check_sources(cfg):
     """Every model the run will load exists (locally, in the cache or on a reachable hub): one line before
     anything is loaded (after the data's own checks, so that a data mistake is the one reported; --depth-model's
     check follows in setup, once the data says whether `auto` needs the model)."""
-    runtime.model_source(cfg.model)
-    runtime.check_hf_flags({"--judge": cfg.judge})
+    hub.model_source(cfg.model)
+    hub.check_hf_flags({"--judge": cfg.judge})
 
 
 def load_data(cfg, rank, world, read_kwargs=None):
@@ -265,11 +265,11 @@ def load_data(cfg, rank, world, read_kwargs=None):
     n_videos = len({s.video for s in samples} | {p for _, p in missing})
     n_missing = len({p for _, p in missing})
     if n_missing > cfg.max_bad_fraction * max(n_videos, 1):
-        raise runtime.UserError(f"stopping: {n_missing} of {n_videos} videos of {cfg.data} are missing (more than "
-                                f"max_bad_fraction {cfg.max_bad_fraction}: --set max_bad_fraction=X); e.g. "
-                                f"{missing[0][1]}")
+        raise cli.UserError(f"stopping: {n_missing} of {n_videos} videos of {cfg.data} are missing (more than "
+                            f"max_bad_fraction {cfg.max_bad_fraction}: --set max_bad_fraction=X); e.g. "
+                            f"{missing[0][1]}")
     if not samples:
-        raise runtime.UserError(f"no usable training samples in {cfg.data}")
+        raise cli.UserError(f"no usable training samples in {cfg.data}")
     return samples, samples[rank::world], Clips(cfg, missing, n_videos, read_kwargs)
 
 
@@ -288,7 +288,7 @@ class Run:
     shard: list
     clips: Clips
     spec_rng: Any
-    log: runtime.StepLog
+    log: steplog.StepLog
     eval_samples: list
     sharding: str = "none"           # parallel.choose: fsdp | ddp | none
     train_model: Any = None          # what forward/backward go through (the DDP wrapper), else the model
@@ -297,7 +297,7 @@ class Run:
     def checkpoint(self, state, optim, plain):
         """Weights and optimiser state with torch.distributed.checkpoint (each rank its shard), every rank's
         RNGs, data cursor and schedule: parallel.save_state, checkpoints.save_checkpoint."""
-        rng_plain, rng_tensors = runtime.rng_state(self.spec_rng)
+        rng_plain, rng_tensors = seeds.rng_state(self.spec_rng)
         checkpoints.save_checkpoint(self.out, self.rank, dict(state), asdict(self.cfg), (
             {**plain, "rng": rng_plain, "scheduler": optim.sched.state_dict()}, rng_tensors),
             lambda folder: parallel.save_state(folder / "state", self.model, optim.opt),
@@ -306,7 +306,7 @@ class Run:
     def resume(self, per_rank, optim, ckpt):
         parallel.load_state(ckpt / "state", self.model, optim.opt)
         optim.sched.load_state_dict(per_rank[0]["scheduler"])
-        runtime.set_rng_state(per_rank[0]["rng"], per_rank[1], self.spec_rng)
+        seeds.set_rng_state(per_rank[0]["rng"], per_rank[1], self.spec_rng)
 
     def save_model(self, folder):
         """The full weights (gathered from every rank's shard under FSDP2) as safetensors, on rank 0."""
@@ -319,7 +319,7 @@ class Run:
         """--stop-after (testing): exit as if killed after that many steps of this run."""
         self.steps_this_run += 1
         if self.cfg.stop_after and self.steps_this_run >= self.cfg.stop_after:
-            runtime.log(f"stop_after {self.cfg.stop_after}: exiting as if killed")
+            cli.log(f"stop_after {self.cfg.stop_after}: exiting as if killed")
             checkpoints.release(self.out)
             return True
         return False
@@ -337,8 +337,8 @@ def reference_model(run):
         return None
     if not (ref_dir / "config.json").is_file():
         run.save_model(ref_dir)
-    runtime.barrier()
-    with runtime.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
+    distributed.barrier()
+    with hub.no_hf_progress_bars():  # the policy just loaded, once more: no second bar
         ref = policy.load_policy(str(ref_dir), device=run.device, dtype=policy.compute_dtype(run.device))[0]
     if run.sharding == "fsdp":
         parallel.shard(ref, run.device)
@@ -350,13 +350,13 @@ def lora_reference(run, ref_dir):
     (policy.add_reference_adapter; saved once in `ref_dir`, so a resumed run adds it back before its checkpoint
     fills it). Adapters still untrained (no SFT): none, the adapters off are the policy itself (exact and free)."""
     model, saved = parallel.unwrap(run.model), (ref_dir / "adapter_config.json").is_file()
-    runtime.barrier()   # (every rank has looked before rank 0 writes)
+    distributed.barrier()   # (every rank has looked before rank 0 writes)
     if not saved:
         if policy.adapters_untrained(model):   # (the same weights on every rank: the same answer)
             return
         if run.rank == 0:
             policy.save_reference_adapter(model, ref_dir)
-        runtime.barrier()
+        distributed.barrier()
     policy.add_reference_adapter(model, ref_dir)
 
 
@@ -365,18 +365,18 @@ def setup(cfg, *, observer, text_policy=False, policy_flag="", demo=Demo(), read
     the policy sees of a clip; `text_policy`: the script trains a text-only LM, not a VLM (a model of the other
     kind is refused: check_policy_kind; `policy_flag`: the flag that switches); `demo`: what the demo builds;
     `read_kwargs`: video.read_frames arguments (a frame sampler)."""
-    rank, world, device = runtime.setup_distributed()
-    out = runtime.out_dir(cfg.out, create=False)
-    with runtime.no_folder_if_refused(out):   # a start refused below leaves no folder it made
+    rank, world, device = distributed.setup_distributed()
+    out = cli.out_dir(cfg.out, create=False)
+    with cli.no_folder_if_refused(out):   # a start refused below leaves no folder it made
         built = not cfg.model   # the demo: its model and data built here
         if built:
             depths.check_source(cfg.depth_model, cfg.depth_cache, needs_model=False)   # (the demo's clips have depth)
             prepare_demo(cfg, rank, demo)
-        seeds = runtime.Seeds(cfg.seed, rank)
-        random.seed(seeds.process)
-        np.random.seed(seeds.process)
-        torch.manual_seed(seeds.process)
-        spec_rng = np.random.default_rng(seeds.rl_specs)
+        streams = seeds.Seeds(cfg.seed, rank)
+        random.seed(streams.process)
+        np.random.seed(streams.process)
+        torch.manual_seed(streams.process)
+        spec_rng = np.random.default_rng(streams.rl_specs)
         samples, shard, clips = load_data(cfg, rank, world, read_kwargs)   # data errors first
         eval_samples = data.load_vsibench(cfg.eval_data, cfg.eval_video_root or None)[0] if cfg.eval_data else []
         if not built:
@@ -386,21 +386,21 @@ def setup(cfg, *, observer, text_policy=False, policy_flag="", demo=Demo(), read
         out.mkdir(parents=True, exist_ok=True)
         ckpt = checkpoints.claim_run_folder(out, asdict(cfg), rank, resume=cfg.resume, overwrite=cfg.overwrite,
                                             ignore=NOT_RESULT_KEYS + getattr(cfg, "not_results", ()), files=RUN_FILES,
-                                            folders=RUN_FOLDERS, log=runtime.log, world=world)
+                                            folders=RUN_FOLDERS, log=cli.log, world=world)
         sharding = parallel.choose(cfg.sharding, world, cfg.lora_r > 0, cfg.load_in_4bit, device.type == "cuda")
         model, processor = load_model(cfg, sharding, world, device, ckpt)
         check_policy_kind(cfg.model, model, text_policy, policy_flag)
     if ckpt and rank == 0:
         checkpoints.truncate_log(out / "log.jsonl", json.loads((ckpt / "state.json").read_text())["state"])
-    runtime.barrier()
+    distributed.barrier()
     run = Run(cfg, rank, world, device, out, model, processor, observer, samples, shard, clips, spec_rng,
-              runtime.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean", "rho")}),
+              steplog.StepLog(out, rank, {"sft": ("nll",), "rl": ("r_total", "acc_perturbed", "acc_clean", "rho")}),
               eval_samples, sharding, parallel.replicate(model, device) if sharding == "ddp" else model)
     return run, ckpt
 
 
 def resume_hint(cfg, resume):
-    """Ctrl-C's line once OUT is known (runtime.interrupt_hint), worked out when it comes: `resume` and the
+    """Ctrl-C's line once OUT is known (cli.interrupt_hint), worked out when it comes: `resume` and the
     checkpoint a rerun continues from, or that none was saved yet."""
     def hint():
         saved = checkpoints.complete_checkpoints(Path(cfg.out) / "checkpoints")
@@ -416,14 +416,14 @@ def check_policy_kind(name, model, text_policy, flag=""):
     if policy.is_text_model(model) != text_policy:
         kind, wants = ("a text-only LM", "a vision-language model") if not text_policy else ("a VLM", "a text-only LM")
         fix = f" (or {flag} {'vlm' if text_policy else 'text'})" if flag else ""
-        raise runtime.UserError(f"--model {name} is {kind}; this run trains {wants}{fix}")
+        raise cli.UserError(f"--model {name} is {kind}; this run trains {wants}{fix}")
 
 
 def check_memory(cfg, sharding, world, device):
     """Fail fast when memory.plan's per-GPU peak for this run exceeds the GPU (before anything is loaded)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(cfg.model, **runtime.model_source(cfg.model))
+    config = AutoConfig.from_pretrained(cfg.model, **hub.model_source(cfg.model))
     mode = "fsdp" if sharding == "fsdp" else ("qlora" if cfg.load_in_4bit else "lora" if cfg.lora_r else "ddp")
     total = parallel.memory_available_gib(device)
     engine_gib = cfg.vllm_gpu_memory_utilization * total if cfg.rollout_engine == "vllm" else 0.0
@@ -506,8 +506,8 @@ def finish(run, buffer_stats, queued, after):
             print_table(summary, run.cfg.mode)
             summary["windows"] = report.show(run.out, run.cfg.mode)
         (run.out / "summary.json").write_text(json.dumps(summary, indent=1))
-        runtime.log(f"final weights in {run.out / 'final'}")
-    runtime.barrier()
+        cli.log(f"final weights in {run.out / 'final'}")
+    distributed.barrier()
     checkpoints.release(run.out)
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -515,7 +515,7 @@ def finish(run, buffer_stats, queued, after):
         # exception': a C++ thread of a process group that FSDP2's modules keep alive, destroyed at exit), and the
         # launcher then fails a run whose every file is written (seen twice on a loaded 2-core machine, in a
         # 2-process test). Everything is saved and every collective is over: leave without the teardown.
-        runtime.leave()
+        cli.leave()
 
 
 def print_table(summary, mode):
@@ -524,18 +524,18 @@ def print_table(summary, mode):
                                                       (f"after {mode} RL", "after")) if summary.get(key)]
     a = summary["after"]
     every = a.get("n_perturbed", a["n"]) > a["n"]
-    runtime.log(f"accuracy on {a['n']} held-out questions (greedy), clean and under PVRBench's static corruptions "
-                f"({a.get('n_perturbed', a['n'])} corrupted clips: "
-                f"{'each question under every subtype' if every else 'one subtype per question, in turn'}):")
+    cli.log(f"accuracy on {a['n']} held-out questions (greedy), clean and under PVRBench's static corruptions "
+            f"({a.get('n_perturbed', a['n'])} corrupted clips: "
+            f"{'each question under every subtype' if every else 'one subtype per question, in turn'}):")
     widths = [max(9, len(name)) for name, _ in columns]
-    runtime.log(" " * 11 + "".join(f"   {name:>{w}}" for (name, _), w in zip(columns, widths)))
+    cli.log(" " * 11 + "".join(f"   {name:>{w}}" for (name, _), w in zip(columns, widths)))
     for k in ("clean", "perturbed"):
-        runtime.log(f"  {k:<9}" + "".join(f"   {_cell(x.get(k), w)}" for (_, x), w in zip(columns, widths)))
+        cli.log(f"  {k:<9}" + "".join(f"   {_cell(x.get(k), w)}" for (_, x), w in zip(columns, widths)))
     if "c_auroc" in a:   # (Eq. 3's confidence c on each corrupted clip, checked against the greedy answer there)
-        runtime.log(f"  {'c AUROC':<9}" + "".join(f"   {_cell(x.get('c_auroc'), w)}" for (_, x), w in
-                                                  zip(columns, widths)))
-        runtime.log("  (c AUROC: how well the self-assessment c, P(YES) on each corrupted clip, tells the questions "
-                    "answered right there from the others; 0.5: not at all)")
+        cli.log(f"  {'c AUROC':<9}" + "".join(f"   {_cell(x.get('c_auroc'), w)}" for (_, x), w in
+                                              zip(columns, widths)))
+        cli.log("  (c AUROC: how well the self-assessment c, P(YES) on each corrupted clip, tells the questions "
+                "answered right there from the others; 0.5: not at all)")
 
 
 def _cell(value, width):

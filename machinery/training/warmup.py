@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from machinery import runtime
+from machinery import cli, seeds
 from machinery.datasets import answers, data
 from machinery.model import learner, parallel, policy
 
@@ -41,14 +41,14 @@ class AnswerabilityWarmUp:
         tmp.write_text(json.dumps(out))
         tmp.replace(self.path)
         yes = sum(x["target"] == "YES" for x in out)
-        runtime.log(f"answerability warm-up: {len(out)} examples on rank {run.rank}, {yes} YES / {len(out) - yes} NO")
+        cli.log(f"answerability warm-up: {len(out)} examples on rank {run.rank}, {yes} YES / {len(out) - yes} NO")
         self.labels = out
 
     def batch(self, n):
         """The next n (sample, example) pairs; an example is {id, spec (a dict, or None: the clean clip), target}."""
         if self.cursor is None:
-            seeds = runtime.Seeds(self.run.cfg.seed, self.run.rank)
-            self.cursor = runtime.Cursor(len(self.labels), seeds.answerability_order)
+            streams = seeds.Seeds(self.run.cfg.seed, self.run.rank)
+            self.cursor = seeds.Cursor(len(self.labels), streams.answerability_order)
             if "answerability_cursor" in self.saved:
                 self.cursor.load(self.saved["answerability_cursor"])
         return [(self.by_id[x["id"]], x) for x in (self.labels[i] for i in self.cursor.take(n))]

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import grpo  # noqa: E402
-from machinery import runtime  # noqa: E402
+from machinery import cli  # noqa: E402
 from machinery.model import engine  # noqa: E402
 
 if sys.argv[1] == "sync":
@@ -22,4 +22,4 @@ if os.environ.get("ROVA_TEST_ENGINE_DTYPE"):
 grpo.accuracy_reward = lambda text, *args, **kwargs: float(len(text) % 2)
 import train  # noqa: E402
 
-runtime.run(train.main, interrupted=train.RESUME, argv=sys.argv[2:])   # (a UserError: one line, exit 2)
+cli.run(train.main, interrupted=train.RESUME, argv=sys.argv[2:])   # (a UserError: one line, exit 2)

@@ -1,5 +1,5 @@
 """train.py --rollout-engine vllm (machinery/model/engine.py), in the vLLM environment: requirements-vllm.txt, built by
-`python benchmarks/vllm_check.py --install-only`; .ci/run runs this folder with that venv's python. Each run is a
+`python checks/vllm_check.py --install-only`; .ci/run runs this folder with that venv's python. Each run is a
 subprocess: a process holds one engine (vLLM's parallel state is per process)."""
 import json
 import os
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed in this environment: tests/with_vllm run with the vLLM "
-                    "venv's python (python benchmarks/vllm_check.py --install-only; .ci/run)")
+                    "venv's python (python checks/vllm_check.py --install-only; .ci/run)")
 
 from machinery.datasets import synthetic  # noqa: E402
 from machinery.model import tiny as tiny_model  # noqa: E402

@@ -57,12 +57,12 @@ def test_eval_runs_a_text_model_through_the_perceiver(tmp_path, scripted):
     assert Path(out["config"]["run_dir"], "config.json").read_text().count("scripted") == 1
     n_calls = len(scripted.calls)
     assert n_calls > 0
-    with pytest.raises(er_eval.runtime.UserError, match="give --perceiver"):
+    with pytest.raises(er_eval.cli.UserError, match="give --perceiver"):
         er_eval.main(["--model", str(tiny), "--out", str(tmp_path / "eval2"), *base])
-    with pytest.raises(er_eval.runtime.UserError, match="is a VLM"):
+    with pytest.raises(er_eval.cli.UserError, match="is a VLM"):
         er_eval.main(["--model", str(vlm), "--perceiver", "scripted", "--out", str(tmp_path / "eval3"), *base])
     # the core alone refuses the text-only model in one line, pointing to the extensions' entry points
-    with pytest.raises(er_eval.runtime.UserError, match=r"text-only LM.*python -m extensions\.<name>\.eval"):
+    with pytest.raises(er_eval.cli.UserError, match=r"text-only LM.*python -m extensions\.<name>\.eval"):
         er_eval.ev.main(["--model", str(tiny), "--out", str(tmp_path / "eval4"), *base])
 
 

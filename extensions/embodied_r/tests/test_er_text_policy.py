@@ -135,9 +135,9 @@ def test_perception_is_cached_across_runs(assets, tmp_path, scripted):
 
 def test_policy_and_model_kind_must_agree(assets, tmp_path, scripted):
     root, tiny, vlm, synth = assets
-    with pytest.raises(train.runtime.UserError, match="is a VLM; this run trains a text-only LM \\(or --policy vlm\\)"):
+    with pytest.raises(train.cli.UserError, match="is a VLM; this run trains a text-only LM \\(or --policy vlm\\)"):
         er.main(_args(assets, tmp_path / "a", "--model", str(vlm)))
-    with pytest.raises(train.runtime.UserError, match="is a text-only LM; this run trains a vision-language model$"):
+    with pytest.raises(train.cli.UserError, match="is a text-only LM; this run trains a vision-language model$"):
         train.main(["--model", str(tiny), "--data", str(synth / "train.json"), "--out", str(tmp_path / "b"),
                     "--rl-steps", "0", "--sft-epochs", "0"])
     with pytest.raises(SystemExit):  # argparse: --policy text needs --perceiver

@@ -476,7 +476,7 @@ def test_cli_prints_a_per_frame_table(tmp_path, capsys):
     rows = out[1:9]
     assert len(rows) == 8 and sum(r.rstrip().endswith("*") for r in rows) == 4
     assert out[-1].startswith("selected [") and "disturbance profile: blur=" in out[-1]
-    with pytest.raises(video.VideoError, match="does not exist"):  # one line through runtime.run (CLI test below)
+    with pytest.raises(video.VideoError, match="does not exist"):  # one line through cli.run (CLI test below)
         R.main([str(tmp_path / "missing.mp4")])
 
 

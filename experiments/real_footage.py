@@ -1,6 +1,6 @@
 """The corruption engine on footage it was not tuned on: close-ups, surfaces seen from above, scenes under a sky.
 
-    python benchmarks/real_footage.py [--engine OLD/perturb.py] [--frames 16] [--size 224] [--seeds 3]
+    python experiments/real_footage.py [--engine OLD/perturb.py] [--frames 16] [--size 224] [--seeds 3]
 
 Clips: a smooth pan and zoom over each of scikit-image's bundled photographs (synthetic.photo_clip; no download),
 by kind (synthetic.PHOTO_KINDS): under a sky (rocket, camera), close-ups without sky (coffee, chelsea,
@@ -32,11 +32,12 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import perturb  # noqa: E402
+from bench_perturb import load_engine  # noqa: E402  (another checkout's engine, by path)
 from machinery.corruption import scene  # noqa: E402
 from machinery.datasets import synthetic  # noqa: E402
-from contact_sheet import load_engine  # noqa: E402  (benchmarks/ is the script's folder)
 
 
 def band(profile, k):

@@ -1,12 +1,12 @@
 """Robust-TO against robust training at CPU scale (Robust-TO's comparison under its five corruptions, on
-the checkpoints of benchmarks/reproduce.py): the direct models (the SFT checkpoint, standard GRPO and
+the checkpoints of experiments/reproduce.py): the direct models (the SFT checkpoint, standard GRPO and
 ROVA from it) and Robust-TO's orchestrated agent around the same SFT checkpoint, evaluated on the same
 corrupted videos (`python -m extensions.robust_to.eval --protocol robust-to --assign all`), plus how well
 reliability.py's scores rank the corruption of each frame.
 
-    python benchmarks/reproduce.py              # first: the SFT checkpoint and the direct runs (runs/reproduce)
-    python benchmarks/robust_to.py              # then this: ~45 min on 2 cores at --rl-steps 100 (longer at 300)
-    python benchmarks/robust_to.py --smoke --from /tmp/r --out /tmp/rt --results /tmp/rt/RESULTS.md
+    python experiments/reproduce.py              # first: the SFT checkpoint and the direct runs (runs/reproduce)
+    python experiments/robust_to.py              # then this: ~45 min on 2 cores at --rl-steps 100 (longer at 300)
+    python experiments/robust_to.py --smoke --from /tmp/r --out /tmp/rt --results /tmp/rt/RESULTS.md
 
 Stages, each one of the project's own commands run as a subprocess, skipped when its output exists
 (a killed training run resumes from its last checkpoint, an evaluation from its sample store):
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments"), str(ROOT / "benchmarks")]
 import reproduce  # noqa: E402  (Stages, the table helpers, the marked-section writer)
 from reproduce import fmt, latest_results, mean_sd, pct  # noqa: E402
 
@@ -57,7 +57,7 @@ SMOKE = dict(rl_steps=2, batch_size=2, group_size=2, max_new_tokens=8, synthesis
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     a = ap.add_argument
-    a("--from", dest="start", default="runs/reproduce", help="benchmarks/reproduce.py's OUT (sft/, runs/)")
+    a("--from", dest="start", default="runs/reproduce", help="experiments/reproduce.py's OUT (sft/, runs/)")
     a("--out", default="runs/robust-to", help="working folder")
     a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose marked section is rewritten")
     a("--seeds", default="0,1,2", help="comma list of RL seeds (the direct runs of these seeds must exist)")
@@ -69,8 +69,8 @@ def parse_args(argv=None):
     a("--eval-limit", type=int, default=0, help="questions evaluated (0: all)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     args = ap.parse_args(argv)
-    args.command = "python benchmarks/robust_to.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])
-                                                       if (argv if argv is not None else sys.argv[1:]) else "")
+    args.command = "python experiments/robust_to.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])
+                                                        if (argv if argv is not None else sys.argv[1:]) else "")
     args.agent = dict(AGENT_FLAGS, rl_steps=args.rl_steps, synthesis_tokens=args.synthesis_tokens)
     args.warmup = dict(WARMUP_FLAGS, sft_epochs=args.sft_epochs)
     if args.smoke:
@@ -88,7 +88,7 @@ def parse_args(argv=None):
     needed += [start / "runs" / f"{m}-s{s}" / "final" for m in args.direct for s in args.seeds]
     missing = [str(p) for p in needed if not p.exists()]
     if missing:
-        ap.error(f"--from {start}: missing {', '.join(missing)}; run benchmarks/reproduce.py --out {start} first")
+        ap.error(f"--from {start}: missing {', '.join(missing)}; run experiments/reproduce.py --out {start} first")
     return args
 
 

@@ -1,6 +1,6 @@
 """Robustness curves of the demo's models: `eval_pvrbench.py --etas` on seed 0 of demo_spread.py's runs.
 
-    python benchmarks/demo_curves.py [--runs runs/demo_spread] [--out runs/demo_curves] [--etas 0.3,0.5,0.7,0.9]
+    python experiments/demo_curves.py [--runs runs/demo_spread] [--out runs/demo_curves] [--etas 0.3,0.5,0.7,0.9]
 
 The three models of one seed, all from the same SFT start: the start itself (the run's OUT/reference, the policy as
 RL began, Eq. 7's KL reference), ROVA's OUT/final and standard GRPO's OUT/final (300 RL steps each,
@@ -80,7 +80,7 @@ def main():
     ap.add_argument("--out", default="runs/demo_curves")
     ap.add_argument("--etas", default="0.3,0.5,0.7,0.9")
     ap.add_argument("--write", action="store_true", help="also docs/figures/demo_curves.png and "
-                    "docs/results/demo_curves.json")
+                    "experiments/results/demo_curves.json")
     args = ap.parse_args()
     runs, out = Path(args.runs), Path(args.out)
     etas = ev.etas_arg(args.etas)
@@ -95,8 +95,8 @@ def main():
         shutil.copyfile(out / "compare" / "compare_curves.png", ROOT / "docs" / "figures" / "demo_curves.png")
         keep = {lb: {k: r["results"][k] for k in ("curves", "auc", "relative_robustness")} | {
             "model": r["config"]["model"], "n_samples": r["n_samples"]} for lb, r in results.items()}
-        (ROOT / "docs" / "results" / "demo_curves.json").write_text(json.dumps(
-            {"command": "python benchmarks/demo_curves.py --write", "etas": list(etas), "models": keep}, indent=1))
+        (ROOT / "experiments" / "results" / "demo_curves.json").write_text(json.dumps(
+            {"command": "python experiments/demo_curves.py --write", "etas": list(etas), "models": keep}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""runtime.py: one-line errors, output-path and model-source checks, grouped help with defaults, quiet
-third-party output, the OpenMP wait policy."""
+"""machinery/cli.py: one-line errors, output-path checks, grouped help with defaults, quiet third-party output, the
+OpenMP wait policy, a lost peer in one line (with distributed.py's peer_lost); and hub.py's model-source checks."""
 import os
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from machinery import runtime
+from machinery import cli, distributed, hub
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,9 +18,9 @@ def run_py(code, env=None):
 
 
 def test_run_prints_a_user_error_as_one_line_with_exit_code_2():
-    code = ("from machinery import runtime\n"
-            "def main():\n    raise runtime.UserError('bad.json: row 3 (id q7): field\\n solution: missing')\n"
-            "runtime.run(main)")
+    code = ("from machinery import cli\n"
+            "def main():\n    raise cli.UserError('bad.json: row 3 (id q7): field\\n solution: missing')\n"
+            "cli.run(main)")
     out = run_py(code)
     assert out.returncode == 2 and out.stderr == "error: bad.json: row 3 (id q7): field solution: missing\n"
     debug = run_py(code, env={"ROVA_DEBUG": "1"})
@@ -28,34 +28,34 @@ def test_run_prints_a_user_error_as_one_line_with_exit_code_2():
 
 
 def test_run_turns_ctrl_c_into_one_line_with_the_hint():
-    out = run_py("from machinery import runtime\ndef main():\n    raise KeyboardInterrupt\n"
-                 "runtime.run(main, interrupted=lambda: 'rerun the same command')")
+    out = run_py("from machinery import cli\ndef main():\n    raise KeyboardInterrupt\n"
+                 "cli.run(main, interrupted=lambda: 'rerun the same command')")
     assert out.returncode == 130 and out.stderr.strip() == "interrupted: rerun the same command"
 
 
 def test_an_interrupt_hint_block_names_how_to_continue_and_the_innermost_wins():
-    out = run_py("from machinery import runtime\ndef main():\n    with runtime.interrupt_hint('outer'):\n"
-                 "        with runtime.interrupt_hint('continue in OUT'):\n            raise KeyboardInterrupt\n"
-                 "runtime.run(main, interrupted='the default')")
+    out = run_py("from machinery import cli\ndef main():\n    with cli.interrupt_hint('outer'):\n"
+                 "        with cli.interrupt_hint('continue in OUT'):\n            raise KeyboardInterrupt\n"
+                 "cli.run(main, interrupted='the default')")
     assert out.returncode == 130 and out.stderr.strip() == "interrupted: continue in OUT"
-    out = run_py("from machinery import runtime\ndef main():\n    with runtime.interrupt_hint('in OUT'):\n"
-                 "        pass\n    raise KeyboardInterrupt\nruntime.run(main, interrupted='the default')")
+    out = run_py("from machinery import cli\ndef main():\n    with cli.interrupt_hint('in OUT'):\n"
+                 "        pass\n    raise KeyboardInterrupt\ncli.run(main, interrupted='the default')")
     assert out.stderr.strip() == "interrupted: the default"
 
 
 def test_out_dir_and_out_file(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(runtime.UserError, match="is a file"):
-        runtime.out_dir(tmp_path / "f" / "sub")
-    assert runtime.out_dir(tmp_path / "a" / "b").is_dir()
-    assert not runtime.out_dir(tmp_path / "c", create=False).exists()
-    with pytest.raises(runtime.UserError, match="unsupported extension '.txt'"):
-        runtime.out_file(tmp_path / "x.txt", (".mp4",))
-    with pytest.raises(runtime.UserError, match="is a folder"):
-        runtime.out_file(tmp_path / "a", (".mp4",))
-    with pytest.raises(runtime.UserError, match="is a file"):
-        runtime.out_file(tmp_path / "f" / "x.mp4", (".mp4",))
-    p = runtime.out_file(tmp_path / "new" / "x.mp4", (".mp4",))
+    with pytest.raises(cli.UserError, match="is a file"):
+        cli.out_dir(tmp_path / "f" / "sub")
+    assert cli.out_dir(tmp_path / "a" / "b").is_dir()
+    assert not cli.out_dir(tmp_path / "c", create=False).exists()
+    with pytest.raises(cli.UserError, match="unsupported extension '.txt'"):
+        cli.out_file(tmp_path / "x.txt", (".mp4",))
+    with pytest.raises(cli.UserError, match="is a folder"):
+        cli.out_file(tmp_path / "a", (".mp4",))
+    with pytest.raises(cli.UserError, match="is a file"):
+        cli.out_file(tmp_path / "f" / "x.mp4", (".mp4",))
+    p = cli.out_file(tmp_path / "new" / "x.mp4", (".mp4",))
     assert p.parent.is_dir() and not p.exists()  # the folder is made, nothing is written
 
 
@@ -64,29 +64,29 @@ def test_model_source_tells_paths_from_hub_ids(tmp_path, monkeypatch):
     (tmp_path / "runs").mkdir()
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "config.json").write_text("{}")
-    assert runtime.model_source("ckpt") == {}
+    assert hub.model_source("ckpt") == {}
     for name, phrase in (("runs/nope", "no such folder"), ("./x", "no such folder"), ("a/b/c", "no such folder"),
                          (str(tmp_path), "no config.json")):
-        with pytest.raises(runtime.UserError, match=phrase):
-            runtime.model_source(name)
-    monkeypatch.setattr(runtime, "_hub_reachable", lambda *a, **k: pytest.fail("no hub request for a path"))
-    with pytest.raises(runtime.UserError):
-        runtime.model_source("runs/also-missing")
+        with pytest.raises(cli.UserError, match=phrase):
+            hub.model_source(name)
+    monkeypatch.setattr(hub, "_hub_reachable", lambda *a, **k: pytest.fail("no hub request for a path"))
+    with pytest.raises(cli.UserError):
+        hub.model_source("runs/also-missing")
 
 
 def test_an_uncached_hub_id_offline_is_one_line():
-    out = run_py("from machinery import runtime\nruntime.run(lambda: runtime.model_source('someorg/not-cached'))",
+    out = run_py("from machinery import cli, hub\ncli.run(lambda: hub.model_source('someorg/not-cached'))",
                  env={"HF_HUB_OFFLINE": "1"})
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "HF_HUB_OFFLINE=1" in lines[0] and "hf download" in lines[0]
 
 
 def test_bitsandbytes_is_quiet_and_the_spin_count_is_set():
-    out = run_py("from machinery import runtime; import os, peft, bitsandbytes; print(os.environ['GOMP_SPINCOUNT'])")
+    out = run_py("from machinery import cli; import os, peft, bitsandbytes; print(os.environ['GOMP_SPINCOUNT'])")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "gemm_4bit" not in out.stderr and "kernels" not in out.stderr
-    assert out.stdout.strip() == runtime.GOMP_SPINCOUNT
-    mine = run_py("from machinery import runtime; import os; print(os.environ['GOMP_SPINCOUNT'])",
+    assert out.stdout.strip() == cli.GOMP_SPINCOUNT
+    mine = run_py("from machinery import cli; import os; print(os.environ['GOMP_SPINCOUNT'])",
                   env={"GOMP_SPINCOUNT": "7"})
     assert mine.stdout.strip() == "7"  # a user's own setting wins
 
@@ -132,20 +132,20 @@ TWO_NODES = [(0, "gpu-a", ["10.0.0.1"]), (0, "gpu-a", ["10.0.0.1"]), (1, "gpu-b"
 
 
 def test_a_lost_peer_is_named_by_its_rank_node_and_host():
-    """runtime.peer_lost: gloo's address -> the rank, or the node's ranks, that it is; the timeout in seconds; any
+    """distributed.peer_lost: gloo's address -> the rank, or the node's ranks, that it is; the timeout in seconds; any
     other exception is not a lost peer."""
     one_each = [(0, "gpu-a", ["10.0.0.1"]), (1, "gpu-b", ["10.0.0.2", "192.168.0.2"])]
-    assert runtime.peer_lost(RuntimeError(GLOO_RESET), 0, one_each) == (
+    assert distributed.peer_lost(RuntimeError(GLOO_RESET), 0, one_each) == (
         "rank 1 (node 1 of 2, host gpu-b, 10.0.0.2:49821) stopped answering rank 0 (node 0 of 2): Connection reset by "
         "peer; a process or node of the run was lost")
-    assert runtime.peer_lost(RuntimeError(GLOO_RESET), 1, TWO_NODES).startswith(
+    assert distributed.peer_lost(RuntimeError(GLOO_RESET), 1, TWO_NODES).startswith(
         "a rank of node 1 of 2 (host gpu-b, ranks 2, 3, 10.0.0.2:49821) stopped answering rank 1 (node 0 of 2): ")
     same_host = [(0, "vm", ["127.0.0.1"]), (0, "vm", ["127.0.0.1"]), (1, "vm", ["127.0.0.1"])]
     closed = RuntimeError("Connection closed by peer [127.0.0.1]:5")
-    assert runtime.peer_lost(closed, 0, same_host).startswith(
+    assert distributed.peer_lost(closed, 0, same_host).startswith(
         "the process at 127.0.0.1:5 (one of ranks 1, 2) stopped answering rank 0 (node 0 of 2): Connection closed by "
         "peer; ")
-    assert runtime.peer_lost(RuntimeError(GLOO_TIMEOUT), 3, TWO_NODES) == (
+    assert distributed.peer_lost(RuntimeError(GLOO_TIMEOUT), 3, TWO_NODES) == (
         "rank 3 (node 1 of 2) waited 10 s (the collective timeout: ROVA_DIST_TIMEOUT) for a peer that did not answer: "
         "a process or node of the run was lost or hangs")
     try:   # what DCP does: the rank's error inside another one
@@ -154,9 +154,9 @@ def test_a_lost_peer_is_named_by_its_rank_node_and_host():
         except RuntimeError as inner:
             raise BaseException("CheckpointException ranks:dict_keys([0])") from inner
     except BaseException as wrapped:
-        assert runtime.peer_lost(wrapped, 0, TWO_NODES).startswith("the process at 10.0.0.9:49821 stopped answering")
-    assert runtime.peer_lost(RuntimeError("CUDA out of memory"), 0, TWO_NODES) is None
-    assert runtime.peer_lost(ValueError("Read error in row 3"), 0, TWO_NODES) is None
+        assert distributed.peer_lost(wrapped, 0, TWO_NODES).startswith("the process at 10.0.0.9:49821 stopped answering")
+    assert distributed.peer_lost(RuntimeError("CUDA out of memory"), 0, TWO_NODES) is None
+    assert distributed.peer_lost(ValueError("Read error in row 3"), 0, TWO_NODES) is None
 
 
 def test_nccl_and_store_failures_are_a_lost_peer_and_other_backend_errors_are_not():
@@ -165,28 +165,28 @@ def test_nccl_and_store_failures_are_a_lost_peer_and_other_backend_errors_are_no
     import torch.distributed as dist
     remote = dist.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there was a "
                                    "network error, NCCL version 2.21.5\nncclRemoteError: A call failed. Last error: x")
-    assert runtime.peer_lost(remote, 2, TWO_NODES) == (
+    assert distributed.peer_lost(remote, 2, TWO_NODES) == (
         "rank 2 (node 1 of 2): the process group failed (NCCL error in: ProcessGroupNCCL.cpp:1970, remote process "
         "exited or there was a network error, NCCL version 2.21.5 ncclRemoteError: A call failed): a process or node "
         "of the run was lost, or the network between them")
     store = dist.DistNetworkError("Failed to recv, got 0 bytes. Connection was likely closed.")
-    assert runtime.peer_lost(store, 0, TWO_NODES).startswith("rank 0 (node 0 of 2): the process group failed (Failed "
-                                                             "to recv, got 0 bytes): ")
-    assert runtime.peer_lost(dist.DistBackendError("NCCL error: unhandled cuda error"), 0, TWO_NODES) is None
+    assert distributed.peer_lost(store, 0, TWO_NODES).startswith("rank 0 (node 0 of 2): the process group failed (Failed "
+                                                                 "to recv, got 0 bytes): ")
+    assert distributed.peer_lost(dist.DistBackendError("NCCL error: unhandled cuda error"), 0, TWO_NODES) is None
 
 
 LOST = """
-from machinery import runtime
-runtime._PEERS[:] = {peers!r}
+from machinery import cli, distributed
+distributed._PEERS[:] = {peers!r}
 def main():
-    with runtime.interrupt_hint(lambda: 'rerun the same command to continue from rl-0000004'):
+    with cli.interrupt_hint(lambda: 'rerun the same command to continue from rl-0000004'):
         raise RuntimeError({text!r})
-runtime.run(main, interrupted='the default')
+cli.run(main, interrupted='the default')
 """
 
 
 def test_run_reports_a_lost_peer_in_one_line_with_how_to_continue():
-    """runtime.run on a process of a distributed run: a lost peer is one line naming it, then what to rerun (on every
+    """cli.run on a process of a distributed run: a lost peer is one line naming it, then what to rerun (on every
     node when the run spans several) from the interrupt_hint block, exit code 1, no traceback; with ROVA_DEBUG=1
     the traceback. A process of no distributed run (no peers) gets the traceback."""
     out = run_py(LOST.format(peers=TWO_NODES, text=GLOO_RESET))

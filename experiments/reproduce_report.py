@@ -1,4 +1,4 @@
-"""benchmarks/reproduce.py's verdicts and results page: the rules fixed before the runs (`RULES`), each claim of
+"""experiments/reproduce.py's verdicts and results page: the rules fixed before the runs (`RULES`), each claim of
 the paper with its verdict over seeds (`claims`), and the marked section of docs/RESULTS.md (`render`,
 `write_marked`). Read by reproduce.py and robust_to.py; run nothing by itself."""
 from __future__ import annotations
@@ -141,7 +141,7 @@ def table2(rows):
 
 
 def render(summary):
-    """The results page from the summary alone (docs/results/v4.json)."""
+    """The results page from the summary alone (experiments/results/v4.json)."""
     L = header(summary) + budget_table(summary) + accuracy_tables(summary) + claims_table(summary) + dynamics(summary)
     if summary.get("commands"):
         L += ["", "### Commands", "", "```", *summary["commands"], "```"]
@@ -151,7 +151,7 @@ def render(summary):
 def header(summary):
     st, lr = summary["settings"], (summary.get("lr") or {}).get("value")
     L = [f"Measured by `{summary['command']}` ({summary.get('date') or time.strftime('%Y-%m-%d')}); summary: "
-         f"docs/results/v4.json. "
+         f"experiments/results/v4.json. "
          f"Rows: main seeds {', '.join(map(str, st['seeds']))}, ablation seeds "
          f"{', '.join(map(str, st['ablation_seeds'])) or 'none'}; {st['rl']['rl_steps']} RL steps per run at lr "
          f"{'(not chosen yet)' if lr is None else format(lr, 'g')}; toy: families {st['families']}, SFT jitter "

@@ -1,5 +1,5 @@
-"""What reproduction v5 reads off a finished run and its evaluation (benchmarks/reproduce_v5.py writes them into
-docs/results/v5.json): Table 2's columns per clip (for standard errors clustered by clip), the curriculum per
+"""What reproduction v5 reads off a finished run and its evaluation (experiments/reproduce_v5.py writes them into
+experiments/results/v5.json): Table 2's columns per clip (for standard errors clustered by clip), the curriculum per
 window of steps (Table 12's columns), the buffer's re-evaluation outcomes, optimiser updates, samples seen and
 the share of trained groups whose rewards were all equal. Reads files only; runs nothing.
 """
@@ -13,7 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 import perturb  # noqa: E402  (the subtypes' categories, Table 8)
 from reproduce import rl_records  # noqa: E402  (a run's RL step records, as version 4 reads them)
 

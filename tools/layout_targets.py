@@ -3,16 +3,16 @@
 - lines of the six stage scripts (together, and the largest), and the largest Python file anywhere in the
   project (its own files, `git ls-files`);
 - one RL step's audit: the lines a reader follows from `RL.step` through Alg. 2 (the RL class, grpo.py,
-  curriculum.py), the files they are in, and the distribution code in them (collectives, gathers, sharding and
+  buffer.py), the files they are in, and the distribution code in them (collectives, gathers, sharding and
   replication wrappers, in code: comments and docstrings aside);
 - the README's words; the options train.py's --help lists; the core's import edges into extensions/;
 - the largest cyclomatic complexity in the stage scripts (radon, when installed: a measuring tool, not a
   dependency, e.g. `python -m venv /tmp/radon && /tmp/radon/bin/pip install radon`, then `--radon
   /tmp/radon/bin/radon`).
 
-    python benchmarks/layout_targets.py [--radon PATH]      # the figures (and, with radon, the complexity)
-    python benchmarks/layout_targets.py --lines             # the core's files and their lines
-    python benchmarks/layout_targets.py --complexity        # the complexity line alone
+    python tools/layout_targets.py [--radon PATH]      # the figures (and, with radon, the complexity)
+    python tools/layout_targets.py --lines             # the core's files and their lines
+    python tools/layout_targets.py --complexity        # the complexity line alone
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-STAGES = ("perturb.py", "curriculum.py", "grpo.py", "judge.py", "train.py", "eval_pvrbench.py")
+STAGES = ("perturb.py", "buffer.py", "grpo.py", "judge.py", "train.py", "eval_pvrbench.py")
 # what a reader of one RL step follows (the RL class's phases, the equations, the curriculum)
-AUDIT = ("train.py:RL", "grpo.py", "curriculum.py")
+AUDIT = ("train.py:RL", "grpo.py", "buffer.py")
 # distribution code: collectives, process-group calls, sharding and replication wrappers (in code, not in comments
 # or docstrings; a rank's own data shard and seed are data, not distribution)
 DISTRIBUTION = re.compile(r"torch\.distributed|\bdist\.|\bparallel\.|all_reduce|all_gather|all_sum|gathered|"
@@ -47,8 +47,8 @@ def project_files():
 
 
 def core_files():
-    """The stage scripts and the package beneath them, its sub-packages included (extensions, tests and benchmarks
-    excluded)."""
+    """The stage scripts and the package beneath them, its sub-packages included (extensions, tests and the
+    scripts of benchmarks/, experiments/, checks/ and tools/ excluded)."""
     return [p for p in project_files() if p.parent == ROOT or p.relative_to(ROOT).parts[0] == "machinery"]
 
 

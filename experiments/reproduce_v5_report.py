@@ -1,5 +1,5 @@
-"""Reproduction v5's claims, decided by the rules committed before its first run (docs/results/v5-rules.md), and its
-section of docs/RESULTS.md. Reads the summary (docs/results/v5.json) only; runs nothing.
+"""Reproduction v5's claims, decided by the rules committed before its first run (experiments/results/v5-rules.md), and its
+section of docs/RESULTS.md. Reads the summary (experiments/results/v5.json) only; runs nothing.
 
 Every claim predicts a positive difference "a - b" over the seeds both rows ran, paired by seed and by clip
 (measure_v5's per-clip Table 2 figures), with powered.two_way_se's standard error. The primary claim is tested
@@ -34,7 +34,7 @@ SECONDARY = (
 KEEP_MARGIN, SHARE_LIMIT = 0.02, 0.10
 FILL_ROUNDS_RUN = 4   # reproduce_v5.RL_PINS: the fill-up v5's ROVA steps ran with
 # Table 13 as App. G defines it (fill_rounds 0), on v5's start and toy: writes `cost_app_g` (benchmarks/bench_step.py)
-APP_G_COMMAND = "python benchmarks/bench_step.py --v5 --steps 40 --repeats 5 --write docs/results/v5.json"
+APP_G_COMMAND = "python benchmarks/bench_step.py --v5 --steps 40 --repeats 5 --write experiments/results/v5.json"
 # Claims whose measurement cannot decide them, whatever the rule says (the rule's verdicts stay beside the label).
 # v5's ROVA step drew from the stream until batch_size samples were selected (fill_rounds 4): it rolled out about
 # N / rho samples and trained N, where App. G's step (Eq. 13) rolls out N and trains rho N. Against a dual step,
@@ -156,8 +156,8 @@ def _f(x, digits=3, sign=False):
 def render(summary):
     """The marked section of docs/RESULTS.md."""
     s, lines = summary, []
-    lines += [f"Measured by `{s['command']}` ({s.get('date', '?')}); rules: docs/results/v5-rules.md at commit "
-              f"{(s.get('rules_commit') or '?')[:12]}; summary: docs/results/v5.json; stage time so far "
+    lines += [f"Measured by `{s['command']}` ({s.get('date', '?')}); rules: experiments/results/v5-rules.md at commit "
+              f"{(s.get('rules_commit') or '?')[:12]}; summary: experiments/results/v5.json; stage time so far "
               f"{s.get('wall_s', 0) / 3600:.2f} h.", ""]
     if s.get("start"):
         st = s["start"]
@@ -219,7 +219,7 @@ def _fresh_rho_lines(s):
            f"{statistics.fmean(fresh):.3f} ({min(fresh):.3f}-{max(fresh):.3f} over {len(fresh)} seeds) against the "
            f"{statistics.fmean(recorded):.3f} recorded (seed 0: {fresh_rho(rova[0]):.3f} against {rova[0]['rho']:.3f}; "
            "(trained - promoted) / (seen - promoted), every promotion trained). The windows cannot be recomputed: "
-           "docs/results/v5.json holds each window's shares, not its promotions, and the runs' logs were not kept."]
+           "experiments/results/v5.json holds each window's shares, not its promotions, and the runs' logs were not kept."]
     random = {r["seed"]: r for r in rows_of(s, "rova-random")}
     pairs = [(fresh_rho(r), r["rho"], fresh_rho(random[r["seed"]])) for r in rova if r["seed"] in random]
     if pairs:
@@ -284,7 +284,7 @@ def _unequal_work(s):
 
 def app_g_verdict(cost):
     """Table 13 from App. G's measurement: holds if ROVA's step is below dual's in every repeat, does not hold if
-    above in every repeat, else mixed (docs/results/v5-rules.md, "Added after the runs")."""
+    above in every repeat, else mixed (experiments/results/v5-rules.md, "Added after the runs")."""
     ratios = [r["rova_over_dual"] for r in cost["per_repeat"]]
     return "holds" if all(x < 1 for x in ratios) else "does not hold" if all(x > 1 for x in ratios) else "mixed"
 
@@ -306,8 +306,8 @@ def _table13(s):
     cost = s.get("cost_app_g")
     if not cost:
         return out + [f"As App. G defines it (fill_rounds 0): not measured yet. `{APP_G_COMMAND}`, then `python "
-                      "benchmarks/reproduce_v5.py --render`, measures it on v5's start and toy and writes `cost_app_g` "
-                      "into docs/results/v5.json; this row is then decided from it (holds if ROVA's step is below "
+                      "experiments/reproduce_v5.py --render`, measures it on v5's start and toy and writes `cost_app_g` "
+                      "into experiments/results/v5.json; this row is then decided from it (holds if ROVA's step is below "
                       "dual's in every repeat, does not hold if above in every repeat, else mixed) and Eq. 15's "
                       "predicted ratio from its measured rho and components stands beside it.", ""]
     sp = cost["spread"]
@@ -384,7 +384,7 @@ def _claims_table(s):
     if not s.get("claims"):
         return []
     rows = ["Each claim decided by the committed rule (p and MDE from the normal distribution, as pre-registered in "
-            "docs/results/v5-rules.md) and by Student's t with G - 1 degrees of freedom, G the number of seeds "
+            "experiments/results/v5-rules.md) and by Student's t with G - 1 degrees of freedom, G the number of seeds "
             "(Cameron and Miller 2015; added after the runs, the same data and the same decision rule):", "",
             "| claim | difference ± SE | seeds (df) | MDE: normal / t | p (Holm): normal, pre-registered | "
             "p (Holm): t, G - 1 df | verdict: normal, pre-registered | verdict: t, G - 1 df |",
@@ -423,7 +423,7 @@ def _changed(s):
         text += (f" The primary claim's MDE is {100 * primary['mde_t']:.1f} points with t, not "
                  f"{100 * primary['mde']:.1f}.")
     seeds = " or ".join(str(n) for n in sorted({c["seeds"] for c in claims}))
-    text += (" The committed rule (docs/results/v5-rules.md) took p and the MDE from the normal distribution, which is "
+    text += (" The committed rule (experiments/results/v5-rules.md) took p and the MDE from the normal distribution, which is "
              f"anti-conservative with this few clusters ({seeds} seeds): its p-values are too small and its MDEs too "
              "short. The pre-registered verdicts are kept as they came; the t column is the sound reading.")
     return [text]

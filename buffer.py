@@ -1,4 +1,5 @@
-"""ROVA's self-reflective, difficulty-aware curriculum, whole (Sec. 3.2, Eq. 3-6, Alg. 2 l.6-21, App. C.2).
+"""ROVA's self-reflective, difficulty-aware curriculum, whole: the self-assessment and the memory buffer
+(Sec. 3.2, Eq. 3-6, Alg. 2 l.6-21, App. C.2).
 
 1. Self-assessment (Eq. 3): (d, c) = F_theta(q, V', S_e). The policy answers the answerability prompt S_e
    (Fig. 10) on the perturbed video V'; c = its P(YES) from the next-token probabilities of YES and NO

@@ -4,7 +4,7 @@ torch backend of the corruption engine on CUDA against its OpenCV one, one FSDP2
 7B-wide Qwen2.5-VL (random weights; peak memory against memory.plan, seconds per step), and, where vLLM is
 installed, ROVA steps of a 7B-wide model with each rollout engine (hf, vllm: seconds per step and their ratio).
 
-    python benchmarks/gpu_check.py [--device cuda] [--json OUT.json]
+    python checks/gpu_check.py [--device cuda] [--json OUT.json]
 
 Each check prints one line, "ok" or "FAIL" with what it measured; the exit status is the number of
 failures. Nothing is downloaded (tiny models are built in a temporary folder, clips rendered in memory).
@@ -116,10 +116,9 @@ def fsdp_step(device, vlm_dir, layers=8, group_size=8, micro_batch_size=4, new_t
     def backward(part, denominator):
         r = rows[part]
         logp = policy.token_logprobs(model, out.row_inputs(r), out.completion_ids[r], out.completion_mask[r])
-        loss, _ = grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv[part].to(logp.device),
-                                 out.completion_mask[r].to(logp.device), beta=0.0, denominator=denominator,
-                                 world=parallel.world())
-        loss.backward()
+        mask = out.completion_mask[r].to(logp.device)
+        per_token, _ = grpo.token_losses(logp, logp.detach(), logp.detach(), adv[part].to(logp.device), mask, beta=0.0)
+        (grpo.agg_loss(per_token, mask, "sequence", denominator) * parallel.world()).backward()
 
     parallel.backward_micro_batches(len(rows), micro_batch_size, backward, device)
     torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)

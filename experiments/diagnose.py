@@ -1,7 +1,7 @@
 """What each training signal can teach a given policy: the rollout groups of RL's first steps, measured
 once, without training (the "find out why" of the CPU-scale reproduction, docs/RESULTS.md).
 
-    python benchmarks/diagnose.py --model runs/reproduce/sft/final --data runs/reproduce/sft/synthetic/train.json
+    python experiments/diagnose.py --model runs/reproduce/sft/final --data runs/reproduce/sft/synthetic/train.json
 
 For --samples training questions (seeded order; one corruption spec each from the dynamic protocol, as
 train.py draws them), G rollouts on the clean and G on the corrupted video at the training temperature,
@@ -25,11 +25,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import curriculum  # noqa: E402
+import buffer  # noqa: E402
 from machinery.datasets import answers, data  # noqa: E402
 import grpo  # noqa: E402
 import judge as judges  # noqa: E402
@@ -40,7 +40,7 @@ from machinery import video  # noqa: E402
 
 
 def parse_args(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--model", required=True, help="policy checkpoint (the state RL starts from)")
     a("--data", required=True, help="Video-R1 JSON of the training questions, or a VSI-Bench-format .jsonl (the "
@@ -107,22 +107,22 @@ def measure(args):
                                **gen)
         pert = policy.rollout(model, processor, policy.make_inputs(processor, prompts, [b[3] for b in batch]), n=G,
                               **gen)
-        questions = curriculum.answerability_messages([data.question_text(b[0]) for b in batch])
+        questions = buffer.answerability_messages([data.question_text(b[0]) for b in batch])
         asked = policy.make_inputs(processor, questions, [b[3] for b in batch])
-        conf = curriculum.answerability(model, asked, policy.tokenizer_of(processor))
+        conf = buffer.answerability(model, asked, policy.tokenizer_of(processor))
         for k, (s, spec, _, _) in enumerate(batch):
             ct, pt = clean.texts[k * G:(k + 1) * G], pert.texts[k * G:(k + 1) * G]
             acc_c = [grpo.accuracy_reward(t, s.answer, s.problem_type, s.source) for t in ct]
             rew, comp = grpo.total_reward(pt, s.answer, s.problem_type, reference_texts=ct, judge=judge,
                                           alpha_r=args.alpha_r, alpha_a=args.alpha_a, source=s.source)
             base = [f + a for f, a in zip(comp["format"], comp["accuracy"])]
-            a = curriculum.self_assess(comp["accuracy"], conf[k], answers.each(pt, s), answers.each(ct, s),
+            a = buffer.self_assess(comp["accuracy"], conf[k], answers.each(pt, s), answers.each(ct, s),
                                    tau=args.tau, a_min=args.a_min, a_max=args.a_max,
                                    unanswerable_below=args.unanswerable_below)
             groups.append(dict(category=perturb.CATEGORY_OF[spec.subtype], subtype=spec.subtype, acc_clean=acc_c,
                                acc_pert=comp["accuracy"], r_align=comp["alignment"], base=base, total=rew,
                                c=conf[k], decision=a.decision,
-                               verdict=curriculum.self_assess_verdict(conf[k], tau=args.tau).decision))
+                               verdict=buffer.self_assess_verdict(conf[k], tau=args.tau).decision))
         print(f"{len(groups)}/{len(order)} samples", flush=True)
     return groups
 

@@ -2,14 +2,14 @@
 SFT start, and how far each figure moves when only the run's randomness changes (a stand-in for another CPU's float
 rounding, which sends the same seed down another path).
 
-    python benchmarks/demo_spread.py --out runs/demo_spread [--seeds 0,1,2,3,4] [--modes rova,grpo] [--write]
+    python experiments/demo_spread.py --out runs/demo_spread [--seeds 0,1,2,3,4] [--modes rova,grpo] [--write]
 
 For each seed and mode: ``python train.py --out OUT/<mode>/seed<K> --seed K --mode <mode>`` (the demo: SFT, then RL,
 then the before/after check), then ``python eval_pvrbench.py`` on its final weights and its benchmark. Both modes of a
 seed run the same SFT (the same seed, data and weights: the tiny model and the synthetic benchmark are built once and
 copied), and the script stops if their after-SFT figures differ. A run whose training and evaluation are done is
 skipped, so the command resumes. Prints each figure per seed and mode and their ranges; ``--write`` puts them into
-docs/results/demo_range.json (the README's ranges), with the work each run did (steps, optimiser updates, samples
+experiments/results/demo_range.json (the README's ranges), with the work each run did (steps, optimiser updates, samples
 rolled out and trained, rollouts).
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from machinery import runtime  # noqa: E402
+from machinery import hub  # noqa: E402
 from machinery.training import report  # noqa: E402
 
-DEMO_RANGE = ROOT / "docs" / "results" / "demo_range.json"
+DEMO_RANGE = ROOT / "experiments" / "results" / "demo_range.json"
 STAGES = (("after SFT", "after_sft"), ("after RL", "after"))
 MODES = ("rova", "grpo")
 
@@ -118,7 +118,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="a folder for the runs (kept: the command resumes from it)")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--modes", default=",".join(MODES), help="train.py modes, each from the same SFT start per seed")
-    ap.add_argument("--write", action="store_true", help="write the figures to docs/results/demo_range.json")
+    ap.add_argument("--write", action="store_true", help="write the figures to experiments/results/demo_range.json")
     args = ap.parse_args(argv)
     out, seeds, modes = Path(args.out), [int(s) for s in args.seeds.split(",")], args.modes.split(",")
     out.mkdir(parents=True, exist_ok=True)
@@ -135,12 +135,12 @@ def main(argv=None):
     print(f"{wall:.0f} s")
     if args.write:
         record = {"about": "the CPU demo over seeds, each mode from the same SFT start per seed "
-                           "(benchmarks/demo_spread.py)", "command": "python benchmarks/demo_spread.py " +
+                           "(experiments/demo_spread.py)", "command": "python experiments/demo_spread.py " +
                   shlex.join(argv if argv is not None else sys.argv[1:]), "seeds": seeds, "families": families,
                   "modes": {m: {"per_seed": {str(s): per_mode[m][s] | {"work": works[m][s]} for s in seeds},
                                 "ranges": ranges[m]} for m in modes},
                   "wall_s": sum(w["wall_s"] or 0 for m in modes for w in works[m].values()),
-                  "date": time.strftime("%Y-%m-%d"), "git_commit": runtime.versions().get("git_commit")}
+                  "date": time.strftime("%Y-%m-%d"), "git_commit": hub.versions().get("git_commit")}
         DEMO_RANGE.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {DEMO_RANGE.relative_to(ROOT)}")   # no machine path in the recorded figure
 

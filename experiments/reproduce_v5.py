@@ -1,16 +1,16 @@
 """The paper's claims at CPU scale, version 5: the curriculum at the paper's operating point (Table 12), every step
 an optimiser update, RL that moves the model, and the primary claim (ROVA against naive dual-branch, Table 3)
-decided by a test whose rules were committed before the first run (docs/results/v5-rules.md; its commit is
-written into the summary). Everything measured goes to docs/results/v5.json, rewritten after every stage.
+decided by a test whose rules were committed before the first run (experiments/results/v5-rules.md; its commit is
+written into the summary). Everything measured goes to experiments/results/v5.json, rewritten after every stage.
 
-    python benchmarks/reproduce_v5.py --chunk-minutes 90    # one chunk; the same command continues
-    python benchmarks/reproduce_v5.py --quick --out /tmp/r5 --summary /tmp/r5/v5.json   # the pipeline in minutes
-    python benchmarks/reproduce_v5.py --render       # docs/RESULTS.md's section again from the summary alone
-    python benchmarks/reproduce_v5.py --claims       # the claims again from the summary's data, then --render
+    python experiments/reproduce_v5.py --chunk-minutes 90    # one chunk; the same command continues
+    python experiments/reproduce_v5.py --quick --out /tmp/r5 --summary /tmp/r5/v5.json   # the pipeline in minutes
+    python experiments/reproduce_v5.py --render       # docs/RESULTS.md's section again from the summary alone
+    python experiments/reproduce_v5.py --claims       # the claims again from the summary's data, then --render
 
 Stages, in order; each is skipped when the summary already records it, so a chunk on a fresh machine (the
 working folder gone) continues where the last one stopped. The start's weights are saved beside the summary
-(docs/results/v5-start) so that runs recorded on another machine keep their start.
+(experiments/results/v5-start) so that runs recorded on another machine keep their start.
 
 1. start: `python train.py --rl-steps 0` on the toy (TOY: the next-action questions, turns down to slight ones,
    photometric jitter), evaluated on the reported questions and on the validation split (another seed's clips).
@@ -36,14 +36,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 import measure_v5 as measure  # noqa: E402
 import powered  # noqa: E402
 import reproduce as v4  # noqa: E402  (Stages, flags, write_json, the weights' and data's hashes)
 import reproduce_v5_report as report  # noqa: E402
 from machinery.datasets import synthetic  # noqa: E402
 
-RULES_FILES = ("docs/results/v5-rules.md", "benchmarks/powered.py", "benchmarks/reproduce_v5_report.py")
+RULES_FILES = ("experiments/results/v5-rules.md", "experiments/powered.py", "experiments/reproduce_v5_report.py")
 MAIN = ("rova", "dual", "grpo", "grpo-aug")
 # Each changes one thing of `rova` (Table 13's rows, Fig. 5a, Fig. 4c, App. H.1). "w/o self-assessment" is `dual`:
 # with nothing assessed, nothing is discarded or deferred, the buffer stays empty, and the run is dual's.
@@ -53,7 +53,7 @@ ABLATIONS = {
     "rova-random": ("rova", {"assess": "random"}),                   # discards at random, at its seed's rova rho
     "rova+h1": ("rova", {"advantage": "per_component"}),             # App. H.1's per-component advantages
 }
-# The toy, calibrated on the validation split (docs/results/v5-rules.md, "The toy"): the etas are calibrate_toy.py's
+# The toy, calibrated on the validation split (experiments/results/v5-rules.md, "The toy"): the etas are calibrate_toy.py's
 # rule applied there.
 TOY = dict(demo_families="next_action", sft_jitter=0.15, demo_turn="0.005,0.05", demo_clips=480, sft_epochs=20.0,
            eta="0.7,dusk=1,night=0.35,overexposure=0.35,shadow=0.85,translation=0.85,zoom=1,rotation=1,static=1,"
@@ -77,7 +77,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--out", default="runs/reproduce-v5", help="working folder (every stage's output)")
-    a("--summary", default=str(ROOT / "docs" / "results" / "v5.json"), help="the machine-readable summary")
+    a("--summary", default=str(ROOT / "experiments" / "results" / "v5.json"), help="the machine-readable summary")
     a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose v5 section is rewritten")
     a("--chunk-minutes", type=float, default=90.0, help="start no stage after this many minutes (the same command "
       "continues)")
@@ -92,7 +92,7 @@ def parse_args(argv=None):
     a("--claims", action="store_true", help="run nothing: the claims (reproduce_v5_report.claims) again from the "
       "summary's data, written into --summary, then --render")
     args = ap.parse_args(argv)
-    args.command = " ".join(["python benchmarks/reproduce_v5.py", *(argv if argv is not None else sys.argv[1:])])
+    args.command = " ".join(["python experiments/reproduce_v5.py", *(argv if argv is not None else sys.argv[1:])])
     q = QUICK if args.quick else {}
     args.toy = dict(TOY, **{k: q[k] for k in ("demo_clips", "sft_epochs") if k in q})
     args.rl = dict(RL, **q.get("rl", {}))

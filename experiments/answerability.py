@@ -1,9 +1,9 @@
 """Is the policy's answerability confidence c (Eq. 3, Fig. 10) informative? Held-out questions, each clean and
 under one corruption (PVRBench's static protocol, the subtypes in turn), scored two ways by the same model:
-c = P(YES) on Fig. 10's prompt (one forward, curriculum.answerability) and the greedy answer's score.
+c = P(YES) on Fig. 10's prompt (one forward, buffer.answerability) and the greedy answer's score.
 
-    python benchmarks/answerability.py --model runs/rova/final        # the demo checkpoint, its benchmark
-    python benchmarks/answerability.py --model OUT/final --benchmark runs/rova/synthetic --limit 120
+    python experiments/answerability.py --model runs/rova/final        # the demo checkpoint, its benchmark
+    python experiments/answerability.py --model OUT/final --benchmark runs/rova/synthetic --limit 120
 
 Prints c's spread (mean, std, min, max; App. C.2's verdict rule needs c to cross 0.5 and tau), the share
 judged YES, the Pearson correlation of c with the answer's score (all clips, and corrupted clips only), and
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import runtime  # noqa: E402,F401 - before torch: the OpenMP wait policy (runtime.GOMP_SPINCOUNT)
+from machinery import cli  # noqa: E402,F401 - before torch: the OpenMP wait policy (cli.GOMP_SPINCOUNT)
 import numpy as np  # noqa: E402
 
-import curriculum  # noqa: E402
+import buffer  # noqa: E402
 from machinery.datasets import answers, data  # noqa: E402
 import perturb  # noqa: E402
 from machinery import video  # noqa: E402
@@ -43,9 +43,9 @@ def measure(model, processor, samples, frames, max_pixels, batch_size=16, max_ne
     for i in range(0, len(views), batch_size):
         part = views[i:i + batch_size]
         clips = [v for _, v, _ in part]
-        messages = curriculum.answerability_messages([data.question_text(s) for s, _, _ in part])
+        messages = buffer.answerability_messages([data.question_text(s) for s, _, _ in part])
         ask = policy.make_inputs(processor, messages, clips, fps=2.0)
-        c = curriculum.answerability(model, ask, tok)
+        c = buffer.answerability(model, ask, tok)
         inputs = policy.make_inputs(processor, [data.build_messages(s) for s, _, _ in part], clips, fps=2.0)
         texts = policy.rollout(model, processor, inputs, n=1, max_new_tokens=max_new_tokens, do_sample=False).texts
         out += [(ci, answers.score_sample(t, s), corrupted) for ci, t, (s, _, corrupted) in zip(c, texts, part)]
@@ -53,7 +53,7 @@ def measure(model, processor, samples, frames, max_pixels, batch_size=16, max_ne
 
 
 def main(argv=None):
-    ap = runtime.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = cli.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="runs/rova/final")
     ap.add_argument("--benchmark", default="runs/rova/synthetic", help="a folder with eval.jsonl and videos/ "
                     "(the synthetic benchmark: its held-out questions)")

@@ -9,8 +9,8 @@ clips exactly as PVRBench's static protocol corrupts them (perturb.static_spec, 
   >= 0.9) and its accuracy, whose drop per category relative to the clean clips should fall in Table 2's range
   (15-45% for Qwen2.5-VL-7B).
 
-    python benchmarks/calibrate_toy.py --bench runs/rova/synthetic --etas 0.3,0.5,0.7
-    python benchmarks/calibrate_toy.py --bench B --model runs/reproduce/sft/final --etas 0.5,0.7
+    python experiments/calibrate_toy.py --bench runs/rova/synthetic --etas 0.3,0.5,0.7
+    python experiments/calibrate_toy.py --bench B --model runs/reproduce/sft/final --etas 0.5,0.7
 
 Prints one row per (subtype, eta) and writes --out (JSON; a rerun on the same benchmark reuses its oracle
 scores). The model half runs eval_pvrbench.py (one evaluation per eta, --assign all; a rerun reuses the
@@ -224,7 +224,7 @@ def report(oracle, model, chosen, etas, subtypes, tasks, args):
         row = table[f"{sub}@{eta:g}"]
         return row[key] if key else np.mean([row[t] for t in tasks if t in row])
 
-    L = [f"Measured by `python benchmarks/calibrate_toy.py --bench {args.bench} --model {args.model} --etas "
+    L = [f"Measured by `python experiments/calibrate_toy.py --bench {args.bench} --model {args.model} --etas "
          f"{args.etas} --tasks {args.tasks}` on the {', '.join(tasks)} questions ({len(subtypes)} subtypes, each "
          f"held-out question under each; the start's clean accuracy {clean:.3f}, the oracle's "
          f"{np.mean([oracle['clean'][t] for t in tasks]):.3f}). The rule, fixed before measuring: per subtype the "
@@ -285,7 +285,7 @@ def main(argv=None):
         text = report(table, model, chosen, etas, subtypes, tasks, args)
         print(text)
         if args.results:
-            sys.path.insert(0, str(ROOT / "benchmarks"))
+            sys.path.insert(0, str(ROOT / "experiments"))
             from reproduce import write_marked
             write_marked(Path(args.results), text, "<!-- calibration:begin -->", "<!-- calibration:end -->")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Contact sheets of the corruption engine on real photographs and on the procedural street clip.
 
-    python benchmarks/contact_sheet.py --sheet photo  --out docs/img/contact_photo.png
-    python benchmarks/contact_sheet.py --sheet street --out docs/img/contact_street.png
-    python benchmarks/contact_sheet.py --sheet photo --engine /tmp/before-wt/perturb.py --out before.png
+    python experiments/contact_sheet.py --sheet photo  --out docs/img/contact_photo.png
+    python experiments/contact_sheet.py --sheet street --out docs/img/contact_street.png
+    python experiments/contact_sheet.py --sheet photo --engine /tmp/before-wt/perturb.py --out before.png
 
 A sheet is one section per (clip, eta). A section shows the clip's middle frame clean, the depth the
 engine used (dark = near, bright = far: the clip's true depth, normalised as the engine does, or its depth
@@ -23,7 +23,6 @@ no download; the engine's depth proxy, as a real video gets); `closeup` = the sa
 pictures); the clips always come from this checkout's synthetic.py.
 """
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -31,7 +30,8 @@ import cv2
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+from bench_perturb import load_engine  # noqa: E402  (another checkout's engine, by path)
 from machinery.datasets import synthetic  # noqa: E402
 
 SHEETS = {"photo": ("rocket", "camera"), "street": ("street", "street-proxy"),
@@ -40,28 +40,6 @@ SCENE_OF = {"sky": "street", "close-up": "indoor", "top-down": "aerial"}  # a ph
 CLIPS = (*synthetic.PHOTO_KINDS, "street", "street-proxy")
 OLD_STYLES = {"static": ("object", "smear"), "dynamic": ("pedestrian", "vehicle")}  # an engine before scene kinds
 LABEL_H, TITLE_H, COLS = 16, 20, 9
-
-
-def load_engine(path):
-    """perturb.py from this checkout, or the perturb.py at `path` with the machinery beside it (another checkout's
-    engine: its kernels, scene and occluders too, not this checkout's), imported apart from this checkout's
-    modules, which are put back afterwards."""
-    if not path:
-        import perturb
-        return perturb
-    ours = {k: sys.modules.pop(k) for k in list(sys.modules) if k == "perturb" or k.split(".")[0] == "machinery"}
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    try:
-        spec = importlib.util.spec_from_file_location("perturb", os.path.abspath(path))
-        engine = importlib.util.module_from_spec(spec)
-        sys.modules["perturb"] = engine  # dataclasses look their module up
-        spec.loader.exec_module(engine)
-    finally:
-        sys.path.pop(0)
-        for k in [k for k in sys.modules if k == "perturb" or k.split(".")[0] == "machinery"]:
-            del sys.modules[k]
-        sys.modules.update(ours)
-    return engine
 
 
 def make_clip(name, frames, size):

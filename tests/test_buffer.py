@@ -1,10 +1,10 @@
-"""curriculum.py's memory buffer against Alg. 2 l.12-21 and Eq. 4-6, with scripted re-assessments."""
+"""buffer.py's memory buffer against Alg. 2 l.12-21 and Eq. 4-6, with scripted re-assessments."""
 import json
 
 import pytest
 
 import perturb
-from curriculum import LABELS, MemoryBuffer
+from buffer import LABELS, MemoryBuffer
 
 
 def spec(i):
@@ -159,7 +159,7 @@ def test_batched_reevaluation_evicts_only_the_failing_entries(caplog):
 def test_random_discarding_trains_its_share_reproducibly():
     """Fig. 4c's control: a sample is trained with probability `keep` whatever its difficulty, the same draw for
     the same key (its spec's seed)."""
-    from curriculum import self_assess_random
+    from buffer import self_assess_random
     first = [self_assess_random(k, 0.87) for k in range(2000)]
     assert [a.decision for a in first] == [self_assess_random(k, 0.87).decision for k in range(2000)]
     assert {a.decision for a in first} == {"train", "discard"}

@@ -3,11 +3,11 @@ toy whose corruptions degrade its answers instead of breaking its text, an RL le
 before the runs on a validation set, then SFT / standard GRPO / GRPO on corrupted clips / naive dual-branch / ROVA
 over five seeds and ROVA's ablations over three, each evaluated on PVRBench's static protocol of the synthetic
 benchmark, the step cost, and each claim's verdict by its stated rule. Everything measured goes to
-docs/results/v4.json (rewritten after every stage, so a stopped reproduction leaves its finished part there) and
+experiments/results/v4.json (rewritten after every stage, so a stopped reproduction leaves its finished part there) and
 is rendered into docs/RESULTS.md.
 
-    python benchmarks/reproduce.py                 # about 5 hours on a 2-core laptop
-    python benchmarks/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md --summary /tmp/r/v4.json
+    python experiments/reproduce.py                 # about 5 hours on a 2-core laptop
+    python experiments/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md --summary /tmp/r/v4.json
 
 Every stage is one of the project's own commands (printed, and listed in the results), run as a subprocess; a
 stage whose output exists is skipped, an interrupted training run resumes from its last checkpoint (--resume
@@ -17,7 +17,7 @@ auto), an interrupted evaluation from its sample store: the same command continu
    task SFT with a photometric jitter of its clips, and the answerability warm-up at App. D's eta), on the toy's
    question families (TOY["families"]),
    evaluated at the toy's corruption intensities (TOY["eta"], calibrated on this start by
-   benchmarks/calibrate_toy.py). The gate: every task's clean
+   experiments/calibrate_toy.py). The gate: every task's clean
    accuracy above its best constant answer by more than 2 SE (diagnostics.py). A start that fails it stops the
    reproduction (RL from a model that does not use the video cannot test the paper).
 2. Budget: `--mode grpo-aug --seed 0` at each of --lrs in ascending order, evaluated on a validation benchmark
@@ -39,7 +39,7 @@ rows): a tiny text-only LM (`python -m extensions.embodied_r.train`) that reads 
 clean or corrupted video (`--perceiver`, default cv), trained and evaluated from its own SFT checkpoint; its
 tables go between `<!-- reproduce-text:begin -->` and `<!-- reproduce-text:end -->`.
 
-    python benchmarks/reproduce.py --policy text --modes grpo,rova --out runs/reproduce-text
+    python experiments/reproduce.py --policy text --modes grpo,rova --out runs/reproduce-text
 """
 import argparse
 import dataclasses
@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]
 from machinery.datasets import synthetic  # noqa: E402
 import train  # noqa: E402  (its modes and the CPU demo's settings)
 from reproduce_report import (BEGIN, CATEGORIES, COMPARED, END, RULES, claims, fmt, mean_sd, paired,  # noqa: E402, F401
@@ -78,7 +78,7 @@ ROWS = {**MAIN, **ABLATIONS}
 RL_FLAGS = dict(frames=8, max_pixels=56 * 56, lr=3e-5, rl_steps=100, batch_size=4, group_size=8, max_new_tokens=64,
                 reeval_period=10, unanswerable_below=0.0, video_cache=4096)
 RL_FLAGS.update(save_every=25, snapshot_every=10)
-# The toy (benchmarks/calibrate_toy.py): the question families the tiny model learns from the demo's data (its
+# The toy (experiments/calibrate_toy.py): the question families the tiny model learns from the demo's data (its
 # 10-epoch SFT answers the others no better than their best constant); a photometric jitter of the SFT clips
 # (without it an 8-grey-level brightening breaks the tiny model's text: format rate .07 under overexposure at
 # eta 0.05); and per-subtype intensities at which an oracle still answers, the SFT start keeps its answer format
@@ -99,7 +99,7 @@ def parse_args(argv=None):
     a = ap.add_argument
     a("--out", default="runs/reproduce", help="working folder (every stage's output)")
     a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose marked section is rewritten")
-    a("--summary", default=str(ROOT / "docs" / "results" / "v4.json"), help="the machine-readable summary")
+    a("--summary", default=str(ROOT / "experiments" / "results" / "v4.json"), help="the machine-readable summary")
     a("--seeds", default="0,1,2,3,4", help="RL seeds of the main rows (comma list)")
     a("--ablation-seeds", default="0,1,2", help="RL seeds of the ablation rows (comma list; empty: none)")
     a("--modes", default=None, help="comma list of rows (" + ", ".join(ROWS) + "); default all of them "
@@ -125,9 +125,9 @@ def parse_args(argv=None):
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing (no gate)")
     a("--render", action="store_true", help="run nothing: the claims and the results page again from --summary")
     a("--print", action="store_true", help="with --render: print the page's section instead of writing the files "
-      "(benchmarks/figures.py checks docs/RESULTS.md against it)")
+      "(tools/figures.py checks docs/RESULTS.md against it)")
     args = ap.parse_args(argv)
-    args.command = " ".join(["python benchmarks/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
+    args.command = " ".join(["python experiments/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
     args.sft_epochs = VLM["sft_epochs"] if args.sft_epochs is None else args.sft_epochs
     args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps or VLM["rl_steps"], eta=args.eta)
     if args.smoke:
@@ -264,7 +264,7 @@ def paired_gain(after, before):
 
 class Reproduction:
     """The stages of one reproduction (see the module's docstring), in order; each knows its output. After
-    every stage the summary (docs/results/v4.json) and the results page are written again."""
+    every stage the summary (experiments/results/v4.json) and the results page are written again."""
 
     def __init__(self, args):
         self.args, self.out, self.py = args, Path(args.out).resolve(), sys.executable
@@ -272,7 +272,7 @@ class Reproduction:
         self.text = args.policy == "text"
         self.sft = self.out / "sft"
         self.synth, self.start, self.val = self.sft / "synthetic", self.sft / "final", self.out / "validation"
-        self.saved_start = Path(args.summary).with_name(Path(args.summary).stem + "-start")   # docs/results/v4-start
+        self.saved_start = Path(args.summary).with_name(Path(args.summary).stem + "-start")   # experiments/results/v4-start
         self.cache = (["--perceiver", args.perceiver, "--perception-cache", str(self.out / "perception_cache.sqlite")]
                       if self.text else [])
         self.trainer = [self.py, "-m", "extensions.embodied_r.train"] if self.text else [self.py, "train.py"]
@@ -572,7 +572,7 @@ def weights_hash(model_dir):
 
 def data_hash(bench):
     """A synthetic benchmark's question files (its videos are rendered from the same seeds)."""
-    return files_hash(Path(bench) / name for name in ("train.json", "eval.jsonl"))
+    return synthetic.questions_hash(bench)
 
 
 def rl_records(run):

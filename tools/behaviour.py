@@ -6,10 +6,10 @@
 - eval_pvrbench.py's outputs and scores on the synthetic benchmark (reason and official styles);
 - perturb.apply on the built-in clip for every subtype of the protocols at three intensities.
 
-    python benchmarks/behaviour.py --out runs/behaviour                           # print the hashes
-    python benchmarks/behaviour.py --write docs/results/behaviour-before.json     # record them (before a refactor)
-    python benchmarks/behaviour.py --check docs/results/behaviour-before.json     # compare (after it)
-    python benchmarks/behaviour.py --demo OUT --check docs/results/behaviour-before.json
+    python tools/behaviour.py --out runs/behaviour                           # print the hashes
+    python tools/behaviour.py --write tools/behaviour-reference.json         # record them (before a refactor)
+    python tools/behaviour.py --check tools/behaviour-reference.json         # compare (after it)
+    python tools/behaviour.py --demo OUT --check tools/behaviour-reference.json
         # a finished CPU demo (`python train.py --out OUT`, ~9 min): its final weights and before/after table
 
 Float kernels differ between CPUs, so a recorded file is compared on the machine (and library versions) that
@@ -30,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-START = ROOT / "docs" / "results" / "v4-start"  # reproduction v4's SFT start: it answers, so rewards vary
+START = ROOT / "experiments" / "results" / "v4-start"  # reproduction v4's SFT start: it answers, so rewards vary
 RUN = ["--frames", "8", "--max-pixels", str(56 * 56), "--sft-epochs", "0.5", "--sft-batch-size", "4", "--rl-steps",
        "4", "--batch-size", "2", "--group-size", "4", "--max-new-tokens", "64", "--save-every", "2", "--seed", "3",
        "--reeval-period", "1", "--lr", "1e-4", "--sft-lr", "1e-4"]
