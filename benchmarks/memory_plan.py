@@ -3,7 +3,7 @@
     python benchmarks/memory_plan.py --model qwen2.5-vl-7b --mode fsdp --gpus 4     # App. D: 4xA100-80GB
     python benchmarks/memory_plan.py --model qwen2.5-vl-7b --mode lora --micro-batch-size 4
     python benchmarks/memory_plan.py --model /path/to/checkpoint --mode qlora       # its config.json, read offline
-    python benchmarks/memory_plan.py --all         # docs/MEASURED.md's table: FSDP2 on 4 and 8 GPUs, LoRA, QLoRA
+    python benchmarks/memory_plan.py --all         # docs/PERFORMANCE.md's table: FSDP2 on 4 and 8 GPUs, LoRA, QLoRA
     python benchmarks/memory_plan.py --validate    # the accounting against a measured CPU update (~10 s)
 
 A plan prints a table of the parts (weights, gradients, AdamW states, the reference model, the generate call's
@@ -208,7 +208,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-reference", action="store_true", help="beta = 0: the reference model is not loaded")
     ap.add_argument("--no-gradient-checkpointing", action="store_true")
     ap.add_argument("--gpu-gib", type=float, default=80.0, help="memory of one GPU (A100-80GB: 80)")
-    ap.add_argument("--all", action="store_true", help="docs/MEASURED.md's table (other flags but --gpu-gib ignored)")
+    ap.add_argument("--all", action="store_true", help="docs/PERFORMANCE.md's table (other flags but --gpu-gib ignored)")
     ap.add_argument("--validate", action="store_true", help="measure a CPU update and compare (about 10 s)")
     cli.add_debug_flag(ap)
     return ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """The CPU demo's figures: `python train.py --out OUT/rova` from a fresh folder (or `--run`, a finished demo run, e.g.
 demo_spread.py's seed 0: `python train.py --seed 0` is the demo), then `python eval_pvrbench.py` on its final weights
 and its synthetic benchmark; prints the demo's before/after table and its curriculum windows, then the evaluation's
-Table 2 row with its legend and collapse warning (docs/MEASURED.md shows both: tools/figures.py's `demo` block).
+Table 2 row with its legend and collapse warning (docs/RESULTS.md's demo-spread block shows seed 0's among the others).
 
     python experiments/demo_figures.py --out /tmp/demo     # ~10 minutes on 2 cores
     python experiments/demo_figures.py --out /tmp/demo --run runs/demo_spread/rova/seed0   # ~30 s

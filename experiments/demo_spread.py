@@ -9,7 +9,7 @@ then the before/after check), then ``python eval_pvrbench.py`` on its final weig
 seed run the same SFT (the same seed, data and weights: the tiny model and the synthetic benchmark are built once and
 copied), and the script stops if their after-SFT figures differ. A run whose training and evaluation are done is
 skipped, so the command resumes. Prints each figure per seed and mode and their ranges; ``--write`` puts them into
-experiments/results/demo_range.json (the README's ranges), with the work each run did (steps, optimiser updates, samples
+experiments/results/demo_range.json (docs/RESULTS.md, "The demo", shows them), with the work each run did (steps, optimiser updates, samples
 rolled out and trained, rollouts).
 """
 from __future__ import annotations

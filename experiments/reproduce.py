@@ -4,7 +4,7 @@ before the runs on a validation set, then SFT / standard GRPO / GRPO on corrupte
 over five seeds and ROVA's ablations over three, each evaluated on PVRBench's static protocol of the synthetic
 benchmark, the step cost, and each claim's verdict by its stated rule. Everything measured goes to
 experiments/results/v4.json (rewritten after every stage, so a stopped reproduction leaves its finished part there) and
-is rendered into docs/RESULTS.md.
+is rendered into OUT/RESULTS.md (docs/RESULTS.md holds the current reproduction, v5; v4's page is in git history).
 
     python experiments/reproduce.py                 # about 5 hours on a 2-core laptop
     python experiments/reproduce.py --smoke --out /tmp/r --results /tmp/r/RESULTS.md --summary /tmp/r/v4.json
@@ -98,7 +98,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     a = ap.add_argument
     a("--out", default="runs/reproduce", help="working folder (every stage's output)")
-    a("--results", default=str(ROOT / "docs" / "RESULTS.md"), help="markdown file whose marked section is rewritten")
+    a("--results", default="", help="markdown file whose marked section is rewritten (default: OUT/RESULTS.md)")
     a("--summary", default=str(ROOT / "experiments" / "results" / "v4.json"), help="the machine-readable summary")
     a("--seeds", default="0,1,2,3,4", help="RL seeds of the main rows (comma list)")
     a("--ablation-seeds", default="0,1,2", help="RL seeds of the ablation rows (comma list; empty: none)")
@@ -124,9 +124,9 @@ def parse_args(argv=None):
     a("--perceiver", default="cv", help="--policy text: the perception model (hf:PATH | openai:MODEL | cv)")
     a("--smoke", action="store_true", help="tiny settings: checks the pipeline, measures nothing (no gate)")
     a("--render", action="store_true", help="run nothing: the claims and the results page again from --summary")
-    a("--print", action="store_true", help="with --render: print the page's section instead of writing the files "
-      "(tools/figures.py checks docs/RESULTS.md against it)")
+    a("--print", action="store_true", help="with --render: print the page's section instead of writing the files")
     args = ap.parse_args(argv)
+    args.results = args.results or str(Path(args.out) / "RESULTS.md")
     args.command = " ".join(["python experiments/reproduce.py", *(argv if argv is not None else sys.argv[1:])])
     args.sft_epochs = VLM["sft_epochs"] if args.sft_epochs is None else args.sft_epochs
     args.rl = dict(RL_FLAGS, rl_steps=args.rl_steps or VLM["rl_steps"], eta=args.eta)

@@ -14,14 +14,14 @@ those figures cannot go stale. A "recorded" block varies by machine or takes lon
 `--update NAME` runs its command once and writes the output into the page and into docs/figures/NAME.txt
 (with the commit and the date), and `--check` fails if the page's block differs from that file, so it always
 shows what the script printed, never a hand edit. A section a script writes into the page itself
-(docs/RESULTS.md's, from experiments/results/v4.json and v5.json) is a live block between that script's marks, unfenced.
+(docs/RESULTS.md's, from experiments/results/v5.json) is a live block between that script's marks, unfenced.
 
 A figure written outside the blocks (a duration, a size, a rate, a ratio such as 1.3x, a percentage) is a
 record of one day's measurement: `--check` also fails where one stands without its date (`undated`), in its
 own paragraph, in the paragraph that leads its list or table, or in its section's heading.
 
     python tools/figures.py --check            # tests/test_figures.py runs this
-    python tools/figures.py --update layout-targets memory-plan
+    python tools/figures.py --update layout-lines memory-plan
 """
 from __future__ import annotations
 
@@ -50,36 +50,31 @@ class Block:
 
 
 BLOCKS = {
-    "layout-targets": Block("docs/MEASURED.md", ("tools/layout_targets.py",), True),
     "layout-lines": Block("docs/DESIGN.md", ("tools/layout_targets.py", "--lines"), True),
-    "memory-plan": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--all"), True),
-    "memory-plan-7b": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--model", "qwen2.5-vl-7b", "--mode",
+    "memory-plan": Block("docs/PERFORMANCE.md", ("benchmarks/memory_plan.py", "--all"), True),
+    "memory-plan-7b": Block("docs/PERFORMANCE.md", ("benchmarks/memory_plan.py", "--model", "qwen2.5-vl-7b", "--mode",
                                                  "fsdp", "--gpus", "4"), True),
-    "memory-validate": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--validate"), False),
-    "synthetic-400": Block("docs/MEASURED.md", ("-m", "machinery.datasets.synthetic", "--out", "{tmp}/synthetic", "--n",
+    "memory-validate": Block("docs/PERFORMANCE.md", ("benchmarks/memory_plan.py", "--validate"), False),
+    "synthetic-400": Block("docs/DATA.md", ("-m", "machinery.datasets.synthetic", "--out", "{tmp}/synthetic", "--n",
                                                 "400", "--seed", "0"), False),
-    "test-count": Block("docs/MEASURED.md", ("-m", "pytest", "--collect-only", "-q"), True,
+    "test-count": Block("docs/PERFORMANCE.md", ("-m", "pytest", "--collect-only", "-q"), True,
                         keep=r"tests collected", drop=r" in [0-9.]+s"),
-    "demo": Block("docs/MEASURED.md", ("experiments/demo_figures.py", "--out", "{tmp}", "--run",
-                                       "runs/demo_spread/rova/seed0"), False),
-    "demo-spread": Block("docs/MEASURED.md", ("experiments/demo_spread.py", "--out", "runs/demo_spread", "--write"),
+    "demo-spread": Block("docs/RESULTS.md", ("experiments/demo_spread.py", "--out", "runs/demo_spread", "--write"),
                          False),
-    "demo-curves": Block("docs/MEASURED.md", ("experiments/demo_curves.py", "--write"), False),
-    "bench-perturb": Block("docs/MEASURED.md", ("benchmarks/bench_perturb.py",), False),
-    "bench-rollout": Block("docs/MEASURED.md", ("benchmarks/bench_rollout.py",), False),
-    "bench-depth": Block("docs/MEASURED.md", ("benchmarks/bench_depth.py",), False),
-    "bench-load": Block("docs/MEASURED.md", ("benchmarks/bench_load.py",), False),
-    "bench-eval": Block("docs/MEASURED.md", ("benchmarks/bench_eval.py", "--reason"), False),
-    "calibrate-judge": Block("docs/MEASURED.md", ("experiments/calibrate_judge.py",), False),
-    "layout-complexity": Block("docs/MEASURED.md", ("tools/layout_targets.py", "--complexity"), False),
-    "results-v4": Block("docs/RESULTS.md", ("experiments/reproduce.py", "--render", "--print"), True,
-                        marks=("<!-- reproduce:begin -->", "<!-- reproduce:end -->"), fence=False),
+    "demo-curves": Block("docs/RESULTS.md", ("experiments/demo_curves.py", "--write"), False),
+    "bench-perturb": Block("docs/PERFORMANCE.md", ("benchmarks/bench_perturb.py",), False),
+    "bench-rollout": Block("docs/PERFORMANCE.md", ("benchmarks/bench_rollout.py",), False),
+    "bench-depth": Block("docs/PERFORMANCE.md", ("benchmarks/bench_depth.py",), False),
+    "bench-load": Block("docs/PERFORMANCE.md", ("benchmarks/bench_load.py",), False),
+    "bench-eval": Block("docs/PERFORMANCE.md", ("benchmarks/bench_eval.py", "--reason"), False),
+    "calibrate-judge": Block("docs/PERFORMANCE.md", ("experiments/calibrate_judge.py",), False),
+    "layout-complexity": Block("docs/DESIGN.md", ("tools/layout_targets.py", "--complexity"), False),
     "results-v5": Block("docs/RESULTS.md", ("experiments/reproduce_v5.py", "--render", "--print"), True,
                         marks=("<!-- reproduce-v5:begin -->", "<!-- reproduce-v5:end -->"), fence=False),
-    "vllm-check": Block("docs/MEASURED.md", ("checks/vllm_check.py", "--out", "{tmp}/vllm_check"), False),
-    "bench-engine": Block("docs/MEASURED.md", ("benchmarks/bench_engine.py",), False,
+    "vllm-check": Block("docs/PERFORMANCE.md", ("checks/vllm_check.py", "--out", "{tmp}/vllm_check"), False),
+    "bench-engine": Block("docs/PERFORMANCE.md", ("benchmarks/bench_engine.py",), False,
                           keep=r"^(engine\s|hf\s|vllm\s+\d|rollouts_per_s)"),
-    "bench-engine-train": Block("docs/MEASURED.md", ("benchmarks/bench_engine.py", "--train"), False,
+    "bench-engine-train": Block("docs/PERFORMANCE.md", ("benchmarks/bench_engine.py", "--train"), False,
                                 keep=r"^((hf|vllm)\s+reward|train_reward)"),
 }
 

@@ -253,7 +253,7 @@ def synthetic_questions(rng, objects, visible, action, count_colour, slots):
 
 TURN = (0.035, 0.05)   # a turning clip's yaw rate, rad/frame, drawn uniformly in this range
 # The CPU demo's benchmark (train.DEMO renders it, eval_pvrbench.py's default builds it): make_synthetic's arguments.
-# The next action only (appearance order yields a question on about 1% of 8-frame clips; docs/MEASURED.md, "The
+# The next action only (appearance order yields a question on about 1% of 8-frame clips; docs/RESULTS.md, "The
 # demo"), with turns down to slight ones (0.005 rad/frame), which corruptions make hard to tell from going ahead.
 DEMO_BENCHMARK = dict(n=480, seed=0, num_frames=8, size=56, families=("next_action",), turn=(0.005, 0.05))
 # Its corruption intensities, per subtype (perturb.parse_eta's form): App. D's 0.7 where 8 frames of 56x56 keep the

@@ -175,7 +175,7 @@ RUN_FOLDERS = ("checkpoints", "reference", "final", "snapshots", "tensorboard") 
 # the confidence c of Eq. 3 means something; its verdict does not also veto (unanswerable_below 0). Then App. D's
 # 300 ROVA steps in App. G's order (each step assesses the batch_size samples it draws and trains those selected)
 # at lr 1e-4, re-evaluating the buffer every 10 steps, and the before/after check of every held-out question under
-# every subtype (eval_assign all). docs/MEASURED.md ("The demo") and experiments/demo_spread.py: its figures over
+# every subtype (eval_assign all). docs/RESULTS.md ("The demo") and experiments/demo_spread.py: its figures over
 # seeds, beside standard GRPO's.
 _BENCH = synthetic.DEMO_BENCHMARK
 DEMO = dict(frames=_BENCH["num_frames"], max_pixels=_BENCH["size"] ** 2, sft_epochs=20.0, sft_batch_size=16,
