@@ -85,7 +85,7 @@ def parse_args(argv=None):
     a("--hours", type=float, default=6.0, help="the whole reproduction's budget of stage time; after the pilot, "
       "the main rows get as many seeds as the rest affords (at least 2)")
     a("--figure", default=None, help="Fig. 4a's kind of chart, ROVA's discard rates per window (default "
-      "docs/figures/v5-curriculum.png; --quick: in OUT)")
+      "experiments/results/v5-curriculum.png; --quick: in OUT)")
     a("--quick", action="store_true", help="tiny settings: checks the pipeline, measures nothing")
     a("--render", action="store_true", help="run nothing: the results page's section again from --summary")
     a("--print", action="store_true", help="with --render: print the section instead of writing --results")
@@ -103,7 +103,7 @@ def parse_args(argv=None):
     args.max_seeds = q.get("max_seeds", args.max_seeds)
     args.main, args.ablations = q.get("main", MAIN), q.get("ablations", tuple(ABLATIONS))
     args.figure = args.figure or str(Path(args.out) / "v5-curriculum.png" if args.quick
-                                     else ROOT / "docs" / "figures" / "v5-curriculum.png")
+                                     else ROOT / "experiments" / "results" / "v5-curriculum.png")
     return args
 
 
