@@ -106,6 +106,9 @@ class Config(runs.RunConfig):
     beta: float = option(0.01, "KL coefficient of Eq. 7 (App. D: 0.01)", "RL")
     alpha_r: float = option(0.3, "reasoning-consistency weight of the alignment reward (App. D: 0.3)", "RL")
     alpha_a: float = option(0.7, "answer-consistency weight of the alignment reward (App. D: 0.7)", "RL")
+    w_format: float = option(1.0, "weight of the format reward (App. D: w_F = 1)", "RL")
+    w_acc: float = option(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)", "RL")
+    max_grad_norm: float = option(1.0, "gradient norm clip (App. D: 1.0)", "RL")
     judge: str = option("local", "alignment judge: local | openai:MODEL | hf:PATH (App. C.1; the paper's GPT-4o)", "RL")
     max_new_tokens: int = option(256, "tokens per rollout", "RL")
     rollout_engine: str = option("hf", "rollouts by hf (transformers generate, shared prefix) or vllm (a colocated "
@@ -124,10 +127,7 @@ class Config(runs.RunConfig):
     n_max: int = option(3, "re-evaluations before eviction N_max (App. D: 3; the paper also writes K_max = 537)",
                         "curriculum")
     reeval_period: int = option(50, "re-evaluate the buffer every this many steps (App. D, App. G: 50)", "curriculum")
-    # settings without a flag of their own (App. D's fixed values and plumbing): --set NAME=VALUE
-    w_format: float = option(1.0, "weight of the format reward (App. D: w_F = 1)")
-    w_acc: float = option(1.0, "weight of the accuracy reward (App. D: w_Acc = 1)")
-    max_grad_norm: float = option(1.0, "gradient norm clip (App. D: 1.0)")
+    # settings without a flag of their own (readings and plumbing): --set NAME=VALUE
     weight_decay: float = option(0.0, "AdamW weight decay")
     top_p: float = option(1.0, "nucleus sampling of rollouts")
     temperature: float = option(1.0, "sampling temperature of rollouts")
