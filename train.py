@@ -257,6 +257,13 @@ Actor = namedtuple("Actor", "model processor observer device train_model")   # A
 Stream = namedtuple("Stream", "rank shard by_id clips")   # Alg. 2's D on a rank: its samples, all by id, the clips
 
 
+def add_term(it, term):
+    """A term beyond Alg. 1's added to each rollout's R_j, and listed in comp["extra"] (Eq. 8 per component, App. H.1,
+    normalises their sum as one component)."""
+    it.rewards = [r + t for r, t in zip(it.rewards, term)]
+    it.comp["extra"].append(list(term))
+
+
 class RL:
     """One rank's RL stage (Alg. 2): its cursor, buffer, promotion queue and the step's phases (an extension's own)."""
 
@@ -407,41 +414,36 @@ class RL:
         return self.cfg.w_format, self.cfg.w_acc, 1.0
 
     def rewards(self, selected):
-        """Alg. 1 for each selected sample (`reward`), + T-GRPO's bonus. Returns the judge's missing verdicts."""
+        """Alg. 1 l.13 for each selected sample's rollouts: R_j = w_F r^F + w_Acc r^Acc + r^A (its components in
+        `comp`), then R_j's terms beyond Alg. 1's (T-GRPO's bonus; an extension's own), each added by add_term.
+        Returns the judge's missing verdicts."""
+        w_f, w_a, w_al = self.weights()
         missing = 0
         for it in selected:
-            self.reward(it)
+            s = it.sample
+            it.rewards, it.comp = grpo.total_reward(  # w_al r^A = (w_al alpha_r) Sim^r + (w_al alpha_a) Sim^a
+                it.texts, s.answer, s.problem_type, reference_texts=it.clean_texts if self.dual else None,
+                judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
+                alpha_a=w_al * self.cfg.alpha_a, source=s.source)
+            it.comp["extra"] = []
             if self.cfg.temporal_grpo:
                 it.comp["temporal"] = grpo.temporal_reward(it.acc, it.shuffled_acc)
-                it.rewards = [r + t for r, t in zip(it.rewards, it.comp["temporal"])]
+                add_term(it, it.comp["temporal"])
             missing += it.comp["judge_missing"]
         return missing
 
-    def reward(self, it):
-        """Alg. 1 l.13 for one sample's rollouts: R_j = w_F r^F + w_Acc r^Acc + r^A, and its components."""
-        w_f, w_a, w_al = self.weights()
-        s = it.sample
-        it.rewards, it.comp = grpo.total_reward(  # w_al r^A = (w_al alpha_r) Sim^r + (w_al alpha_a) Sim^a
-            it.texts, s.answer, s.problem_type, reference_texts=it.clean_texts if self.dual else None,
-            judge=self.judge if self.dual else None, w_format=w_f, w_acc=w_a, alpha_r=w_al * self.cfg.alpha_r,
-            alpha_a=w_al * self.cfg.alpha_a, source=s.source)
-
     def advantages(self, selected):
         """Eq. 8 for the selected samples' groups, per completion: of R_j (summed), or of each component, weighted
-        and added (per_component, App. H.1; "other": the sum of `extra_terms`, R_j's terms beyond Alg. 1's)."""
+        and added (per_component, App. H.1; "other": the sum of R_j's terms beyond Alg. 1's, comp["extra"])."""
         if not selected:
             return torch.zeros(0)
         if self.cfg.advantage == "summed":
             return grpo.group_advantages([it.rewards for it in selected]).view(-1)
         w_f, w_a, _ = self.weights()   # (alignment's weight is already in its alphas)
         comps = {k: [it.comp[k] for it in selected] for k in ("format", "accuracy", "alignment")}
-        comps["other"] = [[sum(t) for t in zip(*self.extra_terms(it), [0.0] * len(it.rewards))] for it in selected]
+        comps["other"] = [[sum(t) for t in zip(*it.comp["extra"], [0.0] * len(it.rewards))] for it in selected]
         weights = {"format": w_f, "accuracy": w_a, "alignment": 1.0, "other": 1.0}
         return grpo.component_advantages(comps, weights).view(-1)
-
-    def extra_terms(self, it):
-        """R_j's terms beyond Alg. 1's three, each as added to it (T-GRPO's bonus; a subclass adds its own)."""
-        return [it.comp["temporal"]] if self.cfg.temporal_grpo else []
 
     def update(self, draws):
         """Eq. 7-8 on the perturbed branch of each draw's selected samples (group advantages of their rewards), one sum
@@ -537,15 +539,11 @@ class RL:
     def record(self, items, selected, loss_stats, n_rows, *, missing=0, promoted=0, evicted=0, extra=None):
         """The step's log record (records.step_record; `extra`: more per-rollout values)."""
         w_f, w_a, w_al = self.weights()
-        per_rollout = {**self.values(items, selected), **(extra or {})}
+        per_rollout = {**records.values(items, selected, self.on_corrupted), **(extra or {})}
         return records.step_record(items, selected, loss_stats, n_rows, per_rollout, buffer_size=len(self.buffer),
                                    seconds=self.timer.seconds, weights=(w_f, w_a, w_al if self.dual else 0.0),
                                    categories=perturb.CATEGORIES, category_of=perturb.CATEGORY_OF, missing=missing,
                                    promoted=promoted, evicted=evicted)
-
-    def values(self, items, selected):
-        """Per-rollout values of the step (records.values): accuracies, reward components, verdicts."""
-        return records.values(items, selected, self.on_corrupted)
 
     def state(self):
         """This rank's RL state for a checkpoint (JSON): the data cursor, the buffer, the promotion queue."""

@@ -13,8 +13,8 @@ import train
 def item(rng, g=4, temporal=True):
     f, a, al = (rng.integers(0, 2, g).astype(float) for _ in range(3))
     t = rng.uniform(0, 0.3, g)
-    comp = {"format": list(f), "accuracy": list(a), "alignment": list(0.3 * al)} | (
-        {"temporal": list(t)} if temporal else {})
+    comp = {"format": list(f), "accuracy": list(a), "alignment": list(0.3 * al), "extra": [list(t)] if temporal else []}
+    comp |= {"temporal": list(t)} if temporal else {}
     rewards = f + a + 0.3 * al + (t if temporal else 0.0)
     return SimpleNamespace(rewards=list(rewards), comp=comp)
 
@@ -36,14 +36,32 @@ def test_other_is_t_grpos_bonus_as_added(temporal):
                (("format", 1.0), ("accuracy", 1.0), ("alignment", 1.0))) + grpo.group_advantages(other)
     assert torch.allclose(got, want.view(-1), atol=1e-6)
     for it in items:   # coherence: R_j is Alg. 1's three plus the extra terms
-        extra = np.sum(rl.extra_terms(it), axis=0) if rl.extra_terms(it) else 0.0
+        extra = np.sum(it.comp["extra"], axis=0) if it.comp["extra"] else 0.0
         three = np.add(np.add(it.comp["format"], it.comp["accuracy"]), it.comp["alignment"])
         assert np.allclose(it.rewards, three + extra)
 
 
-def test_embodied_rs_consistency_term_is_weighted_as_added():
+def test_add_term_adds_to_r_j_and_lists_the_term():
+    it = SimpleNamespace(rewards=[1.0, 2.0], comp={"extra": [[0.5, 0.5]]})
+    train.add_term(it, [0.25, 0.0])
+    assert it.rewards == [1.25, 2.0] and it.comp["extra"] == [[0.5, 0.5], [0.25, 0.0]]
+
+
+def test_embodied_rs_consistency_term_is_weighted_as_added(monkeypatch):
+    """Embodied-R's rewards phase adds w_C r^C_j to R_j (its with_consistency) and lists w_C r^C among the extra
+    terms, after Alg. 1's R_j (train.RL.rewards, stubbed here)."""
     er = pytest.importorskip("extensions.embodied_r.train")
     rl = rl_with(cls=er.EmbodiedRL)
+    rl.judge = None
     it = item(np.random.default_rng(1), temporal=False)
-    it.comp |= {"consistency": [1.0, 0.0, 1.0, 1.0], "w_consistency": 0.2}
-    assert rl.extra_terms(it) == [[0.2, 0.0, 0.2, 0.2]]
+    it.sample = SimpleNamespace(question="q", answer="A", problem_type="multiple choice", options=None, source=None)
+    it.texts = [""] * 4
+    it.comp["judge_missing"] = 0
+    consistency = [1.0, 0.0, 1.0, 1.0]
+    monkeypatch.setattr(train.RL, "rewards", lambda self, selected: 0)
+    monkeypatch.setattr(rl, "staged", lambda: (1.0, 1.0, 0.2, 1.0))
+    monkeypatch.setattr(er.er_rewards, "with_consistency", lambda rewards, *a: (
+        [r + a[5] * c for r, c in zip(rewards, consistency)], consistency, 1))
+    three = np.add(np.add(it.comp["format"], it.comp["accuracy"]), it.comp["alignment"])
+    assert rl.rewards([it]) == 1 and it.comp["judge_missing"] == 1
+    assert it.comp["extra"] == [[0.2, 0.0, 0.2, 0.2]] and np.allclose(it.rewards, three + [0.2, 0.0, 0.2, 0.2])

@@ -137,27 +137,24 @@ class EmbodiedRL(train.RL):
         """The judge also answers the logical-consistency reward's questions."""
         return train.RL.needs_judge(cfg) or uses_consistency(cfg)
 
-    def reward(self, it):
-        """Alg. 1's R_j + w_C r^C_j, Embodied-R's logical-consistency reward (asks the judge; its missing
-        answers count)."""
-        super().reward(it)
-        s, it.comp["w_consistency"] = it.sample, self.staged()[2]   # (the epoch's weight: extra_terms reads it)
-        it.rewards, it.comp["consistency"], missing = er_rewards.with_consistency(
-            it.rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, it.comp["w_consistency"],
-            s.options or None, s.source)
-        it.comp["judge_missing"] += missing
+    def rewards(self, selected):
+        """Alg. 1's R_j (train.RL.rewards), then w_C r^C_j, Embodied-R's logical-consistency reward (asks the
+        judge; its missing answers count)."""
+        missing, w = super().rewards(selected), self.staged()[2]
+        for it in selected:
+            s = it.sample
+            it.rewards, it.comp["consistency"], m = er_rewards.with_consistency(
+                it.rewards, it.texts, s.question, s.answer, s.problem_type, self.judge, w, s.options or None, s.source)
+            if it.comp["consistency"] is not None:
+                it.comp["extra"].append([w * x for x in it.comp["consistency"]])   # (with_consistency added it)
+            it.comp["judge_missing"] += m
+            missing += m
+        return missing
 
-    def extra_terms(self, it):
-        """T-GRPO's bonus and w_C r^C_j, as `reward` added it."""
-        c, w = it.comp.get("consistency"), it.comp["w_consistency"]
-        return super().extra_terms(it) + ([[w * x for x in c]] if c is not None else [])
-
-    def values(self, items, selected):
-        return super().values(items, selected) | {"r_consistency": records.flat(it.comp.get("consistency")
-                                                                               for it in selected)}
-
-    def record(self, *args, **kwargs):
-        s = super().record(*args, **kwargs)
+    def record(self, items, selected, *args, extra=None, **kwargs):
+        """train.RL.record with r^C per rollout and the epoch's w_C."""
+        extra = {"r_consistency": records.flat(it.comp.get("consistency") for it in selected), **(extra or {})}
+        s = super().record(items, selected, *args, extra=extra, **kwargs)
         s["w_consistency"] = self.staged()[2]
         return s
 
