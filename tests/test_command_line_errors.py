@@ -14,19 +14,15 @@ import pytest
 import judge as judges
 import train
 from machinery import runtime
-from machinery.datasets import synthetic
-from machinery.model import tiny as tiny_model
 from machinery.training import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("first_hour")
-    tiny = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=4, seed=1, num_frames=4, size=56, eval_fraction=0.5)
-    return root, tiny, root / "synth"
+def assets(tmp_path_factory, tiny_path, synthetic_factory):
+    synth = synthetic_factory(n=4, seed=1, num_frames=4, size=56, eval_fraction=0.5)
+    return tmp_path_factory.mktemp("command_line"), tiny_path, synth
 
 
 def script(name, *argv):
@@ -67,7 +63,7 @@ def test_train_command_line_mistakes_are_one_line_before_any_work(assets, tmp_pa
     assert "parse_eta" not in line and not out.exists()
 
 
-def test_a_refused_start_leaves_no_folder(assets, tmp_path):
+def test_a_refused_start_leaves_no_folder(assets, tmp_path, tiny_factory):
     root, tiny, synth = assets
     out = tmp_path / "run"
     line = one_line(script("train.py", "--model", tiny, "--data", tmp_path / "missing.json", "--out", out))
@@ -76,7 +72,7 @@ def test_a_refused_start_leaves_no_folder(assets, tmp_path):
     line = one_line(script("train.py", "--model", "someorg/not-in-the-cache", "--data", bad_rows(assets), "--out", out))
     assert "row 1" in line and "solution" in line and not out.exists()
     # refused once the model is loaded (a text-only LM; after the loading bar): the folder it made is removed
-    text_lm = tiny_model.build_tiny(tmp_path / "text_lm", arch="qwen2")
+    text_lm = tiny_factory("qwen2")
     run = script("train.py", "--model", text_lm, "--data", synth / "train.json", "--out", out)
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 2 and "Traceback" not in run.stderr and last.startswith("error: ") and "text-only" in last

@@ -318,12 +318,6 @@ def test_calibrate_thresholds_on_separable_data():
 
 
 # --------------------------------------------------------------------------- the HF judge
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from machinery.model import tiny as tiny_model
-    return tiny_model.build_tiny(tmp_path_factory.mktemp("tiny_judge"))
-
-
 def test_hf_judge_on_the_tiny_model_gives_allowed_values_or_missing(tiny_path):
     j = judge.HFJudge(tiny_path, device="cpu", max_new_tokens=8, batch_size=2, quality_max_new_tokens=8)
     pairs = [("B", "B"), ("3", "three"), ("turn left", "turn right")]

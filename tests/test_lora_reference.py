@@ -10,10 +10,15 @@ import torch
 import train
 from machinery.model import policy
 from test_parallel import torchrun
-from test_train import args, assets, records, weights  # noqa: F401 - assets: the fixture
+from test_train import args, records, weights
 
 # SFT at a large lr, so that the adapters move far from the base; no dropout, so that the KL is exact
 SFT = ["--sft-epochs", "1", "--sft-batch-size", "2", "--sft-lr", "3e-2", "--mode", "grpo", "--set", "lora_dropout=0"]
+
+
+@pytest.fixture(scope="module")
+def assets(train_assets):   # (conftest.py: the tiny model and 8 synthetic clips)
+    return train_assets
 
 
 def first_kl(out):

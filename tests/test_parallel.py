@@ -17,11 +17,15 @@ from machinery.model import learner
 from machinery.training import clips as clips_mod
 from machinery.training import runs
 import perturb
-from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
 ROOT = Path(__file__).resolve().parents[1]
 # a collective that only some ranks entered fails after ROVA_DIST_TIMEOUT seconds instead of hanging the suite
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ROVA_DIST_TIMEOUT": "90"}
+
+
+@pytest.fixture(scope="module")
+def assets(train_assets):   # (conftest.py: the tiny model and 8 synthetic clips)
+    return train_assets
 
 
 def torchrun(n, *argv, timeout=600, check=True, env=None):
