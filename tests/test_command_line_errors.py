@@ -1,6 +1,5 @@
-"""A new user's first hour: each mistake a first try makes is one line (`error: ...`), exit code 2, no traceback,
-found before any work, and leaves no folder behind; Ctrl-C's line names only what exists; the default offline
-judge on a real model says what it stands in for."""
+"""The command lines' refusals, as a new user's first tries meet them: each mistake is one line (`error: ...`), exit
+code 2, no traceback, found before any work, and leaves no folder behind; Ctrl-C's line names only what exists."""
 import json
 import os
 import re
@@ -11,7 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-import judge as judges
 import train
 from machinery import runtime
 from machinery.training import runs
@@ -153,14 +151,3 @@ def test_every_parser_refuses_abbreviations():
                                                                               if "allow_abbrev=False" not in c[1]]
     with pytest.raises(SystemExit):
         runtime.ArgumentParser().parse_args(["--x"])
-
-
-def test_the_stand_in_judge_is_named_on_a_real_model_only():
-    line = judges.stand_in_note("local", 7_000_000_000)
-    assert line.startswith("note: --judge local is an offline stand-in") and "GPT-4o" in line and "--judge" in line
-    assert judges.stand_in_note("local", None) == line                 # a served model: its size unknown
-    assert judges.stand_in_note("local", 2_000_000) is None            # the tiny demo model
-    assert judges.stand_in_note("openai:gpt-4o", 7_000_000_000) is None
-    assert judges.stand_in_note("hf:Qwen/Qwen3-14B", 7_000_000_000) is None
-
-
