@@ -58,7 +58,7 @@ BLOCKS = {
     "memory-validate": Block("docs/MEASURED.md", ("benchmarks/memory_plan.py", "--validate"), False),
     "synthetic-400": Block("docs/MEASURED.md", ("-m", "machinery.datasets.synthetic", "--out", "{tmp}/synthetic", "--n",
                                                 "400", "--seed", "0"), False),
-    "test-count": Block("docs/MEASURED.md", ("-m", "pytest", "--collect-only", "-q"), True,
+    "test-count": Block("docs/MEASURED.md", ("-m", "pytest", "--collect-only", "-q", "-m", "slow or not slow"), True,
                         keep=r"tests collected", drop=r" in [0-9.]+s"),
     "demo": Block("docs/MEASURED.md", ("benchmarks/demo_figures.py", "--out", "{tmp}", "--run",
                                        "runs/demo_spread/rova/seed0"), False),

@@ -21,7 +21,8 @@ from machinery.model import policy
 from machinery.training import checkpoints
 from test_parallel import ENV, ROOT, args, final_weights, torchrun
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers in /proc")
+pytestmark = [pytest.mark.slow,   # torchrun agents, kill -9: the slow tier
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers in /proc")]
 
 KINDS = {"fsdp2": [], "ddp-lora": ["--lora-r", "4"]}
 COLLECTIVE_TIMEOUT_S = 15   # ROVA_DIST_TIMEOUT of the run that loses a node
