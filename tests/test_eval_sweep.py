@@ -104,7 +104,6 @@ def test_a_sweep_scores_each_intensity_as_a_one_point_run_and_a_rerun_generates_
     assert (tmp_path / "c" / "compare.png").is_file()
 
 
-@pytest.mark.slow
 def test_a_sweep_stopped_part_way_resumes_to_the_same_results(assets, tmp_path, counted):
     ev.main(cli(assets, tmp_path / "full", "--etas", ETAS, "--batch-size", "4"))
     full = outputs(tmp_path / "full")[1]["results"]

@@ -371,7 +371,6 @@ def run_toy_grpo(tmp_path, steps, lr, use_advantages=True):
     return curve
 
 
-@pytest.mark.slow
 def test_grpo_raises_the_reward_of_the_tiny_policy(tmp_path):
     curve = run_toy_grpo(tmp_path, steps=40, lr=1e-2)
     start, end = np.mean(curve[:5]), np.mean(curve[-5:])

@@ -31,7 +31,7 @@ def sft_moved_the_adapters(out):
     return max(float(v.abs().max()) for k, v in ref.items() if "lora_B" in k) > 1e-3
 
 
-@pytest.mark.parametrize("four_bit", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["lora", "qlora"])
+@pytest.mark.parametrize("four_bit", [False, True], ids=["lora", "qlora"])
 def test_the_first_rl_step_of_lora_after_sft_has_the_kl_of_full_fine_tuning(assets, tmp_path, four_bit):
     full, lora = tmp_path / "full", tmp_path / "lora"
     train.main(args(assets, full, *SFT, "--rl-steps", "1"))
@@ -91,7 +91,6 @@ def test_the_reference_adapter_is_a_frozen_copy_of_the_trained_one(assets, tmp_p
     assert not torch.allclose(off, ref)
 
 
-@pytest.mark.slow
 def test_a_resumed_lora_run_continues_bit_identically(assets, tmp_path):
     """Killed after its first RL step, resumed: the checkpoint carries the reference adapter (added back from
     OUT/reference before the checkpoint fills it), and the run ends with the uninterrupted run's adapter and

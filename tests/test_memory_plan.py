@@ -30,8 +30,7 @@ def test_meta_count_of_the_7b_preset_is_the_published_model():
     assert shape.layers * shape.layer_params + shape.v_depth * shape.block_params + shape.root_params == shape.params
 
 
-@pytest.mark.parametrize("dtype,checkpointing", [pytest.param("float32", False, marks=pytest.mark.slow), ("float32", True),
-                                                 pytest.param("bfloat16", True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype,checkpointing", [("float32", False), ("float32", True), ("bfloat16", True)])
 def test_plan_is_within_15_percent_of_a_measured_update(dtype, checkpointing):
     """One real GRPO update (token_logprobs, reference log-probs, grpo_loss, backward, AdamW) of a small random
     Qwen2.5-VL on the CPU, peak of live tensor bytes vs the plan: fp32 without checkpointing (mode `single`, the
