@@ -37,6 +37,7 @@ def test_v5_settings_from_the_summary_explicit_flags_win():
     assert args.fill_rounds == 0   # App. G's step (train.py's default)
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_cost_app_g(tmp_path, capsys):
     summary = tmp_path / "v5.json"
     summary.write_text(json.dumps({"version": 5, "runs": {}}))

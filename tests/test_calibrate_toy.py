@@ -9,14 +9,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import calibrate_toy as ct  # noqa: E402
-from machinery.datasets import synthetic  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    out = tmp_path_factory.mktemp("toy")
-    synthetic.make_synthetic(out, n=24, seed=0, num_frames=8, size=56, eval_fraction=0.5, families=["next_action"])
-    return out
+def bench(synthetic_factory):
+    return synthetic_factory(n=24, seed=0, num_frames=8, size=56, eval_fraction=0.5, families=["next_action"])
 
 
 def test_the_next_action_oracle_reads_the_turn_off_the_pixels(bench):
@@ -46,9 +43,9 @@ def test_the_rule_picks_the_largest_intensity_that_keeps_oracle_format_and_drop(
     assert ct.choose(oracle, model, etas, ["rain"], ["t"], oracle["clean"]) == {"rain": None}
 
 
-def test_a_validation_rendering_without_training_clips_takes_its_threshold_from_another(bench, tmp_path):
-    val = tmp_path / "val"   # every clip held out, as reproduce_v5.py renders its validation split
-    synthetic.make_synthetic(val, n=8, seed=1, num_frames=8, size=56, eval_fraction=1.0, families=["next_action"])
+def test_a_validation_rendering_without_training_clips_takes_its_threshold_from_another(bench, synthetic_factory):
+    # every clip held out, as reproduce_v5.py renders its validation split
+    val = synthetic_factory(n=8, seed=1, num_frames=8, size=56, eval_fraction=1.0, families=["next_action"])
     with pytest.raises(SystemExit, match="--fit-on"):
         ct.oracles(val, [0.5], ["fog"], ["route_planning"])
     table, threshold = ct.oracles(val, [0.5], ["fog"], ["route_planning"], fit_on=bench)

@@ -106,6 +106,7 @@ time.sleep(120)"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
+@pytest.mark.slow
 def test_torchruns_workers_die_with_a_torchrun_killed_by_sigkill(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -91,11 +91,9 @@ def test_bitsandbytes_is_quiet_and_the_spin_count_is_set():
     assert mine.stdout.strip() == "7"  # a user's own setting wins
 
 
-def test_saving_a_checkpoint_draws_no_shard_bar(tmp_path, capfd):
+def test_saving_a_checkpoint_draws_no_shard_bar(tmp_path, capfd, tiny_policy):
     from machinery.model import policy
-    from machinery.model import tiny as tiny_model
-    tiny = tiny_model.build_tiny(tmp_path / "tiny")
-    model, processor = policy.load_policy(str(tiny))
+    model, processor = tiny_policy
     capfd.readouterr()
     policy.save(model, processor, tmp_path / "ckpt")
     assert "Writing model shards" not in capfd.readouterr().err

@@ -178,10 +178,8 @@ def test_model_depth_changes_the_depth_graded_corruptions(tiny, tmp_path, clip):
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory):
-    root = tmp_path_factory.mktemp("depthbench")
-    synthetic.make_synthetic(root, n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)
-    return root
+def bench(synthetic_factory):
+    return synthetic_factory(n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)
 
 
 def test_train_clips_give_each_clip_its_depth(tiny, tmp_path, bench):

@@ -7,12 +7,11 @@ import torch
 
 from machinery import cli
 from machinery.model import engine, policy
-from machinery.model import tiny as tiny_model
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return tiny_model.build_tiny(tmp_path_factory.mktemp("engine") / "tiny")
+def tiny(tiny_path):
+    return tiny_path
 
 
 def test_a_plain_policys_weights_are_its_checkpoints_names_and_tensors(tiny):

@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 import eval_pvrbench as ev
-from machinery.datasets import synthetic
-from machinery.model import tiny as tiny_model
 
 SUBTYPES = "fog,rain,snow,dusk,night,static,zoom"   # more clips to render than eval_pvrbench's pool has threads
 
@@ -35,13 +33,11 @@ class FakeJudge(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("judgeclips")
-    tiny = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "syn", n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)
+def setup(tiny_path, synthetic_factory):
+    syn = synthetic_factory(n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeJudge)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield tiny, root / "syn", f"http://127.0.0.1:{server.server_address[1]}/v1"
+    yield tiny_path, syn, f"http://127.0.0.1:{server.server_address[1]}/v1"
     server.shutdown()
 
 

@@ -23,15 +23,12 @@ from machinery.corruption import depth
 from machinery.datasets import answers, data, synthetic
 from machinery.eval import evaluation, run_files
 from machinery.model import policy
-from machinery.model import tiny as tiny_model
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evalpvr")
-    tiny = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "syn", n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)  # 9 questions
-    return root, tiny, root / "syn"
+def assets(tmp_path_factory, tiny_path, synthetic_factory):
+    syn = synthetic_factory(n=4, seed=0, num_frames=4, size=56, eval_fraction=1.0)  # 9 questions
+    return tmp_path_factory.mktemp("evalpvr"), tiny_path, syn
 
 
 def cli(assets, out, *extra, bench=None):

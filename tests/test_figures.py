@@ -4,11 +4,14 @@ measured, fails here with the command that rewrites it."""
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import figures  # noqa: E402
 
 
+@pytest.mark.slow
 def test_every_block_shows_what_its_command_prints():
     assert figures.problems() == []
 

@@ -1,7 +1,8 @@
 """Tests for judge.py: prompts, tolerant parsing, the OpenAI judge against the scripted fake server of
 test_chat.py (retries, Retry-After, timeouts, 4xx, garbage, concurrency, the reply cache across runs and
 processes, the key never leaking), the local rule+MiniLM judge on the labelled reasoning pairs of
-experiments/calibrate_judge.py, the HF judge on the tiny policy model, and make_judge."""
+experiments/calibrate_judge.py, the HF judge on the tiny policy model, the stand-in note the offline judge
+prints on a real model, and make_judge."""
 from __future__ import annotations
 
 import json
@@ -318,12 +319,6 @@ def test_calibrate_thresholds_on_separable_data():
 
 
 # --------------------------------------------------------------------------- the HF judge
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from machinery.model import tiny as tiny_model
-    return tiny_model.build_tiny(tmp_path_factory.mktemp("tiny_judge"))
-
-
 def test_hf_judge_on_the_tiny_model_gives_allowed_values_or_missing(tiny_path):
     j = judge.HFJudge(tiny_path, device="cpu", max_new_tokens=8, batch_size=2, quality_max_new_tokens=8)
     pairs = [("B", "B"), ("3", "three"), ("turn left", "turn right")]
@@ -340,6 +335,17 @@ def test_hf_judge_on_the_tiny_model_gives_allowed_values_or_missing(tiny_path):
     # a model that does answer with a verdict: the replies are parsed
     j._complete_many = lambda prompts, max_tokens, images=None: ["Score: 1", "garbage"][:len(prompts)]
     assert j.answer_consistency_batch([("x", "x"), ("x", "y")]) == [1, None]
+
+
+# --------------------------------------------------------------------------- the stand-in note
+# (train.py and eval_pvrbench.py print it when the default offline judge rates a real model's reasoning)
+def test_the_stand_in_judge_is_named_on_a_real_model_only():
+    line = judge.stand_in_note("local", 7_000_000_000)
+    assert line.startswith("note: --judge local is an offline stand-in") and "GPT-4o" in line and "--judge" in line
+    assert judge.stand_in_note("local", None) == line                  # a served model: its size unknown
+    assert judge.stand_in_note("local", 2_000_000) is None             # the tiny demo model
+    assert judge.stand_in_note("openai:gpt-4o", 7_000_000_000) is None
+    assert judge.stand_in_note("hf:Qwen/Qwen3-14B", 7_000_000_000) is None
 
 
 # --------------------------------------------------------------------------- make_judge

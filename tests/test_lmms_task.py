@@ -16,7 +16,6 @@ import yaml
 
 import eval_pvrbench as ev
 from machinery import video
-from machinery.datasets import synthetic
 from machinery.eval import evaluation
 from test_eval_pvrbench import FakeVideoServer, assets, cli, outputs  # noqa: F401 - assets: a fixture
 
@@ -24,10 +23,10 @@ OUTPUTS = ("A", "B", "C", "D", " B", "<answer>C</answer>", "B. the second", "3",
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, synthetic_factory):
     root = tmp_path_factory.mktemp("lmms")
-    synthetic.make_synthetic(root / "syn", n=10, seed=0, num_frames=4, size=56, eval_fraction=1.0)
-    argv = ["--benchmark", f"synthetic={root / 'syn'}", "--frames", "4", "--style", "official", "--limit", "40",
+    syn = synthetic_factory(n=10, seed=0, num_frames=4, size=56, eval_fraction=1.0)
+    argv = ["--benchmark", f"synthetic={syn}", "--frames", "4", "--style", "official", "--limit", "40",
             "--export-lmms-eval", str(root / "task")]
     ev.main(argv)
     return root / "task", ev.parse_args(argv)

@@ -10,10 +10,15 @@ import torch
 import train
 from machinery.model import policy
 from test_parallel import torchrun
-from test_train import args, assets, records, weights  # noqa: F401 - assets: the fixture
+from test_train import args, records, weights
 
 # SFT at a large lr, so that the adapters move far from the base; no dropout, so that the KL is exact
 SFT = ["--sft-epochs", "1", "--sft-batch-size", "2", "--sft-lr", "3e-2", "--mode", "grpo", "--set", "lora_dropout=0"]
+
+
+@pytest.fixture(scope="module")
+def assets(train_assets):   # (conftest.py: the tiny model and 8 synthetic clips)
+    return train_assets
 
 
 def first_kl(out):
@@ -104,6 +109,7 @@ def test_a_resumed_lora_run_continues_bit_identically(assets, tmp_path):
     assert ra[0]["kl"] <= 1e-6
 
 
+@pytest.mark.slow
 def test_two_processes_ddp_lora_start_rl_at_kl_zero(assets, tmp_path):
     """torchrun, 2 processes (DDP-LoRA, gloo): each rank adds the same reference adapter; the first step's KL,
     averaged over the ranks, is 0 as under full fine-tuning."""

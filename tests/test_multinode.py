@@ -20,13 +20,18 @@ import torch
 from machinery.model import policy
 from machinery.training import checkpoints
 from test_parallel import ENV, ROOT, args, final_weights, torchrun
-from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers in /proc")
+pytestmark = [pytest.mark.slow,   # torchrun agents, kill -9: the slow tier
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds torchrun's workers in /proc")]
 
 KINDS = {"fsdp2": [], "ddp-lora": ["--lora-r", "4"]}
 COLLECTIVE_TIMEOUT_S = 15   # ROVA_DIST_TIMEOUT of the run that loses a node
 RUN_S = 300                 # the most one two-node run may take here
+
+
+@pytest.fixture(scope="module")
+def assets(train_assets):   # (conftest.py: the tiny model and 8 synthetic clips)
+    return train_assets
 
 
 def run_args(assets, out, kind):

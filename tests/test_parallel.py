@@ -17,11 +17,15 @@ from machinery.model import learner
 from machinery.training import clips as clips_mod
 from machinery.training import runs
 import perturb
-from test_train import assets  # noqa: F401 - the fixture: a tiny model and 8 synthetic clips
 
 ROOT = Path(__file__).resolve().parents[1]
 # a collective that only some ranks entered fails after ROVA_DIST_TIMEOUT seconds instead of hanging the suite
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "ROVA_DIST_TIMEOUT": "90"}
+
+
+@pytest.fixture(scope="module")
+def assets(train_assets):   # (conftest.py: the tiny model and 8 synthetic clips)
+    return train_assets
 
 
 def torchrun(n, *argv, timeout=600, check=True, env=None):
@@ -55,6 +59,7 @@ def test_every_rank_runs_as_many_micro_batches_as_the_busiest():
 
 @pytest.mark.parametrize("lora,norm", [(False, "sequence"), (True, "sequence"), (False, "token"), (False, "fixed")],
                          ids=["fsdp2", "ddp-lora", "fsdp2-token", "fsdp2-fixed"])
+@pytest.mark.slow
 def test_two_processes_end_with_the_weights_of_one(assets, tmp_path, lora, norm):
     """The same global batch on 1 process and on 2 (FSDP2 full fine-tuning, or DDP with LoRA), including an
     update in which rank 1's curriculum selected nothing: fp32 weights equal to 1e-6, whatever Eq. 7's loss_norm
@@ -108,6 +113,7 @@ LEFT_BEHIND = {"save.marked": ".tmp-sft-0000002/COMPLETE", "save.renamed": "sft-
 
 
 @pytest.mark.parametrize("kind", ["fsdp2", "ddp-lora"])
+@pytest.mark.slow
 def test_a_kill_at_any_point_of_save_prune_and_setup_resumes_to_the_uninterrupted_weights(assets, tmp_path, kind):
     """torchrun, 2 processes: a run killed (SIGKILL, checkpoints.fault_point) at each named point of setup, save
     and prune, each rerun continuing the last, ends with the weights of an uninterrupted run, bit for bit; a
@@ -136,7 +142,8 @@ def test_a_kill_at_any_point_of_save_prune_and_setup_resumes_to_the_uninterrupte
     assert changed, "training changed nothing"
 
 
-@pytest.mark.parametrize("norm", ["sequence", "token", "fixed"])
+@pytest.mark.parametrize("norm", ["sequence", pytest.param("token", marks=pytest.mark.slow),
+                                  pytest.param("fixed", marks=pytest.mark.slow)])
 def test_micro_batches_give_the_gradient_of_one_batch(assets, tmp_path, norm):
     """One process: an RL update in micro-batches of 1 and of 3 equals the update of all rows at once, whatever
     Eq. 7's loss_norm."""
@@ -240,6 +247,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_a_collective_only_one_rank_entered_fails_instead_of_hanging(tmp_path):
     """ROVA_DIST_TIMEOUT bounds every collective of the process group (torch's default is 30 minutes on gloo)."""
     script = tmp_path / "mismatch.py"
@@ -257,6 +265,7 @@ MATRIX = [("rova", "fsdp"), ("dual", "fsdp"), ("grpo", "fsdp"), ("grpo-aug", "fs
 
 
 @pytest.mark.parametrize("mode,sharding", MATRIX, ids=[f"{m}-{s}" for m, s in MATRIX])
+@pytest.mark.slow
 def test_every_torchrun_configuration_runs(assets, tmp_path, mode, sharding):
     root, tiny, data_json = assets
     out = tmp_path / "run"

@@ -4,28 +4,25 @@ import pytest
 
 from machinery.datasets import answers, data
 
-from machinery.datasets import synthetic
 import perturb
 from machinery import video
 from machinery.model import policy
-from machinery.model import tiny as tiny_model
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tiny_model.build_tiny(tmp_path_factory.mktemp("tiny"))
-    return policy.load_policy(path)
+def tiny(tiny_path):
+    return policy.load_policy(tiny_path)
 
 
-def test_synthetic_clip_through_the_tiny_policy(tmp_path, tiny, monkeypatch):
+def test_synthetic_clip_through_the_tiny_policy(synthetic_factory, tiny, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model, processor = tiny
-    synthetic.make_synthetic(tmp_path, n=4, seed=2, num_frames=8, size=56)
-    samples, missing = data.load_video_r1(tmp_path / "train.json")
+    synth = synthetic_factory(n=4, seed=2, num_frames=8, size=56)
+    samples, missing = data.load_video_r1(synth / "train.json")
     assert not missing and samples
     batch = samples[:2]
     clips = [video.read_frames(s.video, num_frames=8, max_pixels=56 * 56)[0] for s in batch]
-    depths = [np.load(tmp_path / "depth" / f"{s.video.rsplit('/', 1)[-1][:-4]}.npy").astype(np.float32) for s in batch]
+    depths = [np.load(synth / "depth" / f"{s.video.rsplit('/', 1)[-1][:-4]}.npy").astype(np.float32) for s in batch]
     corrupted = [perturb.apply(c, perturb.sample_spec(i), d) for i, (c, d) in enumerate(zip(clips, depths))]
     inputs = policy.make_inputs(processor, [data.build_messages(s) for s in batch], corrupted, fps=2.0)
     out = policy.rollout(model, processor, inputs, n=3, max_new_tokens=12)

@@ -30,8 +30,8 @@ def _clips():
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return tiny_model.build_tiny(tmp_path_factory.mktemp("tiny") / "qwen2_5_vl_tiny")
+def tiny_dir(tiny_path):
+    return tiny_path
 
 
 @pytest.fixture(scope="module")
@@ -252,11 +252,11 @@ def _spy_generate(model, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", tiny_model.ARCHS)
-def test_shared_prefix_rollout_matches_repeated_prompts(arch, tmp_path, monkeypatch):
+def test_shared_prefix_rollout_matches_repeated_prompts(arch, tiny_factory, monkeypatch):
     """share_prefix (each prompt encoded and prefilled once, completions decoded from copies of its KV
     cache) gives the greedy completions of today's repeated-prompt path, with uneven n; sampled completions
     have per-token log-probs equal to generate()'s own scores."""
-    model, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / arch, arch=arch), **F32)
+    model, processor = policy.load_policy(tiny_factory(arch), **F32)
     _sharpen(model)
     inputs = _arch_batch(processor, arch)
     kw = dict(n=[2, 3], max_new_tokens=12, do_sample=False)
@@ -295,12 +295,12 @@ def test_shared_prefix_rollout_matches_repeated_prompts(arch, tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("arch", [a for a in tiny_model.ARCHS if a != "qwen2"])
-def test_many_questions_on_one_video_match_a_plain_batch(arch, tmp_path):
+def test_many_questions_on_one_video_match_a_plain_batch(arch, tiny_factory):
     """answer_same_video (the video encoded and the shared prefix prefilled once, each question's own tokens
     appended to copies of that cache, 2 decoded at a time) gives the greedy texts of the questions asked as one
     plain batch; questions of different lengths, one a single word; prompts whose text comes before the
     video share no video prefix and are asked as a plain batch."""
-    model, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / arch, arch=arch), **F32)
+    model, processor = policy.load_policy(tiny_factory(arch), **F32)
     _sharpen(model)
     size = 64 if arch == "qwen3_vl" else 56
     clip = np.random.default_rng(1).integers(0, 256, (8, size, size, 3), dtype=np.uint8)
@@ -424,8 +424,8 @@ def test_text_only_prompts(loaded):
 
 
 @pytest.mark.parametrize("arch, size", [("qwen2_vl", 56), ("qwen3_vl", 64)])
-def test_other_architectures(arch, size, tmp_path):
-    model, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / arch, arch=arch), **F32)
+def test_other_architectures(arch, size, tiny_factory):
+    model, processor = policy.load_policy(tiny_factory(arch), **F32)
     assert type(model).__name__.lower().startswith(arch.replace("_", ""))
     clips = [np.zeros((5, size, size, 3), np.uint8), np.full((4, size, 2 * size, 3), 200, np.uint8)]
     inputs = policy.make_inputs(processor, [_prompt(QUESTION), _prompt("How many?")], clips)

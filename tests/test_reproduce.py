@@ -23,6 +23,7 @@ def vlm_smoke(tmp_path_factory):
     return tmp_path, results, cmd, first
 
 
+@pytest.mark.slow
 def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
     tmp_path, results, cmd, first = vlm_smoke
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -64,6 +65,7 @@ def test_reproduce_smoke_writes_the_tables_and_resumes(vlm_smoke):
     assert json.loads((tmp_path / "v4.json").read_text())["runs"] == summary["runs"]
 
 
+@pytest.mark.slow
 def test_reproduce_continues_from_its_summary_in_a_new_working_folder(vlm_smoke):
     """The next session has the committed summary but not the working folder: the SFT start is trained again
     (the same weights, by hash), and nothing the summary records runs again."""
@@ -93,6 +95,7 @@ def test_reproduce_continues_from_its_summary_in_a_new_working_folder(vlm_smoke)
     (tmp_path / "v4.json").write_text(json.dumps(summary))
 
 
+@pytest.mark.slow
 def test_render_writes_the_page_from_the_summary_alone(vlm_smoke, tmp_path):
     smoke, results, cmd, first = vlm_smoke
     assert first.returncode == 0
@@ -181,6 +184,7 @@ def test_diagnose_within_group_correlation_by_hand():
     assert diagnose.varies([0, 0.5]) and not diagnose.varies([1.0, 1.0])
 
 
+@pytest.mark.slow
 def test_reproduce_smoke_text_policy(tmp_path):
     """Embodied-R's pipeline (--policy text, the cv perceiver): SFT, RL, evaluation, its own marked section."""
     results = tmp_path / "RESULTS.md"
@@ -198,6 +202,7 @@ def test_reproduce_smoke_text_policy(tmp_path):
     assert (tmp_path / "r" / "perception_cache.sqlite").is_file()
 
 
+@pytest.mark.slow
 def test_robust_to_smoke_writes_its_section_and_resumes(vlm_smoke, tmp_path):
     """experiments/robust_to.py on reproduce.py's smoke output: every stage runs, its own marked section is
     written (the other sections kept), the rules row is there, and a second run redoes nothing."""

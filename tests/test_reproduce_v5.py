@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import reproduce_v5_report as report  # noqa: E402
 
 
+@pytest.mark.slow
 def test_quick_pipeline_writes_the_summary_and_continues(tmp_path):
     out, summary = tmp_path / "r", tmp_path / "v5.json"
     cmd = [sys.executable, "experiments/reproduce_v5.py", "--quick", "--out", str(out), "--summary", str(summary),

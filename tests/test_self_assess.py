@@ -70,10 +70,9 @@ def test_answerability_confidence_normalises_over_yes_and_no():
         buffer.answerability_confidence(logits, [], [3])
 
 
-def test_answerability_token_ids_on_the_tiny_tokenizer(tmp_path):
+def test_answerability_token_ids_on_the_tiny_tokenizer(tiny_policy):
     from machinery.model import policy
-    from machinery.model import tiny as tiny_model
-    _, processor = policy.load_policy(tiny_model.build_tiny(tmp_path / "tiny"))
+    _, processor = tiny_policy
     yes, no = policy.yes_no_token_ids(processor.tokenizer)
     assert yes and no and not set(yes) & set(no)
     decode = processor.tokenizer.decode

@@ -83,6 +83,7 @@ def test_the_demo_and_the_eval_build_one_benchmark(bench, tmp_path):
         runs.make_demo_benchmark(cfg, out)   # (48 clips, seed 3, the default turn: not the demo's)
 
 
+@pytest.mark.slow
 def test_text_only_baseline_sits_at_chance(tmp_path):
     out = tmp_path / "blind"
     synthetic.make_synthetic(out, n=240, seed=5, num_frames=6, size=56, eval_fraction=0.5)

@@ -12,9 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from machinery.datasets import synthetic
 from machinery.model import policy
-from machinery.model import tiny as tiny_model
 import train
 from machinery.training import clips as clips_mod
 from machinery.training import runs
@@ -24,11 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    tiny = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
-    return root, tiny, root / "synth" / "train.json"
+def assets(train_assets):   # (conftest.py: the tiny model and 8 synthetic clips)
+    return train_assets
 
 
 def args(assets, out, *extra):

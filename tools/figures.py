@@ -57,7 +57,7 @@ BLOCKS = {
     "memory-validate": Block("docs/PERFORMANCE.md", ("benchmarks/memory_plan.py", "--validate"), False),
     "synthetic-400": Block("docs/DATA.md", ("-m", "machinery.datasets.synthetic", "--out", "{tmp}/synthetic", "--n",
                                                 "400", "--seed", "0"), False),
-    "test-count": Block("docs/PERFORMANCE.md", ("-m", "pytest", "--collect-only", "-q"), True,
+    "test-count": Block("docs/PERFORMANCE.md", ("-m", "pytest", "--collect-only", "-q", "-m", "slow or not slow"), True,
                         keep=r"tests collected", drop=r" in [0-9.]+s"),
     "demo-spread": Block("docs/RESULTS.md", ("experiments/demo_spread.py", "--out", "runs/demo_spread", "--write"),
                          False),

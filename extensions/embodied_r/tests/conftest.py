@@ -1,8 +1,10 @@
-"""Shared by Embodied-R's tests: a scripted perception backend, chosen by --perceiver scripted."""
+"""Shared by Embodied-R's tests: a scripted perception backend, chosen by --perceiver scripted; and the core tests'
+shared fixtures (tests/conftest.py: the tiny model, the synthetic benchmark)."""
 import numpy as np
 import pytest
 
 from extensions.embodied_r import perceive
+from tests.conftest import _shared_folders, synthetic_factory, tiny_factory, tiny_path, tiny_policy  # noqa: F401
 
 
 class Scripted:

@@ -7,17 +7,14 @@ from pathlib import Path
 import pytest
 
 from machinery.datasets import data
-from machinery.datasets import synthetic
-from machinery.model import tiny as tiny_model
 from extensions.embodied_r import eval as er_eval
 from extensions.embodied_r import perceive
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_debias_drops_the_questions_a_blind_model_answers(tmp_path):
-    synth = tmp_path / "synth"
-    synthetic.make_synthetic(synth, n=8, seed=3, num_frames=4, size=56, eval_fraction=0.5)
+def test_debias_drops_the_questions_a_blind_model_answers(tmp_path, synthetic_factory):
+    synth = synthetic_factory(n=8, seed=3, num_frames=4, size=56, eval_fraction=0.5)
     samples, _ = data.load_vsibench(synth / "eval.jsonl", synth / "videos")
     mc = [s for s in samples if s.problem_type == "multiple choice"]
     assert mc, "the synthetic eval split has multiple-choice questions"
@@ -34,10 +31,9 @@ def test_debias_drops_the_questions_a_blind_model_answers(tmp_path):
     assert asked == [] and report2 == report and [s.id for s in again["synthetic"]] == [s.id for s in kept["synthetic"]]
 
 
-def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
-    tiny = tiny_model.build_tiny(tmp_path / "tiny")
-    synth = tmp_path / "synth"
-    synthetic.make_synthetic(synth, n=4, seed=4, num_frames=4, size=56, eval_fraction=0.5)
+def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path, tiny_path, synthetic_factory):
+    tiny = tiny_path
+    synth = synthetic_factory(n=4, seed=4, num_frames=4, size=56, eval_fraction=0.5)
     out = er_eval.main(["--model", str(tiny), "--benchmark", f"synthetic={synth}", "--out", str(tmp_path / "eval"),
                         "--subtypes", "fog", "--judge", "none", "--frames", "4", "--max-new-tokens", "4",
                         "--debias", str(tiny)])
@@ -45,11 +41,10 @@ def test_debias_flag_end_to_end_with_a_local_text_only_model(tmp_path):
     assert (tmp_path / "eval" / "debias").is_dir()
 
 
-def test_eval_runs_a_text_model_through_the_perceiver(tmp_path, scripted):
-    tiny = tiny_model.build_tiny(tmp_path / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
-    vlm = tiny_model.build_tiny(tmp_path / "tiny_vlm")
-    synth = tmp_path / "synth"
-    synthetic.make_synthetic(synth, n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
+def test_eval_runs_a_text_model_through_the_perceiver(tmp_path, scripted, tiny_factory, tiny_path, synthetic_factory):
+    tiny = tiny_factory("qwen2", extra_texts=perceive.tokenizer_corpus())
+    vlm = tiny_path
+    synth = synthetic_factory(n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
     base = ["--benchmark", f"synthetic={synth}", "--subtypes", "fog,night", "--judge", "none", "--frames", "4",
             "--max-new-tokens", "6"]
     out = er_eval.main(["--model", str(tiny), "--perceiver", "scripted", "--out", str(tmp_path / "eval"), *base])

@@ -75,20 +75,18 @@ def test_read_frames_with_the_keyframe_sampler(tmp_path):
         video.read_frames(path, sampler="random")
 
 
-def test_train_and_eval_run_with_key_frames(tmp_path):
+def test_train_and_eval_run_with_key_frames(tmp_path, tiny_path, synthetic_factory):
     """Training and evaluation read key frames end to end (Embodied-R's entry points, --frame-sampler keyframes)."""
-    from machinery.datasets import synthetic
-    from machinery.model import tiny as tiny_model
     from extensions.embodied_r import eval as er_eval
     from extensions.embodied_r import train as er_train
-    tiny = tiny_model.build_tiny(tmp_path / "tiny")
-    synthetic.make_synthetic(tmp_path / "synth", n=4, seed=2, num_frames=8, size=56, eval_fraction=0.5)
-    er_train.main(["--model", str(tiny), "--data", str(tmp_path / "synth" / "train.json"), "--out",
+    tiny = tiny_path
+    synth = synthetic_factory(n=4, seed=2, num_frames=8, size=56, eval_fraction=0.5)
+    er_train.main(["--model", str(tiny), "--data", str(synth / "train.json"), "--out",
                    str(tmp_path / "run"), "--policy", "vlm", "--mode", "grpo-aug", "--frames", "4", "--max-pixels",
                    str(56 * 56), "--sft-epochs", "0", "--rl-steps", "1", "--batch-size", "2", "--group-size", "2",
                    "--max-new-tokens", "4", "--frame-sampler", "keyframes"])
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
-    er_eval.main(["--model", str(tiny), "--benchmark", f"synthetic={tmp_path / 'synth'}", "--out",
+    er_eval.main(["--model", str(tiny), "--benchmark", f"synthetic={synth}", "--out",
                   str(tmp_path / "eval"), "--limit", "2", "--subtypes", "fog", "--judge", "none",
                   "--frames", "4", "--frame-sampler", "keyframes", "--max-new-tokens", "4"])
     res = json.loads(next((tmp_path / "eval").glob("*/*_results.json")).read_text())

@@ -213,9 +213,8 @@ def test_openai_perceiver_wraps_judge(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from machinery.model import tiny as tiny_model
-    return tiny_model.build_tiny(tmp_path_factory.mktemp("perceive") / "tiny")
+def tiny(tiny_path):
+    return tiny_path
 
 
 def test_hf_perceiver_on_tiny_model(tiny, monkeypatch):

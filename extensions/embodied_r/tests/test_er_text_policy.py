@@ -10,20 +10,16 @@ import torch
 
 from machinery.datasets import data
 from extensions.embodied_r import perceive
-from machinery.datasets import synthetic
 from machinery.model import policy
-from machinery.model import tiny as tiny_model
 import train
 from extensions.embodied_r import train as er
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text_policy")
-    tiny = tiny_model.build_tiny(root / "tiny_text", arch="qwen2", extra_texts=perceive.tokenizer_corpus())
-    vlm = tiny_model.build_tiny(root / "tiny_vlm")
-    synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
-    return root, tiny, vlm, root / "synth"
+def assets(tmp_path_factory, tiny_factory, tiny_path, synthetic_factory):
+    tiny = tiny_factory("qwen2", extra_texts=perceive.tokenizer_corpus())
+    synth = synthetic_factory(n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
+    return tmp_path_factory.mktemp("text_policy"), tiny, tiny_path, synth
 
 
 # ----------------------------------------------------------------------------- the model

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from machinery.datasets import synthetic
 from machinery.model import tiny as tiny_model
 import train
 from machinery.training import runs
@@ -13,11 +12,9 @@ from extensions.embodied_r import train as er
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("er_train")
-    tiny = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
-    return root, tiny, root / "synth" / "train.json"
+def assets(tmp_path_factory, tiny_path, synthetic_factory):
+    synth = synthetic_factory(n=8, seed=1, num_frames=4, size=56, eval_fraction=0.25)
+    return tmp_path_factory.mktemp("er_train"), tiny_path, synth / "train.json"
 
 
 def args(assets, out, *extra):

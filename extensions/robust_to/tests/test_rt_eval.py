@@ -8,25 +8,20 @@ from pathlib import Path
 import pytest
 
 import perturb
-from machinery.datasets import synthetic
-from machinery.model import tiny as tiny_model
 from extensions.robust_to import eval as rt_eval
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("rt_eval")
-    path = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
-    return root, path
+def tiny(tiny_path, synthetic_factory):
+    return synthetic_factory(n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5), tiny_path
 
 
 def test_eval_runs_the_agent_under_the_robust_to_protocol(tiny, tmp_path):
-    root, path = tiny
+    synth, path = tiny
     out = rt_eval.main(["--model", f"robust-to:{path}", "--protocol", "robust-to", "--benchmark",
-                        f"synthetic={root / 'synth'}", "--out", str(tmp_path), "--judge", "none", "--limit", "3",
+                        f"synthetic={synth}", "--out", str(tmp_path), "--judge", "none", "--limit", "3",
                         "--max-new-tokens", "6"])
     assert out["config"]["model_name"] == "robust-to-tiny" and out["n_errors"] == 0
     conds = {r for r in out["results"]["pvrbench"]["overall"]}
@@ -35,7 +30,7 @@ def test_eval_runs_the_agent_under_the_robust_to_protocol(tiny, tmp_path):
     assert "| Blur | Noise | Glare | Occl. | Low light |" in table
     # the rules ablation: its own results folder, and every answer is the tiers' (here from the tools)
     out = rt_eval.main(["--model", f"robust-to:{path}", "--agent-synthesis", "rules", "--protocol", "robust-to",
-                        "--benchmark", f"synthetic={root / 'synth'}", "--out", str(tmp_path), "--judge", "none",
+                        "--benchmark", f"synthetic={synth}", "--out", str(tmp_path), "--judge", "none",
                         "--limit", "3", "--max-new-tokens", "6", "--synthesis-tokens", "5"])
     assert out["config"]["model_name"] == "robust-to-tiny-rules" and out["n_errors"] == 0
     keyed, = [json.loads(f.read_text()) for f in (tmp_path / "robust-to-tiny-rules").glob("run_*/config.json")]

@@ -158,14 +158,11 @@ def test_supports():
 
 # --------------------------------------------------------------------------- the agent on the tiny model
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tiny_path, synthetic_factory):
     from machinery.model import policy
-    from machinery.model import tiny as tiny_model
-    root = tmp_path_factory.mktemp("agent")
-    path = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5)
-    model, processor = policy.load_policy(path)
-    return root, path, model, processor
+    root = synthetic_factory(n=4, seed=3, num_frames=8, size=56, eval_fraction=0.5).parent   # root / "synth"
+    model, processor = policy.load_policy(tiny_path)
+    return root, tiny_path, model, processor
 
 
 def _samples(root, n=3):

@@ -1,6 +1,5 @@
-"""A new user's first hour: each mistake a first try makes is one line (`error: ...`), exit code 2, no traceback,
-found before any work, and leaves no folder behind; Ctrl-C's line names only what exists; the default offline
-judge on a real model says what it stands in for."""
+"""The command lines' refusals, as a new user's first tries meet them: each mistake is one line (`error: ...`), exit
+code 2, no traceback, found before any work, and leaves no folder behind; Ctrl-C's line names only what exists."""
 import json
 import os
 import re
@@ -11,22 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 
-import judge as judges
 import train
 from machinery import cli
-from machinery.datasets import synthetic
-from machinery.model import tiny as tiny_model
 from machinery.training import runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("first_hour")
-    tiny = tiny_model.build_tiny(root / "tiny")
-    synthetic.make_synthetic(root / "synth", n=4, seed=1, num_frames=4, size=56, eval_fraction=0.5)
-    return root, tiny, root / "synth"
+def assets(tmp_path_factory, tiny_path, synthetic_factory):
+    synth = synthetic_factory(n=4, seed=1, num_frames=4, size=56, eval_fraction=0.5)
+    return tmp_path_factory.mktemp("command_line"), tiny_path, synth
 
 
 def script(name, *argv):
@@ -67,7 +61,7 @@ def test_train_command_line_mistakes_are_one_line_before_any_work(assets, tmp_pa
     assert "parse_eta" not in line and not out.exists()
 
 
-def test_a_refused_start_leaves_no_folder(assets, tmp_path):
+def test_a_refused_start_leaves_no_folder(assets, tmp_path, tiny_factory):
     root, tiny, synth = assets
     out = tmp_path / "run"
     line = one_line(script("train.py", "--model", tiny, "--data", tmp_path / "missing.json", "--out", out))
@@ -76,7 +70,7 @@ def test_a_refused_start_leaves_no_folder(assets, tmp_path):
     line = one_line(script("train.py", "--model", "someorg/not-in-the-cache", "--data", bad_rows(assets), "--out", out))
     assert "row 1" in line and "solution" in line and not out.exists()
     # refused once the model is loaded (a text-only LM; after the loading bar): the folder it made is removed
-    text_lm = tiny_model.build_tiny(tmp_path / "text_lm", arch="qwen2")
+    text_lm = tiny_factory("qwen2")
     run = script("train.py", "--model", text_lm, "--data", synth / "train.json", "--out", out)
     last = run.stderr.strip().splitlines()[-1]
     assert run.returncode == 2 and "Traceback" not in run.stderr and last.startswith("error: ") and "text-only" in last
@@ -157,14 +151,3 @@ def test_every_parser_refuses_abbreviations():
                                                                               if "allow_abbrev=False" not in c[1]]
     with pytest.raises(SystemExit):
         cli.ArgumentParser().parse_args(["--x"])
-
-
-def test_the_stand_in_judge_is_named_on_a_real_model_only():
-    line = judges.stand_in_note("local", 7_000_000_000)
-    assert line.startswith("note: --judge local is an offline stand-in") and "GPT-4o" in line and "--judge" in line
-    assert judges.stand_in_note("local", None) == line                 # a served model: its size unknown
-    assert judges.stand_in_note("local", 2_000_000) is None            # the tiny demo model
-    assert judges.stand_in_note("openai:gpt-4o", 7_000_000_000) is None
-    assert judges.stand_in_note("hf:Qwen/Qwen3-14B", 7_000_000_000) is None
-
-
