@@ -257,6 +257,12 @@ Actor = namedtuple("Actor", "model processor observer device train_model")   # A
 Stream = namedtuple("Stream", "rank shard by_id clips")   # Alg. 2's D on a rank: its samples, all by id, the clips
 
 
+def completion_tokens(parts):
+    """Each trained completion's token count over the step's parts [(rollout, rows, advantages)]; None: none."""
+    tokens = [rollout.completion_mask[torch.as_tensor(rows)].sum(1) for rollout, rows, _ in parts if rows]
+    return torch.cat(tokens) if tokens else None
+
+
 def add_term(it, term):
     """A term beyond Alg. 1's added to each rollout's R_j, and listed in comp["extra"] (Eq. 8 per component, App. H.1,
     normalises their sum as one component)."""
@@ -452,22 +458,24 @@ class RL:
         generated them, so the clip binds from the second). Returns (the loss stats' means over the trained
         completions and the mu steps, this process's trained completions)."""
         cfg, mu = self.cfg, self.cfg.updates_per_generation
-        parts = [(d.rollout, [r for it in d.selected for r in range(it.rows.start, it.rows.stop)],
-                  self.advantages(d.selected)) for d in draws]
-        parts = self.learner.pad(parts, draws=1 + cfg.fill_rounds)   # every process as many parts
+        parts = self.learner.pad([self.trained_part(d) for d in draws], draws=1 + cfg.fill_rounds)   # as many on all
         n_rows = sum(len(rows) for _, rows, _ in parts)
-        tokens = [ro.completion_mask[torch.as_tensor(rows)].sum(1) for ro, rows, _ in parts if rows]
-        trained, denominator = self.learner.totals(n_rows, grpo.count(
-            cfg.loss_norm, torch.cat(tokens) if tokens else None, cfg.batch_size * cfg.group_size))
+        trained, denominator = self.learner.totals(n_rows, grpo.count(cfg.loss_norm, completion_tokens(parts),
+                                                                      cfg.batch_size * cfg.group_size))
+        go = trained > 0 and denominator > 0   # (no process trains anything: no backward, no optimiser step)
         kept, sums = [({} if mu > 1 else None) for _ in parts], defaultdict(float)
         self.learner.engine_sleep()
         for _ in range(mu):
-            for (rollout, rows, adv), keep in zip(parts, kept):
-                if trained and denominator:
-                    for key, v in self.backward(rollout, rows, adv, denominator, keep).items():
-                        sums[key] += v / (n_rows * mu)
-            self.optim.step(trained > 0 and denominator > 0)
+            for (rollout, rows, adv), keep in zip(parts if go else [], kept):
+                for key, v in self.backward(rollout, rows, adv, denominator, keep).items():
+                    sums[key] += v / (n_rows * mu)
+            self.optim.step(go)
         return {**sums, "engine_logprob_gap": self.learner.engine_sync()}, n_rows
+
+    def trained_part(self, draw):
+        """A draw's part of the update: (its rollout, the selected samples' rows in it, their advantages, Eq. 8)."""
+        return draw.rollout, [r for it in draw.selected for r in range(it.rows.start, it.rows.stop)], \
+            self.advantages(draw.selected)
 
     def backward(self, rollout, rows, adv, denominator, kept=None, weight=1.0):
         """Eq. 7's gradient on the completions `rows` of `rollout` (advantages `adv`), times `weight`, micro-batch by
