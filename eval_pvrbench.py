@@ -403,19 +403,29 @@ def compare_charts(out, results, labels):
     points = [(lb, r) for lb, r in zip(labels, results) if "sweep" not in r["results"]]
     sweeps = [(lb, r) for lb, r in zip(labels, results) if "sweep" in r["results"]]
     cats = chart_categories(list(dict.fromkeys(s for _, r in points + sweeps for s in r["config"]["subtypes"])))
-    written = []
-    if points:
-        written.append(charts.subtype_bars(out / "compare.png", cats, [(lb, subtype_series(r["results"])[0][1])
-                                                                      for lb, r in points],
-                                           "PVRBench: clean and per subtype"))
-    if len({task for _, r in points for task in tasks_of(r["results"])}) > 1:
-        written.append(run_files.chart(out / "compare_per_task.png", [r for _, r in points], [lb for lb, _ in points]))
-    if sweeps:
-        etas = sorted({e for _, r in sweeps for e in r["results"]["sweep"]["etas"]})
-        written.append(charts.compare_curves(out / "compare_curves.png", cats, [(lb, r["results"]["curves"])
-                                                                                for lb, r in sweeps], etas,
-                                             "PVRBench robustness curves"))
-    return written
+    written = [compare_points(out, cats, points) if points else None, compare_tasks(out, points),
+               compare_sweeps(out, cats, sweeps) if sweeps else None]
+    return [w for w in written if w is not None]
+
+
+def compare_points(out, cats, points):
+    """compare.png: a bar series per one-point run [(label, its results file)], per subtype."""
+    series = [(lb, subtype_series(r["results"])[0][1]) for lb, r in points]
+    return charts.subtype_bars(out / "compare.png", cats, series, "PVRBench: clean and per subtype")
+
+
+def compare_tasks(out, points):
+    """compare_per_task.png, where the one-point runs' questions span several tasks (else None)."""
+    if len({task for _, r in points for task in tasks_of(r["results"])}) <= 1:
+        return None
+    return run_files.chart(out / "compare_per_task.png", [r for _, r in points], [lb for lb, _ in points])
+
+
+def compare_sweeps(out, cats, sweeps):
+    """compare_curves.png: the sweeps' robustness curves overlaid."""
+    etas = sorted({e for _, r in sweeps for e in r["results"]["sweep"]["etas"]})
+    return charts.compare_curves(out / "compare_curves.png", cats, [(lb, r["results"]["curves"]) for lb, r in sweeps],
+                                 etas, "PVRBench robustness curves")
 
 
 def tasks_of(results):
@@ -723,14 +733,7 @@ def parse_args(argv=None, ap=None):
     cli.out_dir(args.out, create=False)  # (made when there are results to write)
     check_exclusive(ap, args)
     args.export = args.export_lmms_eval or args.export or (str(Path(args.export_hf) / "videos") if args.export_hf else "")
-    synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
-    for key, value in SYNTH_DEFAULTS.items():   # the synthetic benchmark's demo settings, then App. D's
-        if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
-            setattr(args, key, value)
-    for key, value in dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8, eta=perturb.DEFAULT_ETA,
-                           max_new_tokens=256 if args.style == "reason" else 16).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
+    resolve_defaults(args)
     if args.etas:
         args.eta = None   # (each condition's intensity is its point of the sweep)
     if args.fps != "video":
@@ -739,6 +742,18 @@ def parse_args(argv=None, ap=None):
         except ValueError:
             ap.error(f"--fps must be 'video' or a number, got {args.fps!r}")
     return args
+
+
+def resolve_defaults(args):
+    """Flags left unset: the synthetic benchmark's demo settings (alone, not in --compare), then App. D's."""
+    synth = not args.compare and set(parse_sources(args.benchmark)) == {"synthetic"}
+    for key, value in SYNTH_DEFAULTS.items():
+        if getattr(args, key) is None and synth and not (key == "max_new_tokens" and args.style == "official"):
+            setattr(args, key, value)
+    for key, value in dict(frames=32, max_pixels=256 * 28 * 28, fps="video", batch_size=8, eta=perturb.DEFAULT_ETA,
+                           max_new_tokens=256 if args.style == "reason" else 16).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
 
 def check_exclusive(ap, args):
