@@ -168,9 +168,9 @@ class AgentRL(train.RL):
         adv = grpo.group_advantages([it.rewards for it in items]).view(-1) if items else torch.zeros(0)
         rows, stats, trained = list(range(len(adv))), defaultdict(float), 0.0
         for roll in (dec, syn):
-            masks = roll.completion_mask[torch.as_tensor(rows)] if rows else None
+            tokens = train.completion_tokens([(roll, rows, adv)])
             trained, denominator = self.learner.totals(len(rows), grpo.count(
-                self.cfg.loss_norm, masks, self.cfg.batch_size * self.cfg.group_size))
+                self.cfg.loss_norm, tokens, self.cfg.batch_size * self.cfg.group_size))
             if trained and denominator:   # (a process without rows runs stand-ins)
                 sums = self.backward(roll, rows, adv, denominator, weight=0.5)
                 for k, v in (sums.items() if rows else ()):

@@ -29,7 +29,8 @@ class Optim:
 
     @classmethod
     def make(cls, cfg, model, lr, total_steps, device, restart=0, restart_lr=0.0):
-        """`cfg`: a run's settings (weight_decay, max_grad_norm). `restart`: the schedule starts again at that step (SFT's answerability part), from `restart_lr` (0: lr)."""
+        """`cfg`: a run's settings (weight_decay, max_grad_norm). `restart`: the schedule starts again at that step
+        (SFT's answerability part), from `restart_lr` (0: lr)."""
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
 
@@ -92,8 +93,7 @@ class Learner:
     def totals(self, n_rows, count):
         """(the rows trained on every process, the step's denominator): this process's `n_rows` and `count`
         (grpo.count), each summed over the processes, once per step."""
-        trained, denominator = distributed.all_sum([float(n_rows), float(count)], self.device)
-        return trained, denominator
+        return tuple(distributed.all_sum([float(n_rows), float(count)], self.device))
 
     def pad(self, parts, draws):
         """The step's `parts` [(rollout, rows, advantages)] padded with empty ones to the most any process has (at
@@ -110,24 +110,20 @@ class Learner:
         rows = torch.as_tensor(rows, dtype=torch.long)
         device = policy.model_device(parallel.unwrap(self.train_model))
         for part in parallel.micro_batches(len(rows), self.micro_batch_size, self.device):
-            if part is None:   # a stand-in: fewer micro-batches here than on another process, at weight 0
-                yield self._stand_in(rollout, rows, adv, device)
+            if part is None and not len(rows):   # this process trains nothing this step: a blank video, at weight 0
+                ids, mask = policy.target_ids(self.processor, [""])
+                yield MicroBatch(policy._to(stand_in(self.processor, *self.blank), device), ids, mask.to(device),
+                                 torch.zeros(1, device=device), 0.0, 0)
                 continue
+            real = part is not None   # else fewer micro-batches here than on another process: its first row again
+            part = part if real else slice(0, 1)
             r = rows[part]
-            old, ref = kept[part.start] if kept is not None and part.start in kept else (None, None)
-            engine = rollout.engine_logprobs[r] if old is None and rollout.engine_logprobs is not None else None
+            old, ref = kept[part.start] if real and kept is not None and part.start in kept else (None, None)
+            fresh = real and old is None and rollout.engine_logprobs is not None
             yield MicroBatch(policy._to(rollout.row_inputs(r), device), rollout.completion_ids[r],
-                             rollout.completion_mask[r].to(device), adv[part].to(device), 1.0, len(r), part.start,
-                             old, ref, engine)
-
-    def _stand_in(self, rollout, rows, adv, device):
-        if not len(rows):   # this process trains nothing this step: a blank video
-            ids, mask = policy.target_ids(self.processor, [""])
-            return MicroBatch(policy._to(stand_in(self.processor, *self.blank), device), ids, mask.to(device), torch.zeros(1, device=device),
-                              0.0, 0)
-        r = rows[:1]   # its first row again
-        return MicroBatch(policy._to(rollout.row_inputs(r), device), rollout.completion_ids[r],
-                          rollout.completion_mask[r].to(device), adv[:1].to(device), 0.0, 0)
+                             rollout.completion_mask[r].to(device), adv[part].to(device), 1.0 if real else 0.0,
+                             len(r) if real else 0, part.start if real else None, old, ref,
+                             rollout.engine_logprobs[r] if fresh else None)
 
     def logprobs(self, mb, kept=None):
         """(log F_theta, log F_theta_old, log F_ref) per completion token of the micro-batch `mb`: F_theta_old and
